@@ -1,0 +1,164 @@
+@0xd7e2a8b4c1f09e35;
+# Data plane of rgpu: one framed stream per session.
+#
+# Each frame is a fixed header (see src/frame.rs), one capnp message
+# (a Request from the client, a Reply from the server), then `bulkLen` raw
+# bytes. Bulk bytes (copy payloads, kernel parameter buffers, module images)
+# never travel inside the capnp message.
+#
+# Requests whose header has the WANTS_REPLY flag are answered by exactly one
+# Reply with the same sequence number; the others (asynchronous CUDA calls)
+# are never answered: their errors are kept by the server and returned in
+# `deferredError` of the next Reply, as CUDA reports asynchronous errors at
+# the next synchronising call.
+#
+# Handles of streams, events and modules are minted by the client, so that
+# creating them never waits for the network; 0 is the legacy default stream.
+
+struct Request {
+  union {
+    memAlloc @0 :MemAlloc;
+    memFree @1 :MemFree;
+    memGetInfo @2 :Device;
+    memcpyHtoD @3 :MemcpyHtoD;     # bulk: the bytes
+    memcpyDtoH @4 :MemcpyDtoH;     # reply bulk: the bytes
+    memcpyDtoD @5 :MemcpyDtoD;
+    memset @6 :Memset;
+    streamCreate @7 :StreamCreate;
+    streamDestroy @8 :Handle;
+    streamSynchronize @9 :Handle;
+    streamQuery @10 :Handle;
+    streamWaitEvent @11 :StreamWaitEvent;
+    eventCreate @12 :EventCreate;
+    eventDestroy @13 :Handle;
+    eventRecord @14 :EventRecord;
+    eventSynchronize @15 :Handle;
+    eventQuery @16 :Handle;
+    eventElapsedTime @17 :EventPair;
+    ctxSynchronize @18 :Device;
+    moduleLoad @19 :ModuleLoad;    # bulk: the image
+    moduleUnload @20 :Handle;
+    launchKernel @21 :LaunchKernel; # bulk: the packed parameter buffer
+    ping @22 :Void;
+  }
+}
+
+struct Reply {
+  # A CUresult: 0 for success.
+  result @0 :UInt32;
+  # The first error of an asynchronous request since the last Reply, 0 if none.
+  deferredError @1 :UInt32;
+  union {
+    none @2 :Void;
+    memAlloc @3 :UInt64;           # device pointer
+    memGetInfo @4 :MemInfo;
+    eventElapsedTime @5 :Float32;  # milliseconds
+    moduleLoad @6 :ModuleLoaded;
+  }
+}
+
+struct Device { device @0 :UInt32; }
+struct Handle { handle @0 :UInt64; }
+
+struct MemAlloc {
+  device @0 :UInt32;
+  size @1 :UInt64;
+}
+struct MemFree { ptr @0 :UInt64; }
+struct MemInfo { free @0 :UInt64; total @1 :UInt64; }
+
+struct MemcpyHtoD {
+  dst @0 :UInt64;
+  stream @1 :UInt64;
+}
+struct MemcpyDtoH {
+  src @0 :UInt64;
+  size @1 :UInt64;
+  stream @2 :UInt64;
+}
+struct MemcpyDtoD {
+  dst @0 :UInt64;
+  src @1 :UInt64;
+  size @2 :UInt64;
+  stream @3 :UInt64;
+}
+struct Memset {
+  dst @0 :UInt64;
+  value @1 :UInt32;
+  elementSize @2 :UInt8;           # 1, 2 or 4 (cuMemsetD8/D16/D32)
+  count @3 :UInt64;                # elements
+  pitch @4 :UInt64;                # 0 for 1-D; else bytes between rows
+  rows @5 :UInt64;                 # 2-D only: `count` elements per row
+  stream @6 :UInt64;
+}
+
+struct StreamCreate {
+  handle @0 :UInt64;
+  device @1 :UInt32;
+  flags @2 :UInt32;
+  priority @3 :Int32;
+}
+struct StreamWaitEvent {
+  stream @0 :UInt64;
+  event @1 :UInt64;
+  flags @2 :UInt32;
+}
+struct EventCreate {
+  handle @0 :UInt64;
+  device @1 :UInt32;
+  flags @2 :UInt32;
+}
+struct EventRecord {
+  event @0 :UInt64;
+  stream @1 :UInt64;
+}
+struct EventPair {
+  start @0 :UInt64;
+  end @1 :UInt64;
+}
+
+struct ModuleLoad {
+  handle @0 :UInt64;
+  device @1 :UInt32;
+}
+struct ModuleLoaded {
+  functions @0 :List(FunctionInfo);
+  globals @1 :List(GlobalInfo);
+  # Why kernels of this module cannot run here, if they cannot (e.g. the
+  # sim backend got a SASS-only image); empty when they can.
+  launchNote @2 :Text;
+}
+struct FunctionInfo {
+  name @0 :Text;
+  # Offsets and sizes of the kernel's parameters in the kernelParams layout.
+  params @1 :List(ParamInfo);
+  maxThreadsPerBlock @2 :Int32;
+  sharedSizeBytes @3 :Int32;
+  constSizeBytes @4 :Int32;
+  localSizeBytes @5 :Int32;
+  numRegs @6 :Int32;
+  ptxVersion @7 :Int32;
+  binaryVersion @8 :Int32;
+}
+struct ParamInfo {
+  offset @0 :UInt32;
+  size @1 :UInt32;
+}
+struct GlobalInfo {
+  name @0 :Text;
+  ptr @1 :UInt64;
+  size @2 :UInt64;
+}
+
+struct LaunchKernel {
+  module @0 :UInt64;
+  function @1 :UInt32;             # index into ModuleLoaded.functions
+  gridX @2 :UInt32;
+  gridY @3 :UInt32;
+  gridZ @4 :UInt32;
+  blockX @5 :UInt32;
+  blockY @6 :UInt32;
+  blockZ @7 :UInt32;
+  sharedMemBytes @8 :UInt32;
+  stream @9 :UInt64;
+}

@@ -1,0 +1,36 @@
+//! The rgpu wire protocol, with no I/O of its own.
+//!
+//! - `control_capnp`: the control plane (capnp-rpc): hello, device inventory,
+//!   sessions. Cold path only.
+//! - `data_capnp`: the data plane's messages, one `Request` or `Reply` per frame.
+//! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
+//!   then raw bulk bytes.
+//!
+//! The split follows the costs measured on our machines: a capnp-rpc round
+//! trip costs more CPU than a framed message, and an asynchronous CUDA call
+//! must not wait for any round trip at all.
+
+#[allow(clippy::all, unused_parens, dead_code)]
+#[rustfmt::skip]
+pub mod control_capnp {
+    include!("generated/control_capnp.rs");
+}
+#[allow(clippy::all, unused_parens, dead_code)]
+#[rustfmt::skip]
+pub mod data_capnp {
+    include!("generated/data_capnp.rs");
+}
+
+pub mod frame;
+pub mod message;
+
+/// Bumped on any incompatible change of the schemas or the framing; client
+/// and server refuse each other in `hello` when it differs.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The first bytes a client sends on a new connection say which plane it is.
+pub const CONTROL_PREAMBLE: &[u8; 8] = b"RGPUCTL1";
+pub const DATA_PREAMBLE: &[u8; 8] = b"RGPUDAT1";
+
+/// Length of the data-plane session key handed out by `openSession`.
+pub const SESSION_KEY_LEN: usize = 16;

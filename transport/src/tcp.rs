@@ -1,0 +1,204 @@
+//! The TCP transport.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+use socket2::{SockRef, TcpKeepalive};
+
+use crate::Transport;
+
+/// How long a connection may go without hearing from a silent peer before
+/// it is declared dead. A crashed process is noticed at once (its kernel
+/// resets the connection); this bounds the wait for a host that vanished.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(5);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(2);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// Unacknowledged data older than this fails the connection.
+const USER_TIMEOUT: Duration = Duration::from_secs(15);
+const READ_BUFFER: usize = 256 << 10;
+
+pub struct TcpTransport {
+    stream: TcpStream,
+    peer: String,
+    rbuf: Box<[u8]>,
+    rpos: usize,
+    rend: usize,
+}
+
+/// Connects to `addr` ("host:port"), trying each address it resolves to.
+pub fn connect(addr: &str, timeout: Duration) -> io::Result<TcpTransport> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{addr} resolves to no address"));
+    for sa in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&sa, timeout) {
+            Ok(s) => return TcpTransport::new(s),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Applies the options every rgpu TCP connection uses, on either side.
+pub fn tune(stream: &TcpStream) -> io::Result<()> {
+    // Small synchronous calls must not wait for Nagle's timer; batching is
+    // done by the sender, one write per batch.
+    stream.set_nodelay(true)?;
+    let sock = SockRef::from(stream);
+    let ka = TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    sock.set_tcp_keepalive(&ka)?;
+    #[cfg(target_os = "linux")]
+    sock.set_tcp_user_timeout(Some(USER_TIMEOUT))?;
+    Ok(())
+}
+
+impl TcpTransport {
+    pub fn new(stream: TcpStream) -> io::Result<Self> {
+        tune(&stream)?;
+        let peer = stream
+            .peer_addr()
+            .map(|a: SocketAddr| a.to_string())
+            .unwrap_or_else(|_| "?".into());
+        Ok(TcpTransport {
+            stream,
+            peer,
+            rbuf: vec![0u8; READ_BUFFER].into_boxed_slice(),
+            rpos: 0,
+            rend: 0,
+        })
+    }
+
+    /// Bytes already received and buffered, not yet consumed.
+    pub fn buffered(&self) -> usize {
+        self.rend - self.rpos
+    }
+
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+}
+
+impl Transport for TcpTransport {
+    fn send(&mut self, bufs: &[&[u8]]) -> io::Result<()> {
+        let mut slices: [IoSlice<'_>; 8] = [IoSlice::new(&[]); 8];
+        let mut n = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            if n == slices.len() {
+                // More pieces than we gather at once: send what we have.
+                write_all_vectored(&mut self.stream, &mut slices[..n])?;
+                n = 0;
+            }
+            slices[n] = IoSlice::new(b);
+            n += 1;
+        }
+        write_all_vectored(&mut self.stream, &mut slices[..n])
+    }
+
+    fn recv_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        let have = self.rend - self.rpos;
+        if have > 0 {
+            let n = have.min(buf.len());
+            buf[..n].copy_from_slice(&self.rbuf[self.rpos..self.rpos + n]);
+            self.rpos += n;
+            done = n;
+        }
+        while done < buf.len() {
+            let want = buf.len() - done;
+            if want >= self.rbuf.len() {
+                // Large bulk: read straight into the destination.
+                match self.stream.read(&mut buf[done..]) {
+                    Ok(0) => return Err(eof(&self.peer)),
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            } else {
+                // Small reads: fill the buffer so later frames of the same
+                // batch need no syscall.
+                match self.stream.read(&mut self.rbuf) {
+                    Ok(0) => return Err(eof(&self.peer)),
+                    Ok(n) => {
+                        let take = n.min(want);
+                        buf[done..done + take].copy_from_slice(&self.rbuf[..take]);
+                        done += take;
+                        self.rpos = take;
+                        self.rend = n;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    fn shutdown(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+fn eof(peer: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::UnexpectedEof, format!("connection to {peer} closed"))
+}
+
+fn write_all_vectored(stream: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    while !bufs.is_empty() {
+        match stream.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed while sending")),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn sends_batches_and_receives_exactly() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut t = TcpTransport::new(s).unwrap();
+            let mut small = [0u8; 3];
+            t.recv_exact(&mut small).unwrap();
+            let mut big = vec![0u8; 1 << 20];
+            t.recv_exact(&mut big).unwrap();
+            t.send(&[&small, &big[..5]]).unwrap();
+            (small, big)
+        });
+        let mut c = connect(&addr, Duration::from_secs(5)).unwrap();
+        let big: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7) as u8).collect();
+        c.send(&[b"abc", &big]).unwrap();
+        let mut back = [0u8; 8];
+        c.recv_exact(&mut back).unwrap();
+        let (small, got) = t.join().unwrap();
+        assert_eq!(&small, b"abc");
+        assert_eq!(got, big);
+        assert_eq!(&back[..3], b"abc");
+        assert_eq!(&back[3..], &big[..5]);
+    }
+
+    #[test]
+    fn closed_peer_is_an_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || drop(l.accept().unwrap()));
+        let mut c = connect(&addr, Duration::from_secs(5)).unwrap();
+        t.join().unwrap();
+        let mut b = [0u8; 4];
+        assert!(c.recv_exact(&mut b).is_err());
+    }
+}
