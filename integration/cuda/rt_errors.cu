@@ -1,0 +1,102 @@
+// Error paths with the codes a real driver gives, and the program goes on
+// working after each one.
+#include <cuda_runtime.h>
+#include "check.h"
+
+// After an expected error: cudaGetLastError reports it once, then the device
+// still works (allocate, copy both ways, free).
+static void still_works(const char *after, cudaError_t expected_last) {
+    cudaError_t last = cudaGetLastError();
+    EXPECT(last == expected_last, "after %s cudaGetLastError gave %d (%s), expected %d", after, (int)last,
+           cudaGetErrorName(last), (int)expected_last);
+    CHECK(cudaGetLastError());
+    int *d = nullptr;
+    int h[64], back[64];
+    for (int i = 0; i < 64; i++) h[i] = i * i;
+    CHECK(cudaMalloc((void **)&d, sizeof h));
+    CHECK(cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(back, d, sizeof back, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++) EXPECT(back[i] == h[i], "after %s: copy wrong at %d", after, i);
+    CHECK(cudaFree(d));
+    ok("device still works after %s", after);
+}
+
+int main() {
+    test_begin("rt_errors");
+    CHECK(cudaFree(0));
+
+    // cudaFree of a pointer that was never allocated.
+    CHECK_ERR(cudaFree((void *)0x12345600), cudaErrorInvalidValue);
+    ok("cudaFree(never allocated) -> cudaErrorInvalidValue");
+    still_works("cudaFree(never allocated)", cudaErrorInvalidValue);
+
+    // Double free.
+    void *p = nullptr;
+    CHECK(cudaMalloc(&p, 4096));
+    CHECK(cudaFree(p));
+    CHECK_ERR(cudaFree(p), cudaErrorInvalidValue);
+    ok("double cudaFree -> cudaErrorInvalidValue");
+    still_works("double free", cudaErrorInvalidValue);
+
+    // cudaFree of an interior pointer.
+    CHECK(cudaMalloc(&p, 4096));
+    CHECK_ERR(cudaFree((char *)p + 16), cudaErrorInvalidValue);
+    cudaGetLastError();
+    CHECK(cudaFree(p));
+    ok("cudaFree(interior pointer) -> cudaErrorInvalidValue, the allocation stays valid");
+
+    // Copies past the end of an allocation, in each direction.
+    char *d = nullptr, *d2 = nullptr;
+    CHECK(cudaMalloc((void **)&d, 1024));
+    CHECK(cudaMalloc((void **)&d2, 1024));
+    static char big[1 << 20];
+    CHECK_ERR(cudaMemcpy(d, big, 2048, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    still_works("H2D past the end", cudaErrorInvalidValue);
+    CHECK_ERR(cudaMemcpy(big, d + 512, 1024, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    still_works("D2H past the end", cudaErrorInvalidValue);
+    CHECK_ERR(cudaMemcpy(d2, d, 1 << 20, cudaMemcpyDeviceToDevice), cudaErrorInvalidValue);
+    still_works("D2D past the end", cudaErrorInvalidValue);
+    ok("cudaMemcpy past the end of an allocation -> cudaErrorInvalidValue (H2D, D2H, D2D)");
+
+    // A copy to freed memory.
+    CHECK(cudaFree(d2));
+    CHECK_ERR(cudaMemcpy(d2, big, 16, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    still_works("H2D into freed memory", cudaErrorInvalidValue);
+
+    // The allocation that is still live kept its contents through all that.
+    memset(big, 0x42, 1024);
+    CHECK(cudaMemcpy(d, big, 1024, cudaMemcpyHostToDevice));
+    memset(big, 0, 1024);
+    CHECK(cudaMemcpy(big, d, 1024, cudaMemcpyDeviceToHost));
+    EXPECT(check_bytes(big, 1024, 0x42) < 0, "live allocation corrupted");
+    CHECK(cudaFree(d));
+    ok("a live allocation is intact after the failed copies");
+
+    // More than the device has.
+    size_t free_b = 0, total = 0;
+    CHECK(cudaMemGetInfo(&free_b, &total));
+    void *huge = nullptr;
+    CHECK_ERR(cudaMalloc(&huge, total + (1ull << 30)), cudaErrorMemoryAllocation);
+    ok("cudaMalloc(total + 1 GiB = %zu) -> cudaErrorMemoryAllocation", total + (1ull << 30));
+    still_works("cudaMalloc too large", cudaErrorMemoryAllocation);
+    CHECK_ERR(cudaMalloc(&huge, (size_t)-1 / 2), cudaErrorMemoryAllocation);
+    still_works("cudaMalloc(SIZE_MAX / 2)", cudaErrorMemoryAllocation);
+    size_t free_after = 0;
+    CHECK(cudaMemGetInfo(&free_after, &total));
+    EXPECT(free_after >= free_b - free_b / 100, "free memory %zu after failed allocations, %zu before", free_after, free_b);
+    ok("failed allocations leak nothing");
+
+    // Invalid device ordinal.
+    CHECK_ERR(cudaSetDevice(1000), cudaErrorInvalidDevice);
+    still_works("cudaSetDevice(1000)", cudaErrorInvalidDevice);
+
+    // A destroyed stream is not a valid handle any more... but using one is
+    // undefined behaviour, so only check NULL-handle argument errors.
+    CHECK_ERR(cudaStreamCreate(nullptr), cudaErrorInvalidValue);
+    still_works("cudaStreamCreate(NULL)", cudaErrorInvalidValue);
+    CHECK_ERR(cudaMalloc(nullptr, 16), cudaErrorInvalidValue);
+    still_works("cudaMalloc(NULL, 16)", cudaErrorInvalidValue);
+
+    CHECK(cudaDeviceSynchronize());
+    return test_end();
+}
