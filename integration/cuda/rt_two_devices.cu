@@ -18,6 +18,9 @@ int main(int argc, char **argv) {
     CHECK(cudaGetDeviceProperties(&p1, 1));
     EXPECT(memcmp(p0.uuid.bytes, p1.uuid.bytes, 16) != 0, "devices 0 and 1 have the same UUID");
     ok("devices have different UUIDs ('%s', '%s')", p0.name, p1.name);
+    // The harness gives the devices different memory sizes to check their order.
+    ok("device 0 totalGlobalMem %zu", p0.totalGlobalMem);
+    ok("device 1 totalGlobalMem %zu", p1.totalGlobalMem);
 
     const size_t sz = (4u << 20) + 3;
     std::vector<unsigned char> h(sz), back(sz);

@@ -1,0 +1,16 @@
+//! Driver-API programs (integration/cuda/drv_*.cu), linked with `-lcuda`
+//! against the shim's libcuda.so and run through `rgpu run`.
+
+use rgpu_integration::*;
+
+#[test]
+fn drv_api() {
+    run_program("drv_api", Variant::Driver, &[]);
+}
+
+/// cuModuleLoadData with an `nvcc -fatbin` image and with PTX text, both
+/// embedded in the program; globals, functions, attributes, launch.
+#[test]
+fn drv_module() {
+    run_program("drv_module", Variant::Driver, &launch_args());
+}
