@@ -782,8 +782,16 @@ impl Running {
         unsafe {
             libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
         }
+        // A process that left the group could keep the pipes open: wait for
+        // the readers a bounded time, then take what they have.
+        let until = Instant::now() + Duration::from_secs(5);
         for r in self.readers.drain(..) {
-            let _ = r.join();
+            while !r.is_finished() && Instant::now() < until {
+                thread::sleep(Duration::from_millis(10));
+            }
+            if r.is_finished() {
+                let _ = r.join();
+            }
         }
         RunOutput {
             command: self.command.clone(),
