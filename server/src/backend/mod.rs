@@ -1,0 +1,225 @@
+//! What the server needs from a GPU, behind one trait pair.
+//!
+//! [`Backend`] is the server-wide part: device inventory and the factory of
+//! per-session views. [`BackendSession`] is one session's view: every object
+//! it creates (allocations, streams, events, modules) belongs to it, and
+//! dropping it releases all of them. That shape fits both backends:
+//!
+//! - `sim` (today): device memory is an mmap'd region per device, work runs
+//!   inline in arrival order, streams and events are bookkeeping.
+//! - `cuda` (a later issue, on cudarc): a session owns a context per device it
+//!   touches; a [`StreamToken`]/[`EventToken`]/[`ModuleToken`] carries the raw
+//!   `CUstream`/`CUevent`/`CUmodule`; `write`/`read` go through a pinned
+//!   staging buffer chunk by chunk, which is why they take callbacks instead of
+//!   handing out a slice of device memory.
+//!
+//! The session layer above checks every client handle and pointer against the
+//! session's own tables before calling in here, so a backend may assume the
+//! ranges it gets were allocated by this session; it must still never touch
+//! memory outside its devices (the sim bounds-checks again).
+
+pub mod sim;
+
+use std::io;
+
+use crate::cuerror::CuResult;
+use crate::module::ModuleImage;
+
+/// Static description of one device, as `listDevices` reports it.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub pci_domain: i32,
+    pub pci_bus: i32,
+    pub pci_device: i32,
+    /// `(CUdevice_attribute, value)` for every attribute the device answers.
+    pub attributes: Vec<(u32, i32)>,
+}
+
+/// A backend object the session created, opaque to everything above the
+/// backend (the sim's own counter; later a raw CUDA handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamToken(pub u64);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventToken(pub u64);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ModuleToken(pub u64);
+
+/// Where work is ordered: a device's default stream, or one the session created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamRef {
+    Default { device: u32 },
+    Created(StreamToken),
+}
+
+/// `cuMemsetD{8,16,32}` and their 2-D forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memset {
+    pub dst: u64,
+    /// The pattern, in its low `element_size` bytes.
+    pub value: u32,
+    /// 1, 2 or 4.
+    pub element_size: u8,
+    /// Elements per row.
+    pub count: u64,
+    /// Bytes from one row's start to the next; ignored when `rows` is 1.
+    pub pitch: u64,
+    /// 1 for a 1-D memset.
+    pub rows: u64,
+}
+
+impl Memset {
+    /// The byte range the memset touches, `[dst, dst + span)`; `None` if it
+    /// overflows or the shape is invalid.
+    pub fn span(&self) -> Option<u64> {
+        if !matches!(self.element_size, 1 | 2 | 4) || self.rows == 0 {
+            return None;
+        }
+        let row_bytes = self.count.checked_mul(self.element_size as u64)?;
+        if self.rows == 1 {
+            return Some(row_bytes);
+        }
+        if self.pitch < row_bytes {
+            return None;
+        }
+        self.pitch.checked_mul(self.rows - 1)?.checked_add(row_bytes)
+    }
+}
+
+/// What a loaded module offers, as `ModuleLoaded` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedModule {
+    pub functions: Vec<FunctionInfo>,
+    pub globals: Vec<GlobalInfo>,
+    /// Empty when the kernels can run on this backend; else why not.
+    pub launch_note: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct FunctionInfo {
+    pub name: String,
+    /// `(offset, size)` of each parameter in the packed kernelParams buffer.
+    pub params: Vec<(u32, u32)>,
+    pub max_threads_per_block: i32,
+    pub shared_size_bytes: i32,
+    pub const_size_bytes: i32,
+    pub local_size_bytes: i32,
+    pub num_regs: i32,
+    pub ptx_version: i32,
+    pub binary_version: i32,
+}
+
+impl FunctionInfo {
+    /// Bytes of the packed parameter buffer: the end of the last parameter.
+    pub fn param_buffer_len(&self) -> u64 {
+        self.params.iter().map(|&(o, s)| o as u64 + s as u64).max().unwrap_or(0)
+    }
+}
+
+/// A module global: device memory owned by the module, freed with it.
+#[derive(Debug, Clone)]
+pub struct GlobalInfo {
+    pub name: String,
+    pub ptr: u64,
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchDims {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+}
+
+/// A device-memory transfer failed either on the device side (a CUDA error
+/// for the request) or on the host side (the callback's I/O error, which
+/// means the connection is gone).
+#[derive(Debug)]
+pub enum TransferError {
+    Device(crate::cuerror::CuError),
+    Io(io::Error),
+}
+
+impl From<crate::cuerror::CuError> for TransferError {
+    fn from(e: crate::cuerror::CuError) -> Self {
+        TransferError::Device(e)
+    }
+}
+
+pub trait Backend: Send + Sync + 'static {
+    /// Reported by `hello`: "sim" or "cuda".
+    fn name(&self) -> &'static str;
+    fn devices(&self) -> &[DeviceInfo];
+    /// A fresh, empty view of the devices for one session.
+    fn open_session(&self) -> CuResult<Box<dyn BackendSession>>;
+}
+
+/// One session's objects. Methods take `&mut self`: a session is served by
+/// one thread, in arrival order. Dropping it frees everything it still holds.
+pub trait BackendSession: Send {
+    // --- memory -----------------------------------------------------------
+    fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64>;
+    fn mem_free(&mut self, ptr: u64) -> CuResult;
+    /// `(free, total)` bytes of `device`.
+    fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)>;
+    /// Writes `len` bytes at `dst`, produced by `fill`: it is called with
+    /// device-visible buffers (the destination itself, or staging chunks) in
+    /// order, and must fill each completely.
+    fn write(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError>;
+    /// Reads `len` bytes at `src`, handing them to `sink` in order, in one or
+    /// more pieces.
+    fn read(
+        &mut self,
+        stream: StreamRef,
+        src: u64,
+        len: u64,
+        sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError>;
+    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult;
+    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult;
+
+    // --- streams and events -------------------------------------------------
+    fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken>;
+    fn stream_destroy(&mut self, stream: StreamToken) -> CuResult;
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult;
+    /// `Ok` when all work is done, `Err(NOT_READY)` while some is pending.
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult;
+    fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, flags: u32) -> CuResult;
+    fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken>;
+    fn event_destroy(&mut self, event: EventToken) -> CuResult;
+    fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult;
+    fn event_synchronize(&mut self, event: EventToken) -> CuResult;
+    fn event_query(&mut self, event: EventToken) -> CuResult;
+    /// Milliseconds from `start` to `end`.
+    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32>;
+    fn ctx_synchronize(&mut self, device: u32) -> CuResult;
+
+    // --- modules and launches ---------------------------------------------
+    /// Loads `image` (whose parse is `parsed`) on `device`, globals included.
+    fn module_load(
+        &mut self,
+        device: u32,
+        image: &[u8],
+        parsed: &ModuleImage,
+    ) -> CuResult<(ModuleToken, LoadedModule)>;
+    fn module_unload(&mut self, module: ModuleToken) -> CuResult;
+    /// Launches function `function` of `module`; `params` is the packed
+    /// kernelParams buffer, already checked against the function's layout.
+    fn launch(
+        &mut self,
+        module: ModuleToken,
+        function: u32,
+        dims: &LaunchDims,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult;
+}

@@ -1,0 +1,479 @@
+//! The sim backend: devices that exist only in this process.
+//!
+//! Memory is real (see [`memory`]); everything else is executed inline, in
+//! arrival order, on the session's thread, which already satisfies every
+//! CUDA ordering rule: streams are bookkeeping, events are timestamps taken
+//! when the record is processed. Kernels cannot run yet: a launch checks its
+//! arguments and answers `CUDA_ERROR_NOT_SUPPORTED` until the PTX interpreter
+//! (a later issue) works on [`memory::DeviceMemory`].
+
+pub mod attributes;
+pub mod memory;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tracing::{debug, warn};
+
+use self::attributes::SimDeviceParams;
+use self::memory::DeviceMemory;
+use super::{
+    Backend, BackendSession, DeviceInfo, EventToken, FunctionInfo, GlobalInfo, LaunchDims,
+    LoadedModule, Memset, ModuleToken, StreamRef, StreamToken, TransferError,
+};
+use crate::cuerror::{CuError, CuResult};
+use crate::module::{GlobalSpace, ModuleImage};
+
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// How to build the sim's devices.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    pub devices: u32,
+    /// Bytes of memory per device.
+    pub memory: u64,
+    pub compute_capability: (u32, u32),
+    /// Mixed into the device UUIDs, so two servers on one host can differ.
+    pub seed: Option<String>,
+}
+
+pub struct SimBackend {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    info: Vec<DeviceInfo>,
+    memory: Vec<DeviceMemory>,
+}
+
+impl Shared {
+    fn device(&self, ordinal: u32) -> CuResult<&DeviceMemory> {
+        self.memory.get(ordinal as usize).ok_or(CuError::INVALID_DEVICE)
+    }
+
+    /// The device whose address window holds `ptr`.
+    fn device_of(&self, ptr: u64) -> CuResult<&DeviceMemory> {
+        self.memory.iter().find(|m| m.contains(ptr)).ok_or(CuError::INVALID_VALUE)
+    }
+}
+
+impl SimBackend {
+    pub fn new(cfg: &SimConfig) -> io::Result<Self> {
+        if cfg.devices == 0 || cfg.devices > 64 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--sim-devices must be between 1 and 64, got {}", cfg.devices),
+            ));
+        }
+        let host = hostname();
+        let (major, minor) = cfg.compute_capability;
+        let mut info = Vec::new();
+        let mut memory = Vec::new();
+        for ordinal in 0..cfg.devices {
+            let mem = DeviceMemory::new(ordinal, cfg.memory)?;
+            let params = SimDeviceParams {
+                ordinal: ordinal as i32,
+                cc_major: major as i32,
+                cc_minor: minor as i32,
+                pci_domain: 0,
+                pci_bus: 0x10 + ordinal as i32,
+                pci_device: 0,
+            };
+            info.push(DeviceInfo {
+                ordinal,
+                name: format!("rgpu sim GPU (compute capability {major}.{minor})"),
+                uuid: device_uuid(&host, ordinal, cfg.seed.as_deref()),
+                total_mem: mem.total(),
+                pci_domain: params.pci_domain,
+                pci_bus: params.pci_bus,
+                pci_device: params.pci_device,
+                attributes: attributes::all_values(&params),
+            });
+            memory.push(mem);
+        }
+        Ok(SimBackend { shared: Arc::new(Shared { info, memory }) })
+    }
+}
+
+impl Backend for SimBackend {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.shared.info
+    }
+
+    fn open_session(&self) -> CuResult<Box<dyn BackendSession>> {
+        Ok(Box::new(SimSession {
+            shared: self.shared.clone(),
+            allocs: BTreeMap::new(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            next_token: 1,
+            warned_launch: false,
+        }))
+    }
+}
+
+struct SimEvent {
+    flags: u32,
+    recorded: Option<Instant>,
+}
+
+struct SimModule {
+    /// Device pointers of the module's globals, freed at unload.
+    globals: Vec<u64>,
+    functions: u32,
+}
+
+struct SimSession {
+    shared: Arc<Shared>,
+    /// Every allocation this session made (its own and its modules' globals).
+    allocs: BTreeMap<u64, ()>,
+    streams: HashMap<u64, u32>,
+    events: HashMap<u64, SimEvent>,
+    modules: HashMap<u64, SimModule>,
+    next_token: u64,
+    warned_launch: bool,
+}
+
+impl SimSession {
+    fn token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    fn check_stream(&self, s: StreamRef) -> CuResult {
+        match s {
+            StreamRef::Default { device } => self.shared.device(device).map(|_| ()),
+            StreamRef::Created(t) => {
+                self.streams.get(&t.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
+            }
+        }
+    }
+
+    fn event(&mut self, e: EventToken) -> CuResult<&mut SimEvent> {
+        self.events.get_mut(&e.0).ok_or(CuError::INVALID_HANDLE)
+    }
+
+    fn free_owned(&mut self, ptr: u64) -> CuResult {
+        self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
+        self.shared.device_of(ptr)?.free(ptr)
+    }
+}
+
+impl BackendSession for SimSession {
+    fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
+        let p = self.shared.device(device)?.alloc(size)?;
+        self.allocs.insert(p, ());
+        Ok(p)
+    }
+
+    fn mem_free(&mut self, ptr: u64) -> CuResult {
+        self.free_owned(ptr)
+    }
+
+    fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)> {
+        let m = self.shared.device(device)?;
+        Ok((m.free_bytes(), m.total()))
+    }
+
+    fn write(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError> {
+        self.check_stream(stream)?;
+        let m = self.shared.device_of(dst)?;
+        m.with_slice_mut(dst, len, |s| fill(s))?.map_err(TransferError::Io)
+    }
+
+    fn read(
+        &mut self,
+        stream: StreamRef,
+        src: u64,
+        len: u64,
+        sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError> {
+        self.check_stream(stream)?;
+        let m = self.shared.device_of(src)?;
+        m.with_slice(src, len, |s| sink(s))?.map_err(TransferError::Io)
+    }
+
+    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+        self.check_stream(stream)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let sm = self.shared.device_of(src)?;
+        let dm = self.shared.device_of(dst)?;
+        if std::ptr::eq(sm, dm) {
+            return sm.copy_within(dst, src, len);
+        }
+        // Peer copy between two sim devices: distinct mappings, no overlap.
+        sm.with_slice(src, len, |s| dm.with_slice_mut(dst, len, |d| d.copy_from_slice(s)))?
+    }
+
+    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult {
+        self.check_stream(stream)?;
+        let span = op.span().ok_or(CuError::INVALID_VALUE)?;
+        let m = self.shared.device_of(op.dst)?;
+        let es = op.element_size as usize;
+        let pattern = op.value.to_le_bytes();
+        let row_bytes = (op.count * es as u64) as usize;
+        let pitch = if op.rows == 1 { row_bytes } else { op.pitch as usize };
+        m.with_slice_mut(op.dst, span, |s| {
+            for r in 0..op.rows as usize {
+                let row = &mut s[r * pitch..r * pitch + row_bytes];
+                if es == 1 {
+                    row.fill(pattern[0]);
+                } else {
+                    for c in row.chunks_exact_mut(es) {
+                        c.copy_from_slice(&pattern[..es]);
+                    }
+                }
+            }
+        })
+    }
+
+    fn stream_create(&mut self, device: u32, _flags: u32, _priority: i32) -> CuResult<StreamToken> {
+        self.shared.device(device)?;
+        let t = self.token();
+        self.streams.insert(t, device);
+        Ok(StreamToken(t))
+    }
+
+    fn stream_destroy(&mut self, stream: StreamToken) -> CuResult {
+        self.streams.remove(&stream.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
+    }
+
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult {
+        self.check_stream(stream)
+    }
+
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult {
+        self.check_stream(stream)
+    }
+
+    fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, _flags: u32) -> CuResult {
+        self.check_stream(stream)?;
+        self.event(event).map(|_| ())
+    }
+
+    fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken> {
+        self.shared.device(device)?;
+        let t = self.token();
+        self.events.insert(t, SimEvent { flags, recorded: None });
+        Ok(EventToken(t))
+    }
+
+    fn event_destroy(&mut self, event: EventToken) -> CuResult {
+        self.events.remove(&event.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
+    }
+
+    fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult {
+        self.check_stream(stream)?;
+        let ev = self.event(event)?;
+        ev.recorded = Some(Instant::now());
+        Ok(())
+    }
+
+    fn event_synchronize(&mut self, event: EventToken) -> CuResult {
+        self.event(event).map(|_| ())
+    }
+
+    fn event_query(&mut self, event: EventToken) -> CuResult {
+        self.event(event).map(|_| ())
+    }
+
+    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
+        let stamp = |s: &Self, e: EventToken| -> CuResult<Instant> {
+            let ev = s.events.get(&e.0).ok_or(CuError::INVALID_HANDLE)?;
+            if ev.flags & EVENT_DISABLE_TIMING != 0 {
+                return Err(CuError::INVALID_HANDLE);
+            }
+            ev.recorded.ok_or(CuError::INVALID_HANDLE)
+        };
+        let (a, b) = (stamp(self, start)?, stamp(self, end)?);
+        // CUDA reports a negative time when `end` was recorded before `start`.
+        let ms = if b >= a {
+            b.duration_since(a).as_secs_f64() * 1e3
+        } else {
+            -(a.duration_since(b).as_secs_f64() * 1e3)
+        };
+        Ok(ms as f32)
+    }
+
+    fn ctx_synchronize(&mut self, device: u32) -> CuResult {
+        self.shared.device(device).map(|_| ())
+    }
+
+    fn module_load(
+        &mut self,
+        device: u32,
+        _image: &[u8],
+        parsed: &ModuleImage,
+    ) -> CuResult<(ModuleToken, LoadedModule)> {
+        self.shared.device(device)?;
+        let mut globals = Vec::with_capacity(parsed.globals.len());
+        let mut ptrs = Vec::with_capacity(parsed.globals.len());
+        let result = (|| -> CuResult {
+            for g in &parsed.globals {
+                // A zero-sized global still gets an address of its own.
+                let p = self.mem_alloc(device, g.size.max(1))?;
+                ptrs.push(p);
+                if let Some(init) = &g.init {
+                    let n = (init.len() as u64).min(g.size);
+                    let m = self.shared.device(device)?;
+                    m.with_slice_mut(p, n, |s| s.copy_from_slice(&init[..n as usize]))?;
+                }
+                globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: g.size });
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            for p in ptrs {
+                let _ = self.free_owned(p);
+            }
+            return Err(e);
+        }
+        let const_bytes: u64 = parsed
+            .globals
+            .iter()
+            .filter(|g| g.space == GlobalSpace::Const)
+            .map(|g| g.size)
+            .sum();
+        let clamp = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
+        let functions = parsed
+            .kernels
+            .iter()
+            .map(|k| FunctionInfo {
+                name: k.name.clone(),
+                params: k.params.iter().map(|p| (p.offset, p.size)).collect(),
+                max_threads_per_block: k
+                    .max_threads_per_block
+                    .map_or(1024, |n| n.min(1024) as i32),
+                shared_size_bytes: clamp(k.shared_static_bytes),
+                // Per-function constant usage is not known without SASS; the
+                // module's __constant__ bytes are an upper bound.
+                const_size_bytes: clamp(const_bytes),
+                local_size_bytes: clamp(k.local_bytes),
+                num_regs: k.num_regs.map_or(32, |n| n as i32),
+                ptx_version: 90,
+                binary_version: 90,
+            })
+            .collect::<Vec<_>>();
+        let launch_note = if parsed.ptx.is_some() {
+            String::new()
+        } else {
+            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "the image has no PTX (only SASS for {}); the rgpu sim backend executes PTX only: \
+                 build with -gencode arch=compute_XX,code=compute_XX (e.g. compute_90) to embed it",
+                if archs.is_empty() { "no architecture".to_string() } else { archs.join(", ") }
+            )
+        };
+        let t = self.token();
+        self.modules.insert(
+            t,
+            SimModule { globals: ptrs, functions: functions.len() as u32 },
+        );
+        debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
+        Ok((ModuleToken(t), LoadedModule { functions, globals, launch_note }))
+    }
+
+    fn module_unload(&mut self, module: ModuleToken) -> CuResult {
+        let m = self.modules.remove(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        for p in m.globals {
+            let _ = self.free_owned(p);
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &mut self,
+        module: ModuleToken,
+        function: u32,
+        _dims: &LaunchDims,
+        stream: StreamRef,
+        _params: &[u8],
+    ) -> CuResult {
+        self.check_stream(stream)?;
+        let m = self.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        if function >= m.functions {
+            return Err(CuError::INVALID_HANDLE);
+        }
+        if !self.warned_launch {
+            self.warned_launch = true;
+            warn!("sim backend cannot execute kernels yet: the PTX interpreter comes with a later issue");
+        }
+        Err(CuError::NOT_SUPPORTED)
+    }
+}
+
+impl Drop for SimSession {
+    fn drop(&mut self) {
+        let ptrs: Vec<u64> = self.allocs.keys().copied().collect();
+        for p in ptrs {
+            let _ = self.free_owned(p);
+        }
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; gethostname NUL-terminates
+    // when the name fits (we leave room and cut at the first NUL anyway).
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len() - 1) };
+    if r != 0 {
+        return String::new();
+    }
+    let n = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// A UUID stable across restarts: FNV-1a (128-bit) of host, ordinal and seed,
+/// stamped as an RFC 4122 version-8 (custom) UUID.
+fn device_uuid(host: &str, ordinal: u32, seed: Option<&str>) -> [u8; 16] {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+    let mut h = OFFSET;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= b as u128;
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    eat(b"rgpu-sim\0");
+    eat(host.as_bytes());
+    eat(&[0]);
+    eat(&ordinal.to_le_bytes());
+    if let Some(s) = seed {
+        eat(&[1]);
+        eat(s.as_bytes());
+    }
+    let mut u = h.to_be_bytes();
+    u[6] = (u[6] & 0x0f) | 0x80;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_are_stable_and_distinct() {
+        assert_eq!(device_uuid("h", 0, None), device_uuid("h", 0, None));
+        assert_ne!(device_uuid("h", 0, None), device_uuid("h", 1, None));
+        assert_ne!(device_uuid("h", 0, None), device_uuid("h", 0, Some("x")));
+    }
+}
