@@ -1,1 +1,54 @@
+//! rgpu GPU server. Layers, top down (mini-redis shape):
+//!
+//! - [`listener`]: accept loop, connection cap, preamble dispatch, shutdown;
+//! - [`control`]: the capnp-rpc control plane (hello, devices, sessions);
+//! - [`session`]: one data connection per session on its own thread: frames
+//!   in, replies out, the session's handle tables;
+//! - [`command`]: one file per driver-API group, each command's decode and apply;
+//! - [`backend`]: the [`backend::Backend`] trait and the `sim` backend;
+//! - [`module`]: reading CUDA module images (fatbin, cubin, PTX).
 pub mod module;
+
+pub mod backend;
+pub mod command;
+pub mod config;
+pub mod control;
+pub mod cuerror;
+pub mod listener;
+pub mod service;
+pub mod session;
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Builds the backend `config` asks for.
+pub fn build_backend(config: &config::Config) -> anyhow::Result<Arc<dyn backend::Backend>> {
+    use anyhow::Context;
+    use config::BackendKind;
+    match config.backend {
+        BackendKind::Cuda => anyhow::bail!(
+            "the cuda backend (real GPUs) is not built yet: it comes with a later issue; \
+             use --backend sim"
+        ),
+        BackendKind::Auto => {
+            tracing::info!("no real-GPU backend is built yet; --backend auto uses the sim backend")
+        }
+        BackendKind::Sim => {}
+    }
+    let sim = backend::sim::SimBackend::new(&config.sim).context("cannot set up the sim backend")?;
+    Ok(Arc::new(sim))
+}
+
+/// Serves on `listener` with `backend` until `shutdown` fires, then closes
+/// every session and returns. Drive it with `block_on` (it is not `Send`).
+pub async fn serve(
+    listener: TcpListener,
+    backend: Arc<dyn backend::Backend>,
+    config: &config::Config,
+    shutdown: CancellationToken,
+) {
+    let service = Arc::new(service::Service::new(backend, config.attach_timeout));
+    listener::run(listener, service, config.max_connections, shutdown).await
+}

@@ -1,0 +1,115 @@
+//! Module commands: cuModuleLoadData (the image is the bulk) and cuModuleUnload.
+
+use rgpu_protocol::data_capnp::{handle, module_load, module_loaded};
+use tracing::warn;
+
+use super::{Bulk, Fail, ReplyBody};
+use crate::backend::LoadedModule;
+use crate::cuerror::CuError;
+use crate::session::state::{Alloc, Module, Owner, SessionState};
+
+/// Largest module image accepted; a bigger bulk is skipped and refused
+/// rather than buffered.
+pub const MAX_IMAGE_LEN: u64 = 512 << 20;
+
+#[derive(Debug)]
+pub struct ModuleLoad {
+    pub handle: u64,
+    pub device: u32,
+}
+
+impl ModuleLoad {
+    pub fn decode(r: module_load::Reader<'_>) -> Self {
+        ModuleLoad { handle: r.get_handle(), device: r.get_device() }
+    }
+
+    pub fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<ReplyBody, Fail> {
+        if self.handle == 0 || s.modules.contains_key(&self.handle) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        s.check_device(self.device)?;
+        let len = bulk.remaining();
+        if len > MAX_IMAGE_LEN {
+            warn!(len, limit = MAX_IMAGE_LEN, "module image refused: too large");
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let image = bulk.read_to_vec()?;
+        let parsed = match crate::module::read_image(&image) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(module = self.handle, len, "module image refused: {e}");
+                return Err(CuError::INVALID_IMAGE.into());
+            }
+        };
+        let (token, loaded) = s.backend.module_load(self.device, &image, &parsed)?;
+        for g in &loaded.globals {
+            s.allocs.insert(
+                g.ptr,
+                Alloc { device: self.device, size: g.size, owner: Owner::Module(self.handle) },
+            );
+        }
+        s.modules.insert(
+            self.handle,
+            Module {
+                token,
+                device: self.device,
+                param_lens: loaded.functions.iter().map(|f| f.param_buffer_len()).collect(),
+                globals: loaded.globals.iter().map(|g| g.ptr).collect(),
+            },
+        );
+        Ok(ReplyBody::ModuleLoad(Box::new(loaded)))
+    }
+}
+
+#[derive(Debug)]
+pub struct ModuleUnload {
+    pub handle: u64,
+}
+
+impl ModuleUnload {
+    pub fn decode(r: handle::Reader<'_>) -> Self {
+        ModuleUnload { handle: r.get_handle() }
+    }
+
+    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+        let m = s.module(self.handle)?;
+        let token = m.token;
+        s.backend.module_unload(token)?;
+        if let Some(m) = s.modules.remove(&self.handle) {
+            for p in m.globals {
+                s.allocs.remove(&p);
+            }
+        }
+        Ok(ReplyBody::None)
+    }
+}
+
+/// Encodes `ModuleLoaded`.
+pub fn encode_loaded(m: &LoadedModule, mut b: module_loaded::Builder<'_>) {
+    let mut fs = b.reborrow().init_functions(m.functions.len() as u32);
+    for (i, f) in m.functions.iter().enumerate() {
+        let mut fb = fs.reborrow().get(i as u32);
+        fb.set_name(&f.name);
+        let mut ps = fb.reborrow().init_params(f.params.len() as u32);
+        for (j, &(offset, size)) in f.params.iter().enumerate() {
+            let mut p = ps.reborrow().get(j as u32);
+            p.set_offset(offset);
+            p.set_size(size);
+        }
+        fb.set_max_threads_per_block(f.max_threads_per_block);
+        fb.set_shared_size_bytes(f.shared_size_bytes);
+        fb.set_const_size_bytes(f.const_size_bytes);
+        fb.set_local_size_bytes(f.local_size_bytes);
+        fb.set_num_regs(f.num_regs);
+        fb.set_ptx_version(f.ptx_version);
+        fb.set_binary_version(f.binary_version);
+    }
+    let mut gs = b.reborrow().init_globals(m.globals.len() as u32);
+    for (i, g) in m.globals.iter().enumerate() {
+        let mut gb = gs.reborrow().get(i as u32);
+        gb.set_name(&g.name);
+        gb.set_ptr(g.ptr);
+        gb.set_size(g.size);
+    }
+    b.set_launch_note(&m.launch_note);
+}

@@ -1,0 +1,145 @@
+//! The control plane: the capnp-rpc `GpuServer` capability every control
+//! connection bootstraps. Cold path: hello, device inventory, sessions.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use capnp::capability::Rc;
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::PROTOCOL_VERSION;
+use tokio_util::compat::TokioAsyncReadCompatExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::service::Service;
+
+struct GpuServer {
+    service: Arc<Service>,
+    peer: String,
+    /// The version the client announced in `hello`, if it did.
+    client_version: Cell<Option<u32>>,
+}
+
+fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
+    t.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string()
+}
+
+impl gpu_server::Server for GpuServer {
+    async fn hello(
+        self: Rc<Self>,
+        params: gpu_server::HelloParams,
+        mut results: gpu_server::HelloResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let theirs = p.get_client_version();
+        let name = text(p.get_client_name());
+        self.client_version.set(Some(theirs));
+        if theirs != PROTOCOL_VERSION {
+            // Answer anyway, so the client can explain the mismatch itself;
+            // this connection will not get a session.
+            warn!(peer = %self.peer, client = %name, theirs, ours = PROTOCOL_VERSION,
+                "client speaks another protocol version");
+        } else {
+            debug!(peer = %self.peer, client = %name, "hello");
+        }
+        let mut r = results.get();
+        r.set_server_version(PROTOCOL_VERSION);
+        r.set_server_name(&self.service.server_name);
+        r.set_backend(self.service.backend.name());
+        Ok(())
+    }
+
+    async fn list_devices(
+        self: Rc<Self>,
+        _params: gpu_server::ListDevicesParams,
+        mut results: gpu_server::ListDevicesResults,
+    ) -> Result<(), capnp::Error> {
+        let devs = self.service.backend.devices();
+        let mut list = results.get().init_devices(devs.len() as u32);
+        for (i, d) in devs.iter().enumerate() {
+            let mut b = list.reborrow().get(i as u32);
+            b.set_ordinal(d.ordinal);
+            b.set_name(&d.name);
+            b.set_uuid(&d.uuid);
+            b.set_total_mem(d.total_mem);
+            b.set_pci_domain(d.pci_domain);
+            b.set_pci_bus(d.pci_bus);
+            b.set_pci_device(d.pci_device);
+            let mut attrs = b.init_attributes(d.attributes.len() as u32);
+            for (j, &(id, value)) in d.attributes.iter().enumerate() {
+                let mut a = attrs.reborrow().get(j as u32);
+                a.set_id(id);
+                a.set_value(value);
+            }
+        }
+        Ok(())
+    }
+
+    async fn open_session(
+        self: Rc<Self>,
+        params: gpu_server::OpenSessionParams,
+        mut results: gpu_server::OpenSessionResults,
+    ) -> Result<(), capnp::Error> {
+        match self.client_version.get() {
+            Some(PROTOCOL_VERSION) => {}
+            Some(v) => {
+                return Err(capnp::Error::failed(format!(
+                    "protocol version mismatch: client speaks {v}, server {PROTOCOL_VERSION}"
+                )))
+            }
+            None => return Err(capnp::Error::failed("call hello before openSession".into())),
+        }
+        let p = params.get()?;
+        let client = text(p.get_client_name());
+        let (id, key) = self
+            .service
+            .sessions
+            .open(&client)
+            .map_err(|e| capnp::Error::failed(format!("cannot open a session: {e}")))?;
+        let timeout = self.service.attach_timeout;
+        let service = self.service.clone();
+        tokio::task::spawn_local(async move {
+            tokio::time::sleep(timeout).await;
+            if service.sessions.expire(id) {
+                info!(session = format_args!("{id:#x}"), client = %client,
+                    "session dropped: no data connection within {} ms", timeout.as_millis());
+            }
+        });
+        let mut r = results.get();
+        r.set_session_id(id);
+        r.set_key(&key);
+        r.set_attach_timeout_ms(u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX));
+        debug!(peer = %self.peer, session = format_args!("{id:#x}"), "session opened");
+        Ok(())
+    }
+}
+
+/// Serves one control connection (its preamble already read) until the
+/// client leaves or the server shuts down. Must run inside a `LocalSet`.
+pub async fn serve(
+    stream: tokio::net::TcpStream,
+    peer: String,
+    service: Arc<Service>,
+    shutdown: CancellationToken,
+) {
+    let _ = stream.set_nodelay(true);
+    let (reader, writer) = stream.compat().split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Server,
+        Default::default(),
+    );
+    let server = GpuServer { service, peer: peer.clone(), client_version: Cell::new(None) };
+    let client: gpu_server::Client = capnp_rpc::new_client(server);
+    let rpc = RpcSystem::new(Box::new(network), Some(client.client));
+    tokio::select! {
+        r = rpc => match r {
+            Ok(()) => debug!(%peer, "control connection closed"),
+            Err(e) => debug!(%peer, "control connection ended: {e}"),
+        },
+        _ = shutdown.cancelled() => debug!(%peer, "control connection closed for shutdown"),
+    }
+}

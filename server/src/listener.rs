@@ -1,0 +1,205 @@
+//! The accept loop (mini-redis `server.rs`): takes a bound listener and a
+//! shutdown token, caps concurrent connections with a semaphore, and
+//! dispatches each connection by its 8-byte preamble:
+//!
+//! - `RGPUCTL1`: capnp-rpc control plane, served on this (local) task set;
+//! - `RGPUDAT1` + session id + key: a session's data connection, handed to a
+//!   dedicated thread with blocking I/O.
+//!
+//! Shutdown: stop accepting, close every session's socket, then wait until
+//! every handler has dropped its guard (a clone of one mpsc sender).
+
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, SESSION_KEY_LEN};
+use rgpu_transport::tcp::TcpTransport;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::cuerror::CuError;
+use crate::service::Service;
+use crate::session::registry::AttachError;
+use crate::session::state::SessionState;
+
+/// How long a new connection may take to say what it is.
+const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Marker held by every connection handler; shutdown waits for all to drop.
+type Guard = mpsc::Sender<()>;
+
+/// Serves connections from `listener` until `shutdown` fires, then closes
+/// every session and returns once all handlers are done. The future is not
+/// `Send` (capnp-rpc is single-threaded): drive it with `block_on`.
+pub async fn run(
+    listener: TcpListener,
+    service: Arc<Service>,
+    max_connections: usize,
+    shutdown: CancellationToken,
+) {
+    let local = tokio::task::LocalSet::new();
+    local
+        .run_until(async move {
+            let limit = Arc::new(Semaphore::new(max_connections.max(1)));
+            let (guard, mut all_done) = mpsc::channel::<()>(1);
+            loop {
+                let permit = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    p = limit.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
+                };
+                let (sock, peer) = tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    r = accept(&listener) => r,
+                };
+                let (service, shutdown, guard) = (service.clone(), shutdown.clone(), guard.clone());
+                tokio::task::spawn_local(async move {
+                    handle(sock, peer.to_string(), service, shutdown, permit, guard).await;
+                });
+            }
+            info!("shutting down: closing sessions");
+            drop(listener);
+            service.sessions.close_all();
+            drop(guard);
+            // Every handler holds a guard clone; recv yields None once all are gone.
+            let _ = all_done.recv().await;
+            info!("shut down");
+        })
+        .await
+}
+
+/// Accepts one connection; errors (out of file descriptors, ...) are logged
+/// and retried with exponential backoff instead of ending the server.
+async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match listener.accept().await {
+            Ok(c) => return c,
+            Err(e) => {
+                warn!("accept failed: {e}; retrying in {} ms", backoff.as_millis());
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+async fn handle(
+    mut sock: TcpStream,
+    peer: String,
+    service: Arc<Service>,
+    shutdown: CancellationToken,
+    permit: OwnedSemaphorePermit,
+    guard: Guard,
+) {
+    let mut preamble = [0u8; 8];
+    let got = tokio::select! {
+        r = tokio::time::timeout(PREAMBLE_TIMEOUT, sock.read_exact(&mut preamble)) => r,
+        _ = shutdown.cancelled() => return,
+    };
+    match got {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => return debug!(%peer, "connection closed before its preamble: {e}"),
+        Err(_) => return warn!(%peer, "no preamble within {} s; closing", PREAMBLE_TIMEOUT.as_secs()),
+    }
+    if &preamble == CONTROL_PREAMBLE {
+        crate::control::serve(sock, peer, service, shutdown).await;
+        drop((permit, guard));
+    } else if &preamble == DATA_PREAMBLE {
+        attach(sock, peer, service, shutdown, permit, guard).await;
+    } else {
+        warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
+    }
+}
+
+/// Attach status sent to the client: 0 = ok, else a CUresult.
+fn status_bytes(status: u32) -> [u8; 8] {
+    let mut b = [0u8; 8];
+    b[..4].copy_from_slice(&status.to_le_bytes());
+    b[4..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    b
+}
+
+async fn attach(
+    mut sock: TcpStream,
+    peer: String,
+    service: Arc<Service>,
+    shutdown: CancellationToken,
+    permit: OwnedSemaphorePermit,
+    guard: Guard,
+) {
+    let mut creds = [0u8; 8 + SESSION_KEY_LEN];
+    let got = tokio::select! {
+        r = tokio::time::timeout(PREAMBLE_TIMEOUT, sock.read_exact(&mut creds)) => r,
+        _ = shutdown.cancelled() => return,
+    };
+    if !matches!(got, Ok(Ok(_))) {
+        return warn!(%peer, "data connection sent no session credentials; closing");
+    }
+    let id = u64::from_le_bytes(creds[..8].try_into().unwrap_or([0; 8]));
+    let key = &creds[8..];
+    // From here on the connection is blocking std I/O.
+    let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
+        Ok(s) => s,
+        Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
+    };
+    let refuse = |mut s: std::net::TcpStream, code: CuError, why: &str| {
+        warn!(%peer, session = format_args!("{id:#x}"), "data connection refused: {why}");
+        let _ = s.write_all(&status_bytes(code.code()));
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    };
+    let registered = match std.try_clone() {
+        Ok(c) => c,
+        Err(e) => return refuse(std, CuError::UNKNOWN, &format!("cannot clone socket: {e}")),
+    };
+    let client = match service.sessions.attach(id, key, registered) {
+        Ok(c) => c,
+        Err(AttachError::Unknown) => {
+            return refuse(std, CuError::INVALID_HANDLE, "unknown session or wrong key")
+        }
+        Err(AttachError::ShuttingDown) => {
+            return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
+        }
+    };
+    let backend = match service.backend.open_session() {
+        Ok(b) => b,
+        Err(e) => {
+            service.sessions.detach(id);
+            return refuse(std, e, "backend cannot open a session");
+        }
+    };
+    let state = SessionState::new(backend, service.backend.devices().len() as u32);
+    let mut std = std;
+    if let Err(e) = std.write_all(&status_bytes(0)) {
+        service.sessions.detach(id);
+        return debug!(%peer, "data connection lost during attach: {e}");
+    }
+    let transport = match TcpTransport::new(std) {
+        Ok(t) => t,
+        Err(e) => {
+            service.sessions.detach(id);
+            return warn!(%peer, "cannot set up data connection: {e}");
+        }
+    };
+    info!(session = format_args!("{id:#x}"), %peer, %client, "session attached");
+    let svc = service.clone();
+    let spawned = std::thread::Builder::new()
+        .name(format!("rgpu-session-{id:x}"))
+        .spawn(move || {
+            let _held = (permit, guard);
+            crate::session::serve(id, transport, state);
+            svc.sessions.detach(id);
+            info!(session = format_args!("{id:#x}"), "session ended; its resources are freed");
+        });
+    if let Err(e) = spawned {
+        // The closure (and with it the state, permit and guard) is dropped.
+        error!(session = format_args!("{id:#x}"), "cannot start session thread: {e}");
+        service.sessions.detach(id);
+    }
+}

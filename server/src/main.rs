@@ -1,0 +1,74 @@
+//! `rgpu-server`: see `rgpu-server --help`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use rgpu_server::config::{Args, Config};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_env("RGPU_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    let config = Config::load(args)?;
+    let backend = rgpu_server::build_backend(&config)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let addr = listener.local_addr().context("cannot read the listening address")?;
+        let devices = backend.devices();
+        // Not through tracing: scripts and tests wait for this exact line
+        // whatever the log filter.
+        eprintln!(
+            "rgpu-server listening on {addr} (backend {}, {} device{})",
+            backend.name(),
+            devices.len(),
+            if devices.len() == 1 { "" } else { "s" }
+        );
+        for d in devices {
+            info!(ordinal = d.ordinal, name = %d.name, total_mem = d.total_mem, "device");
+        }
+        let shutdown = CancellationToken::new();
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            info!("signal received; shutting down");
+            trigger.cancel();
+        });
+        rgpu_server::serve(listener, backend, &config, shutdown).await;
+        Ok(())
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! What every connection handler shares: the backend, the session registry
+//! and the few settings handlers need.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::session::registry::Registry;
+
+pub struct Service {
+    pub backend: Arc<dyn Backend>,
+    pub sessions: Registry,
+    /// How long an opened session waits for its data connection.
+    pub attach_timeout: Duration,
+    /// Reported by `hello`.
+    pub server_name: String,
+}
+
+impl Service {
+    pub fn new(backend: Arc<dyn Backend>, attach_timeout: Duration) -> Self {
+        Service {
+            backend,
+            sessions: Registry::default(),
+            attach_timeout,
+            server_name: format!("rgpu-server {}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}

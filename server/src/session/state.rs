@@ -1,0 +1,107 @@
+//! One session's objects, by the handles and pointers the client knows them
+//! by. Every pointer or handle a request names is looked up here first, so a
+//! session can only ever touch what it created itself.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
+use crate::cuerror::{CuError, CuResult};
+
+/// Who owns an allocation: the client (freed by memFree) or a module (a
+/// global, freed with the module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Client,
+    Module(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Alloc {
+    pub device: u32,
+    /// Bytes the client asked for: accesses beyond it are refused even
+    /// where the backend rounded the allocation up.
+    pub size: u64,
+    pub owner: Owner,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Stream {
+    pub token: StreamToken,
+    pub device: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Event {
+    pub token: EventToken,
+    pub device: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Module {
+    pub token: ModuleToken,
+    pub device: u32,
+    /// Parameter buffer length of each function, by index.
+    pub param_lens: Vec<u64>,
+    /// Device pointers of its globals (entries of `allocs`).
+    pub globals: Vec<u64>,
+}
+
+pub struct SessionState {
+    pub backend: Box<dyn BackendSession>,
+    pub device_count: u32,
+    pub allocs: BTreeMap<u64, Alloc>,
+    pub streams: HashMap<u64, Stream>,
+    pub events: HashMap<u64, Event>,
+    pub modules: HashMap<u64, Module>,
+}
+
+impl SessionState {
+    pub fn new(backend: Box<dyn BackendSession>, device_count: u32) -> Self {
+        SessionState {
+            backend,
+            device_count,
+            allocs: BTreeMap::new(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+        }
+    }
+
+    pub fn check_device(&self, device: u32) -> CuResult {
+        if device < self.device_count {
+            Ok(())
+        } else {
+            Err(CuError::INVALID_DEVICE)
+        }
+    }
+
+    /// Checks that `[ptr, ptr + len)` lies inside one live allocation of this
+    /// session and returns its device. A zero-length range still has to
+    /// start inside one.
+    pub fn check_range(&self, ptr: u64, len: u64) -> CuResult<u32> {
+        let (&start, a) = self.allocs.range(..=ptr).next_back().ok_or(CuError::INVALID_VALUE)?;
+        let off = ptr - start;
+        let end = off.checked_add(len).ok_or(CuError::INVALID_VALUE)?;
+        if off >= a.size.max(1) || end > a.size {
+            return Err(CuError::INVALID_VALUE);
+        }
+        Ok(a.device)
+    }
+
+    /// The stream a request names; 0 is `device`'s default stream.
+    pub fn stream(&self, handle: u64, device: u32) -> CuResult<StreamRef> {
+        if handle == 0 {
+            return Ok(StreamRef::Default { device });
+        }
+        let s = self.streams.get(&handle).ok_or(CuError::INVALID_HANDLE)?;
+        Ok(StreamRef::Created(s.token))
+    }
+
+    pub fn event(&self, handle: u64) -> CuResult<Event> {
+        self.events.get(&handle).copied().ok_or(CuError::INVALID_HANDLE)
+    }
+
+    pub fn module(&self, handle: u64) -> CuResult<&Module> {
+        self.modules.get(&handle).ok_or(CuError::INVALID_HANDLE)
+    }
+}
