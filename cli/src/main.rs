@@ -1,1 +1,44 @@
-fn main() {}
+//! `rgpu`: run CUDA programs on remote GPUs.
+//!
+//! Each subcommand is a thin file in `commands/` that parses its arguments
+//! and calls the library code; status goes to stderr, results to stdout.
+
+mod commands;
+mod driver;
+mod paths;
+mod server_process;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "rgpu", version, about = "Run unmodified CUDA programs on remote GPUs")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    Run(commands::run::Args),
+    Demo(commands::demo::Args),
+    Bench(commands::bench::Args),
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RGPU_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(a) => commands::run::exec(a),
+        Command::Demo(a) => commands::demo::exec(a),
+        Command::Bench(a) => commands::bench::exec(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,7 +1,56 @@
-//! Driver-level entry points (`cuInit`, `cuGetProcAddress`, ...).
+//! Driver-level entry points: initialisation, versions, error strings, and
+//! the two lookups NVIDIA's runtime uses to find everything else
+//! (cuGetProcAddress and cuGetExportTable).
 
-use crate::cuda::types::{cuuint64_t, CUdriverProcAddressQueryResult, CuResult};
 use std::ffi::{c_char, c_int, c_void};
+
+use crate::cuda::types::*;
+use crate::runtime;
+
+pub(crate) unsafe fn init(flags: u32) -> CuResult<()> {
+    if flags != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    runtime::init().map(|_| ())
+}
+
+pub(crate) unsafe fn driver_get_version(version: *mut c_int) -> CuResult<()> {
+    let version = version.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *version = runtime::DRIVER_VERSION;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_error_string(error: CUresult, out: *mut *const c_char) -> CuResult<()> {
+    let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    match cu_result_info(error.0) {
+        Some(i) => {
+            *out = i.description.as_ptr();
+            Ok(())
+        }
+        None => {
+            *out = std::ptr::null();
+            Err(CuError::INVALID_VALUE)
+        }
+    }
+}
+
+pub(crate) unsafe fn get_error_name(error: CUresult, out: *mut *const c_char) -> CuResult<()> {
+    let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    match cu_result_info(error.0) {
+        Some(i) => {
+            *out = i.name.as_ptr();
+            Ok(())
+        }
+        None => {
+            *out = std::ptr::null();
+            Err(CuError::INVALID_VALUE)
+        }
+    }
+}
+
+pub(crate) unsafe fn get_export_table(table: *mut *const c_void, id: *const CUuuid) -> CuResult<()> {
+    crate::dark_api::get_export_table(table, id)
+}
 
 /// `cuGetProcAddress` (CUDA 11.3 signature).
 pub(crate) unsafe fn get_proc_address(
@@ -10,7 +59,7 @@ pub(crate) unsafe fn get_proc_address(
     cuda_version: c_int,
     flags: cuuint64_t,
 ) -> CuResult<()> {
-    unsafe { crate::proc_address::get_proc_address(symbol, pfn, cuda_version, flags) }
+    crate::proc_address::get_proc_address(symbol, pfn, cuda_version, flags)
 }
 
 /// `cuGetProcAddress_v2` (CUDA 12.0+).
@@ -21,5 +70,5 @@ pub(crate) unsafe fn get_proc_address_v2(
     flags: cuuint64_t,
     status: *mut CUdriverProcAddressQueryResult,
 ) -> CuResult<()> {
-    unsafe { crate::proc_address::get_proc_address_v2(symbol, pfn, cuda_version, flags, status) }
+    crate::proc_address::get_proc_address_v2(symbol, pfn, cuda_version, flags, status)
 }

@@ -1,0 +1,128 @@
+//! Control-plane start-up over capnp-rpc: hello, device list, session.
+
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
+use tokio::io::AsyncWriteExt;
+
+use super::ClientError;
+
+/// One device as the server described it.
+#[derive(Debug, Clone)]
+pub struct RemoteDevice {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub pci: (i32, i32, i32),
+    pub attributes: Vec<(u32, i32)>,
+}
+
+#[derive(Debug)]
+pub struct Hello {
+    pub server_name: String,
+    pub backend: String,
+    pub devices: Vec<RemoteDevice>,
+    pub session_id: u64,
+    pub key: Vec<u8>,
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Says hello, lists the devices and opens a session on `addr`.
+pub fn open(addr: &str, client_name: &str) -> Result<Hello, ClientError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| unreachable_err(addr, e))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        match tokio::time::timeout(CONTROL_TIMEOUT, open_async(addr, client_name)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Unreachable {
+                addr: addr.into(),
+                reason: format!("no answer within {}s", CONTROL_TIMEOUT.as_secs()),
+            }),
+        }
+    })
+}
+
+fn unreachable_err(addr: &str, e: impl std::fmt::Display) -> ClientError {
+    ClientError::Unreachable { addr: addr.into(), reason: e.to_string() }
+}
+
+fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
+    ClientError::Protocol { addr: addr.into(), reason: e.to_string() }
+}
+
+async fn open_async(addr: &str, client_name: &str) -> Result<Hello, ClientError> {
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable_err(addr, "connection timed out"))?
+        .map_err(|e| unreachable_err(addr, e))?;
+    stream.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
+    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(network), None);
+    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    let driver = tokio::task::spawn_local(rpc);
+
+    let result = async {
+        let mut req = server.hello_request();
+        req.get().set_client_version(PROTOCOL_VERSION);
+        req.get().set_client_name(client_name);
+        let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let hello = reply.get().map_err(|e| rpc_err(addr, e))?;
+        let theirs = hello.get_server_version();
+        if theirs != PROTOCOL_VERSION {
+            return Err(ClientError::VersionMismatch { addr: addr.into(), ours: PROTOCOL_VERSION, theirs });
+        }
+        let text = |t: capnp::Result<capnp::text::Reader<'_>>| -> String {
+            t.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string()
+        };
+        let server_name = text(hello.get_server_name());
+        let backend = text(hello.get_backend());
+
+        let reply = server.list_devices_request().send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
+        let mut devices = Vec::with_capacity(list.len() as usize);
+        for d in list.iter() {
+            let uuid_bytes = d.get_uuid().map_err(|e| rpc_err(addr, e))?;
+            let mut uuid = [0u8; 16];
+            if uuid_bytes.len() != 16 {
+                return Err(ClientError::Protocol { addr: addr.into(), reason: "device uuid is not 16 bytes".into() });
+            }
+            uuid.copy_from_slice(uuid_bytes);
+            let attrs = d.get_attributes().map_err(|e| rpc_err(addr, e))?;
+            devices.push(RemoteDevice {
+                ordinal: d.get_ordinal(),
+                name: text(d.get_name()),
+                uuid,
+                total_mem: d.get_total_mem(),
+                pci: (d.get_pci_domain(), d.get_pci_bus(), d.get_pci_device()),
+                attributes: attrs.iter().map(|a| (a.get_id(), a.get_value())).collect(),
+            });
+        }
+
+        let mut req = server.open_session_request();
+        req.get().set_token(&[]);
+        req.get().set_client_name(client_name);
+        let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let s = reply.get().map_err(|e| rpc_err(addr, e))?;
+        let key = s.get_key().map_err(|e| rpc_err(addr, e))?.to_vec();
+        Ok(Hello { server_name, backend, devices, session_id: s.get_session_id(), key })
+    }
+    .await;
+    driver.abort();
+    result
+}

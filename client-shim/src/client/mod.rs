@@ -1,0 +1,28 @@
+//! The shim's side of the wire: one [`connection::Connection`] per server.
+//!
+//! Start-up (hello, device inventory, session) goes over capnp-rpc in
+//! [`control`], on a short-lived single-threaded tokio runtime; everything
+//! after that is plain blocking I/O on the caller's own thread, because CUDA
+//! calls arrive on any application thread and must not wait for a runtime.
+
+pub mod connection;
+pub mod control;
+
+use thiserror::Error;
+
+/// What can go wrong talking to a server; the driver API layer maps each to
+/// a CUresult.
+#[derive(Debug, Error, Clone)]
+pub enum ClientError {
+    #[error("cannot reach rgpu-server at {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+    #[error("rgpu-server at {addr} speaks protocol {theirs}, this shim speaks {ours}")]
+    VersionMismatch { addr: String, ours: u32, theirs: u32 },
+    #[error("connection to rgpu-server at {addr} lost: {reason}")]
+    Lost { addr: String, reason: String },
+    #[error("rgpu-server at {addr} sent a malformed reply: {reason}")]
+    Protocol { addr: String, reason: String },
+    /// The server ran the call and answered with this CUresult.
+    #[error("CUresult {0}")]
+    Cuda(u32),
+}

@@ -1,0 +1,155 @@
+//! Device queries, answered from the inventory each server sent at cuInit:
+//! no round trip.
+
+use std::ffi::{c_char, CStr};
+
+use crate::cuda::types::*;
+use crate::runtime;
+
+pub(crate) unsafe fn get(device: *mut CUdevice, ordinal: i32) -> CuResult<()> {
+    let device = device.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    runtime::get()?.device(ordinal)?;
+    *device = ordinal;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_count(count: *mut i32) -> CuResult<()> {
+    let count = count.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *count = runtime::get()?.devices.len() as i32;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_name(name: *mut c_char, len: i32, dev: CUdevice) -> CuResult<()> {
+    if name.is_null() || len <= 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let d = runtime::get()?.device(dev)?;
+    let bytes = d.remote.name.as_bytes();
+    let n = bytes.len().min(len as usize - 1);
+    std::ptr::copy_nonoverlapping(bytes.as_ptr() as *const c_char, name, n);
+    *name.add(n) = 0;
+    Ok(())
+}
+
+pub(crate) unsafe fn total_mem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult<()> {
+    let bytes = bytes.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *bytes = runtime::get()?.device(dev)?.remote.total_mem as usize;
+    Ok(())
+}
+
+pub(crate) unsafe fn total_mem(bytes: *mut u32, dev: CUdevice) -> CuResult<()> {
+    let bytes = bytes.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let total = runtime::get()?.device(dev)?.remote.total_mem;
+    *bytes = total.min(u32::MAX as u64) as u32;
+    Ok(())
+}
+
+/// The value of one attribute, from the server's list.
+pub fn attribute(dev: CUdevice, attrib: u32) -> CuResult<i32> {
+    let d = runtime::get()?.device(dev)?;
+    d.attributes.get(&attrib).copied().ok_or(CuError::INVALID_VALUE)
+}
+
+pub(crate) unsafe fn get_attribute(pi: *mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CuResult<()> {
+    let pi = pi.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *pi = attribute(dev, attrib.0)?;
+    Ok(())
+}
+
+pub(crate) unsafe fn compute_capability(major: *mut i32, minor: *mut i32, dev: CUdevice) -> CuResult<()> {
+    let (major, minor) = (major.as_mut().ok_or(CuError::INVALID_VALUE)?, minor.as_mut().ok_or(CuError::INVALID_VALUE)?);
+    *major = attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR.0)?;
+    *minor = attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR.0)?;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult<()> {
+    let uuid = uuid.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let d = runtime::get()?.device(dev)?;
+    for (dst, src) in uuid.bytes.iter_mut().zip(d.remote.uuid) {
+        *dst = src as c_char;
+    }
+    Ok(())
+}
+
+pub(crate) unsafe fn get_uuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult<()> {
+    get_uuid(uuid, dev)
+}
+
+fn pci_bus_id(dev: CUdevice) -> CuResult<String> {
+    let (domain, bus, device) = runtime::get()?.device(dev)?.remote.pci;
+    Ok(format!("{domain:08x}:{bus:02x}:{device:02x}.0"))
+}
+
+pub(crate) unsafe fn get_pci_bus_id(out: *mut c_char, len: i32, dev: CUdevice) -> CuResult<()> {
+    if out.is_null() || len <= 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let id = pci_bus_id(dev)?;
+    let n = id.len().min(len as usize - 1);
+    std::ptr::copy_nonoverlapping(id.as_ptr() as *const c_char, out, n);
+    *out.add(n) = 0;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_by_pci_bus_id(dev: *mut CUdevice, id: *const c_char) -> CuResult<()> {
+    let dev = dev.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    if id.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let want = parse_pci(CStr::from_ptr(id).to_str().map_err(|_| CuError::INVALID_VALUE)?)
+        .ok_or(CuError::INVALID_VALUE)?;
+    let rt = runtime::get()?;
+    let found = rt.devices.iter().position(|d| d.remote.pci == want).ok_or(CuError::INVALID_DEVICE)?;
+    *dev = found as CUdevice;
+    Ok(())
+}
+
+/// Accepts the forms CUDA does: `domain:bus:device.function`, `domain:bus:device`
+/// and `bus:device.function`, all hexadecimal.
+fn parse_pci(s: &str) -> Option<(i32, i32, i32)> {
+    let s = s.split('.').next()?;
+    let parts: Vec<&str> = s.split(':').collect();
+    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [d, b, v] => Some((hex(d)?, hex(b)?, hex(v)?)),
+        [b, v] => Some((0, hex(b)?, hex(v)?)),
+        _ => None,
+    }
+}
+
+pub(crate) unsafe fn can_access_peer(can: *mut i32, dev: CUdevice, peer: CUdevice) -> CuResult<()> {
+    let can = can.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let rt = runtime::get()?;
+    rt.device(dev)?;
+    rt.device(peer)?;
+    // Peer access would need device memory mapped across servers; copies
+    // between devices still work (staged through the client).
+    *can = 0;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_p2p_attribute(value: *mut i32, _attrib: CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> CuResult<()> {
+    let value = value.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let rt = runtime::get()?;
+    rt.device(src)?;
+    rt.device(dst)?;
+    if src == dst {
+        return Err(CuError::INVALID_DEVICE);
+    }
+    *value = 0;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pci;
+
+    #[test]
+    fn pci_ids_parse_like_cuda() {
+        assert_eq!(parse_pci("00000000:10:00.0"), Some((0, 0x10, 0)));
+        assert_eq!(parse_pci("0000:1a:03"), Some((0, 0x1a, 3)));
+        assert_eq!(parse_pci("1a:03.0"), Some((0, 0x1a, 3)));
+        assert_eq!(parse_pci("zz"), None);
+    }
+}

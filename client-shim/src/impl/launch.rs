@@ -1,0 +1,166 @@
+//! Kernel launches: the parameters are packed here, by the layout the
+//! server reported, and sent without waiting. Launch errors that only the
+//! device can see surface at the next synchronising call.
+
+use std::ffi::c_void;
+
+use crate::cuda::types::*;
+use crate::runtime::{self, cu_err, Runtime};
+
+use super::{device, kernel, module, stream};
+
+/// CU_LAUNCH_PARAM_* markers of the `extra` array.
+const PARAM_END: usize = 0x00;
+const PARAM_BUFFER_POINTER: usize = 0x01;
+const PARAM_BUFFER_SIZE: usize = 0x02;
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn kernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let func = kernel::resolve_function(f as usize as u64)?;
+    let m = module::MODULES.get(func.module).ok_or(CuError::INVALID_HANDLE)?;
+    let (sh, dev) = stream::device_of(s)?;
+    if dev != func.device {
+        return Err(CuError::INVALID_HANDLE);
+    }
+    check_dims(&func, [gx, gy, gz], [bx, by, bz], shared)?;
+    let buf = pack(&func, params, extra)?;
+    module::check_launchable(&m)?;
+    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, &buf)
+}
+
+fn check_dims(f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let dev = f.device;
+    let a = |attr: CUdevice_attribute| device::attribute(dev, attr.0);
+    type D = CUdevice_attribute;
+    let max_block = [
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
+    ];
+    let max_grid = [
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
+    ];
+    for i in 0..3 {
+        if block[i] as i64 > max_block[i] as i64 || grid[i] as i64 > max_grid[i] as i64 {
+            return Err(CuError::INVALID_VALUE);
+        }
+    }
+    let threads = block[0] as u64 * block[1] as u64 * block[2] as u64;
+    if threads > f.max_threads_per_block.max(0) as u64 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let dynamic_max = f.max_dynamic_shared.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
+    if shared as u64 > dynamic_max {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// Packs the kernel's arguments into the layout the device expects.
+unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<Vec<u8>> {
+    let total = f.param_bytes();
+    let mut buf = vec![0u8; total];
+    if !params.is_null() {
+        for (i, &(off, size)) in f.params.iter().enumerate() {
+            let p = *params.add(i);
+            if p.is_null() {
+                return Err(CuError::INVALID_VALUE);
+            }
+            std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr().add(off as usize), size as usize);
+        }
+        return Ok(buf);
+    }
+    if !extra.is_null() {
+        let (mut ptr, mut len) = (std::ptr::null::<u8>(), None::<usize>);
+        let mut i = 0;
+        loop {
+            match *extra.add(i) as usize {
+                PARAM_END => break,
+                PARAM_BUFFER_POINTER => ptr = *extra.add(i + 1) as *const u8,
+                PARAM_BUFFER_SIZE => len = Some(*(*extra.add(i + 1) as *const usize)),
+                _ => return Err(CuError::INVALID_VALUE),
+            }
+            i += 2;
+        }
+        let len = len.ok_or(CuError::INVALID_VALUE)?;
+        if ptr.is_null() || len < total {
+            return Err(CuError::INVALID_VALUE);
+        }
+        std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), total);
+        return Ok(buf);
+    }
+    if total == 0 {
+        Ok(buf)
+    } else {
+        Err(CuError::INVALID_VALUE)
+    }
+}
+
+fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuResult<()> {
+    rt.conn(f.device)?
+        .post(
+            |r| {
+                let mut l = r.init_launch_kernel();
+                l.set_module(f.module);
+                l.set_function(f.index);
+                l.set_grid_x(grid[0]);
+                l.set_grid_y(grid[1]);
+                l.set_grid_z(grid[2]);
+                l.set_block_x(block[0]);
+                l.set_block_y(block[1]);
+                l.set_block_z(block[2]);
+                l.set_shared_mem_bytes(shared);
+                l.set_stream(stream);
+            },
+            params,
+        )
+        .map_err(cu_err)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn kernel_ptsz(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<()> {
+    kernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra)
+}
+
+pub(crate) unsafe fn kernel_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
+    let c = config.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    if c.numAttrs != 0 {
+        // Launch attributes (clusters, priorities, ...) are not forwarded yet.
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
+}
+
+pub(crate) unsafe fn kernel_ex_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
+    kernel_ex(config, f, params, extra)
+}

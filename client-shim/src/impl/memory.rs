@@ -1,0 +1,526 @@
+//! Device memory, copies, memsets and page-locked host memory.
+//!
+//! The shim keeps its own table of device allocations: it routes generic
+//! copies (cuMemcpy with unified addresses), answers pointer queries, and
+//! rejects out-of-range copies before anything is sent. The server checks
+//! every range again against the session's own allocations.
+
+use std::ffi::c_void;
+
+use crate::client::connection::Sink;
+use crate::cuda::types::*;
+use crate::runtime::{self, cu_err, Alloc, HostAlloc, Runtime};
+
+use super::{context, stream};
+
+/// Largest payload sent in one frame; bigger copies are split.
+const CHUNK: usize = 1 << 30;
+
+fn current_device(rt: &Runtime) -> CuResult<(u64, CUdevice)> {
+    let (h, c) = context::current()?;
+    rt.device(c.device)?;
+    Ok((h, c.device))
+}
+
+pub(crate) unsafe fn alloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CuResult<()> {
+    let dptr = dptr.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    if bytesize == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let rt = runtime::get()?;
+    let (ctx, dev) = current_device(rt)?;
+    *dptr = alloc_on(rt, dev, ctx, bytesize as u64)?;
+    Ok(())
+}
+
+/// Allocates on `dev` and records the allocation; returns the client address.
+pub fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u64> {
+    let remote_dev = rt.device(dev)?.remote.ordinal;
+    let remote = rt
+        .conn(dev)?
+        .call(
+            |r| {
+                let mut m = r.init_mem_alloc();
+                m.set_device(remote_dev);
+                m.set_size(size);
+            },
+            &[],
+            Sink::None,
+            |reply| match reply.which() {
+                Ok(rgpu_protocol::data_capnp::reply::MemAlloc(p)) => Ok(p),
+                _ => Err(crate::client::ClientError::Cuda(CuError::UNKNOWN.0.get())),
+            },
+        )
+        .map_err(cu_err)?;
+    let ptr = rt.to_client(dev, remote);
+    record(rt, ptr, Alloc { size, device: dev, ctx });
+    Ok(ptr)
+}
+
+pub fn record(rt: &Runtime, ptr: u64, a: Alloc) {
+    rt.allocs.lock().unwrap_or_else(|e| e.into_inner()).insert(ptr, a);
+}
+
+pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
+    let rt = runtime::get()?;
+    if dptr == 0 {
+        return Ok(());
+    }
+    let a = {
+        let mut m = rt.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        match m.get(&dptr) {
+            // Module globals are freed with their module, never by cuMemFree.
+            Some(a) if a.ctx != 0 => m.remove(&dptr).ok_or(CuError::INVALID_VALUE)?,
+            _ => return Err(CuError::INVALID_VALUE),
+        }
+    };
+    free_remote(rt, a.device, dptr)
+}
+
+fn free_remote(rt: &Runtime, dev: CUdevice, ptr: u64) -> CuResult<()> {
+    // cuMemFree orders after earlier work on the device; the server executes
+    // in order, so the free itself can be sent without waiting.
+    rt.conn(dev)?
+        .post(|r| r.init_mem_free().set_ptr(Runtime::to_remote(ptr)), &[])
+        .map_err(cu_err)
+}
+
+/// Frees every allocation a context made (context destroy, primary reset).
+pub fn free_context(rt: &Runtime, ctx: u64, _dev: CUdevice) {
+    let victims: Vec<(u64, Alloc)> = {
+        let mut m = rt.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let keys: Vec<u64> = m.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, _)| *k).collect();
+        keys.into_iter().filter_map(|k| m.remove(&k).map(|a| (k, a))).collect()
+    };
+    for (ptr, a) in victims {
+        let _ = free_remote(rt, a.device, ptr);
+    }
+}
+
+pub(crate) unsafe fn get_info_v2(free: *mut usize, total: *mut usize) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (_, dev) = current_device(rt)?;
+    let remote_dev = rt.device(dev)?.remote.ordinal;
+    let (f, t) = rt
+        .conn(dev)?
+        .call(
+            |r| r.init_mem_get_info().set_device(remote_dev),
+            &[],
+            Sink::None,
+            |reply| match reply.which() {
+                Ok(rgpu_protocol::data_capnp::reply::MemGetInfo(Ok(i))) => Ok((i.get_free(), i.get_total())),
+                _ => Err(crate::client::ClientError::Cuda(CuError::UNKNOWN.0.get())),
+            },
+        )
+        .map_err(cu_err)?;
+    if let Some(free) = free.as_mut() {
+        *free = f as usize;
+    }
+    if let Some(total) = total.as_mut() {
+        *total = t as usize;
+    }
+    Ok(())
+}
+
+pub(crate) unsafe fn alloc_pitch_v2(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    element_size: u32,
+) -> CuResult<()> {
+    let pitch = pitch.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    if width == 0 || height == 0 || !matches!(element_size, 4 | 8 | 16) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // The pitch alignment an sm_90 device reports (CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT).
+    let p = width.div_ceil(512) * 512;
+    let bytes = p.checked_mul(height).ok_or(CuError::INVALID_VALUE)?;
+    alloc_v2(dptr, bytes)?;
+    *pitch = p;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_address_range_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (start, a) = rt.find_alloc(dptr).ok_or(CuError::NOT_FOUND)?;
+    if let Some(b) = base.as_mut() {
+        *b = start;
+    }
+    if let Some(s) = size.as_mut() {
+        *s = a.size as usize;
+    }
+    Ok(())
+}
+
+// ---- copies -------------------------------------------------------------
+
+/// Host to device. `stream` is the server-side stream handle (0: default).
+unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64) -> CuResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if src.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let dev = rt.check_range(dst, n as u64)?;
+    let conn = rt.conn(dev)?;
+    let bytes = std::slice::from_raw_parts(src as *const u8, n);
+    for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
+        let d = Runtime::to_remote(dst) + (i * CHUNK) as u64;
+        conn.post(
+            |r| {
+                let mut m = r.init_memcpy_hto_d();
+                m.set_dst(d);
+                m.set_stream(stream);
+            },
+            chunk,
+        )
+        .map_err(cu_err)?;
+    }
+    Ok(())
+}
+
+/// Device to host, waiting for the bytes.
+unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) -> CuResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let dev = rt.check_range(src, n as u64)?;
+    let conn = rt.conn(dev)?;
+    let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
+    for (i, chunk) in out.chunks_mut(CHUNK).enumerate() {
+        let s = Runtime::to_remote(src) + (i * CHUNK) as u64;
+        let len = chunk.len() as u64;
+        conn.call(
+            |r| {
+                let mut m = r.init_memcpy_dto_h();
+                m.set_src(s);
+                m.set_size(len);
+                m.set_stream(stream);
+            },
+            &[],
+            Sink::Host(chunk),
+            |_| Ok(()),
+        )
+        .map_err(cu_err)?;
+    }
+    Ok(())
+}
+
+/// Device to host without waiting: the bytes land when the program next
+/// synchronises, as with a real asynchronous copy.
+unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) -> CuResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    if dst.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let dev = rt.check_range(src, n as u64)?;
+    let conn = rt.conn(dev)?;
+    let mut off = 0usize;
+    while off < n {
+        let len = (n - off).min(CHUNK);
+        let s = Runtime::to_remote(src) + off as u64;
+        conn.post_read(
+            |r| {
+                let mut m = r.init_memcpy_dto_h();
+                m.set_src(s);
+                m.set_size(len as u64);
+                m.set_stream(stream);
+            },
+            (dst as *mut u8).add(off),
+            len,
+        )
+        .map_err(cu_err)?;
+        off += len;
+    }
+    Ok(())
+}
+
+unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuResult<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let ddev = rt.check_range(dst, n as u64)?;
+    let sdev = rt.check_range(src, n as u64)?;
+    if rt.device(ddev)?.server != rt.device(sdev)?.server {
+        // Different servers: stage through this host.
+        let mut buf = vec![0u8; n];
+        dtoh(rt, buf.as_mut_ptr() as *mut c_void, src, n, 0)?;
+        return htod(rt, dst, buf.as_ptr() as *const c_void, n, 0);
+    }
+    rt.conn(ddev)?
+        .post(
+            |r| {
+                let mut m = r.init_memcpy_dto_d();
+                m.set_dst(Runtime::to_remote(dst));
+                m.set_src(Runtime::to_remote(src));
+                m.set_size(n as u64);
+                m.set_stream(stream);
+            },
+            &[],
+        )
+        .map_err(cu_err)
+}
+
+/// A copy between unified addresses: each side is device memory if it lies
+/// in one of our allocations, host memory otherwise.
+unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, asynchronous: bool) -> CuResult<()> {
+    let d_dev = rt.find_alloc(dst).is_some();
+    let s_dev = rt.find_alloc(src).is_some();
+    match (d_dev, s_dev) {
+        (true, true) => dtod(rt, dst, src, n, stream),
+        (true, false) => htod(rt, dst, src as usize as *const c_void, n, stream),
+        (false, true) if asynchronous => dtoh_async(rt, dst as usize as *mut c_void, src, n, stream),
+        (false, true) => dtoh(rt, dst as usize as *mut c_void, src, n, stream),
+        (false, false) => {
+            if n > 0 {
+                if dst == 0 || src == 0 {
+                    return Err(CuError::INVALID_VALUE);
+                }
+                std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n);
+            }
+            Ok(())
+        }
+    }
+}
+
+pub(crate) unsafe fn memcpy_htod_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
+    htod(runtime::get()?, dst, src, n, 0)
+}
+pub(crate) unsafe fn memcpy_dtoh_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    dtoh(runtime::get()?, dst, src, n, 0)
+}
+pub(crate) unsafe fn memcpy_dtod_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    dtod(runtime::get()?, dst, src, n, 0)
+}
+pub(crate) unsafe fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    generic(runtime::get()?, dst, src, n, 0, false)
+}
+pub(crate) unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    let st = stream::remote(s)?;
+    generic(runtime::get()?, dst, src, n, st, true)
+}
+pub(crate) unsafe fn memcpy_htod_async_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CuResult<()> {
+    let st = stream::remote(s)?;
+    htod(runtime::get()?, dst, src, n, st)
+}
+pub(crate) unsafe fn memcpy_dtoh_async_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    let st = stream::remote(s)?;
+    dtoh_async(runtime::get()?, dst, src, n, st)
+}
+pub(crate) unsafe fn memcpy_dtod_async_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    let st = stream::remote(s)?;
+    dtod(runtime::get()?, dst, src, n, st)
+}
+pub(crate) unsafe fn memcpy_peer(dst: CUdeviceptr, _dctx: CUcontext, src: CUdeviceptr, _sctx: CUcontext, n: usize) -> CuResult<()> {
+    dtod(runtime::get()?, dst, src, n, 0)
+}
+pub(crate) unsafe fn memcpy_peer_async(
+    dst: CUdeviceptr,
+    _dctx: CUcontext,
+    src: CUdeviceptr,
+    _sctx: CUcontext,
+    n: usize,
+    s: CUstream,
+) -> CuResult<()> {
+    let st = stream::remote(s)?;
+    dtod(runtime::get()?, dst, src, n, st)
+}
+
+// The per-thread-default-stream variants: the server runs a session's work
+// in order, which is at least as strong as either default-stream semantics.
+pub(crate) unsafe fn memcpy_htod_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
+    memcpy_htod_v2(dst, src, n)
+}
+pub(crate) unsafe fn memcpy_dtoh_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    memcpy_dtoh_v2(dst, src, n)
+}
+pub(crate) unsafe fn memcpy_dtod_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    memcpy_dtod_v2(dst, src, n)
+}
+pub(crate) unsafe fn memcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    memcpy(dst, src, n)
+}
+pub(crate) unsafe fn memcpy_async_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    memcpy_async(dst, src, n, s)
+}
+pub(crate) unsafe fn memcpy_htod_async_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CuResult<()> {
+    memcpy_htod_async_v2(dst, src, n, s)
+}
+pub(crate) unsafe fn memcpy_dtoh_async_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    memcpy_dtoh_async_v2(dst, src, n, s)
+}
+pub(crate) unsafe fn memcpy_dtod_async_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
+    memcpy_dtod_async_v2(dst, src, n, s)
+}
+
+// ---- memsets ------------------------------------------------------------
+
+fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usize, stream: u64) -> CuResult<()> {
+    if count == 0 || (pitch != 0 && rows == 0) {
+        return Ok(());
+    }
+    let rt = runtime::get()?;
+    if dst % elem as u64 != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let row_bytes = (count as u64).checked_mul(elem as u64).ok_or(CuError::INVALID_VALUE)?;
+    let span = if pitch == 0 {
+        row_bytes
+    } else {
+        if (pitch as u64) < row_bytes {
+            return Err(CuError::INVALID_VALUE);
+        }
+        (pitch as u64) * (rows as u64 - 1) + row_bytes
+    };
+    let dev = rt.check_range(dst, span)?;
+    rt.conn(dev)?
+        .post(
+            |r| {
+                let mut m = r.init_memset();
+                m.set_dst(Runtime::to_remote(dst));
+                m.set_value(value);
+                m.set_element_size(elem);
+                m.set_count(count as u64);
+                m.set_pitch(pitch as u64);
+                m.set_rows(rows as u64);
+                m.set_stream(stream);
+            },
+            &[],
+        )
+        .map_err(cu_err)
+}
+
+pub(crate) unsafe fn memset_d8_v2(d: CUdeviceptr, v: u8, n: usize) -> CuResult<()> {
+    memset(d, v as u32, 1, n, 0, 0, 0)
+}
+pub(crate) unsafe fn memset_d16_v2(d: CUdeviceptr, v: u16, n: usize) -> CuResult<()> {
+    memset(d, v as u32, 2, n, 0, 0, 0)
+}
+pub(crate) unsafe fn memset_d32_v2(d: CUdeviceptr, v: u32, n: usize) -> CuResult<()> {
+    memset(d, v, 4, n, 0, 0, 0)
+}
+pub(crate) unsafe fn memset_d8_async(d: CUdeviceptr, v: u8, n: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v as u32, 1, n, 0, 0, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d16_async(d: CUdeviceptr, v: u16, n: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v as u32, 2, n, 0, 0, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d32_async(d: CUdeviceptr, v: u32, n: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v, 4, n, 0, 0, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d2d8_v2(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) -> CuResult<()> {
+    memset(d, v as u32, 1, w, pitch, h, 0)
+}
+pub(crate) unsafe fn memset_d2d16_v2(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) -> CuResult<()> {
+    memset(d, v as u32, 2, w, pitch, h, 0)
+}
+pub(crate) unsafe fn memset_d2d32_v2(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) -> CuResult<()> {
+    memset(d, v, 4, w, pitch, h, 0)
+}
+pub(crate) unsafe fn memset_d2d8_async(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v as u32, 1, w, pitch, h, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d2d16_async(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v as u32, 2, w, pitch, h, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d2d32_async(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) -> CuResult<()> {
+    memset(d, v, 4, w, pitch, h, stream::remote(s)?)
+}
+pub(crate) unsafe fn memset_d8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) -> CuResult<()> {
+    memset_d8_v2(d, v, n)
+}
+pub(crate) unsafe fn memset_d16_v2_ptds(d: CUdeviceptr, v: u16, n: usize) -> CuResult<()> {
+    memset_d16_v2(d, v, n)
+}
+pub(crate) unsafe fn memset_d32_v2_ptds(d: CUdeviceptr, v: u32, n: usize) -> CuResult<()> {
+    memset_d32_v2(d, v, n)
+}
+pub(crate) unsafe fn memset_d8_async_ptsz(d: CUdeviceptr, v: u8, n: usize, s: CUstream) -> CuResult<()> {
+    memset_d8_async(d, v, n, s)
+}
+pub(crate) unsafe fn memset_d16_async_ptsz(d: CUdeviceptr, v: u16, n: usize, s: CUstream) -> CuResult<()> {
+    memset_d16_async(d, v, n, s)
+}
+pub(crate) unsafe fn memset_d32_async_ptsz(d: CUdeviceptr, v: u32, n: usize, s: CUstream) -> CuResult<()> {
+    memset_d32_async(d, v, n, s)
+}
+
+// ---- page-locked host memory --------------------------------------------
+
+/// Host memory stays on this host: a remote GPU cannot map it, so it is
+/// ordinary memory here, and copies from it go over the network like any
+/// other. It is tracked so pointer queries and cuMemFreeHost behave.
+pub(crate) unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> CuResult<()> {
+    let pp = pp.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let rt = runtime::get()?;
+    context::current()?;
+    if bytesize == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let mut p: *mut c_void = std::ptr::null_mut();
+    if libc::posix_memalign(&mut p, 4096, bytesize) != 0 || p.is_null() {
+        return Err(CuError::OUT_OF_MEMORY);
+    }
+    rt.host_allocs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(p as usize, HostAlloc { size: bytesize, flags, owned: true });
+    *pp = p;
+    Ok(())
+}
+
+pub(crate) unsafe fn alloc_host_v2(pp: *mut *mut c_void, bytesize: usize) -> CuResult<()> {
+    host_alloc(pp, bytesize, 0)
+}
+
+pub(crate) unsafe fn free_host(p: *mut c_void) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    match m.get(&(p as usize)) {
+        Some(a) if a.owned => {
+            m.remove(&(p as usize));
+            libc::free(p);
+            Ok(())
+        }
+        _ => Err(CuError::INVALID_VALUE),
+    }
+}
+
+pub(crate) unsafe fn host_get_flags(flags: *mut u32, p: *mut c_void) -> CuResult<()> {
+    let flags = flags.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    let (_, a) = runtime::get()?.find_host(p as usize).ok_or(CuError::INVALID_VALUE)?;
+    *flags = a.flags;
+    Ok(())
+}
+
+pub(crate) unsafe fn host_register_v2(p: *mut c_void, bytesize: usize, flags: u32) -> CuResult<()> {
+    let rt = runtime::get()?;
+    if p.is_null() || bytesize == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    if m.contains_key(&(p as usize)) {
+        return Err(CuError::HOST_MEMORY_ALREADY_REGISTERED);
+    }
+    m.insert(p as usize, HostAlloc { size: bytesize, flags, owned: false });
+    Ok(())
+}
+
+pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    match m.get(&(p as usize)) {
+        Some(a) if !a.owned => {
+            m.remove(&(p as usize));
+            Ok(())
+        }
+        _ => Err(CuError::HOST_MEMORY_NOT_REGISTERED),
+    }
+}

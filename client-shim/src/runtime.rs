@@ -1,0 +1,201 @@
+//! Process-wide state of the shim: the servers, their devices, and the
+//! client-side view of device memory, set up once by `cuInit`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, OnceLock};
+
+use crate::client::connection::Connection;
+use crate::client::control::{self, RemoteDevice};
+use crate::client::ClientError;
+use crate::cuda::types::*;
+
+/// Reported by cuDriverGetVersion. cudart 13 refuses anything below 13000,
+/// and the integrity check hashes this exact value.
+pub const DRIVER_VERSION: i32 = 13050;
+
+/// Device pointers of server `i` are shown to the program with `i` in bits
+/// 48..56, so that two servers' allocations never share an address in the
+/// program's unified address space. Server 0's pointers are unchanged.
+const SERVER_SHIFT: u32 = 48;
+
+pub struct Runtime {
+    pub servers: Vec<Server>,
+    pub devices: Vec<Device>,
+    /// Live device allocations by (client-visible) start address.
+    pub allocs: Mutex<BTreeMap<u64, Alloc>>,
+    /// Page-locked host allocations (cuMemHostAlloc, cuMemHostRegister).
+    pub host_allocs: Mutex<BTreeMap<usize, HostAlloc>>,
+}
+
+pub struct Server {
+    pub addr: String,
+    pub name: String,
+    pub backend: String,
+    pub conn: Connection,
+}
+
+pub struct Device {
+    pub server: usize,
+    pub remote: RemoteDevice,
+    pub attributes: HashMap<u32, i32>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Alloc {
+    pub size: u64,
+    pub device: i32,
+    /// The context that allocated it (0 for module globals, which belong to
+    /// their module).
+    pub ctx: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct HostAlloc {
+    pub size: usize,
+    pub flags: u32,
+    /// Allocated by us (cuMemHostAlloc) rather than registered by the program.
+    pub owned: bool,
+}
+
+static RUNTIME: OnceLock<Result<Runtime, CuError>> = OnceLock::new();
+
+/// `cuInit`: connects to every server in RGPU_SERVERS. Idempotent; a failure
+/// is remembered and returned again, as the real driver does.
+pub fn init() -> CuResult<&'static Runtime> {
+    match RUNTIME.get_or_init(connect_all) {
+        Ok(rt) => Ok(rt),
+        Err(e) => Err(*e),
+    }
+}
+
+/// The runtime, or CUDA_ERROR_NOT_INITIALIZED before a successful cuInit.
+pub fn get() -> CuResult<&'static Runtime> {
+    match RUNTIME.get() {
+        Some(Ok(rt)) => Ok(rt),
+        Some(Err(e)) => Err(*e),
+        None => Err(CuError::NOT_INITIALIZED),
+    }
+}
+
+/// The runtime if cuInit succeeded, without failing otherwise (for the
+/// integrity check, which runs before the program can have devices).
+pub fn try_get() -> Option<&'static Runtime> {
+    RUNTIME.get().and_then(|r| r.as_ref().ok())
+}
+
+fn connect_all() -> Result<Runtime, CuError> {
+    crate::logging::init();
+    let list = std::env::var("RGPU_SERVERS").unwrap_or_default();
+    let addrs: Vec<String> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+    if addrs.is_empty() {
+        eprintln!(
+            "rgpu: no GPU server configured: set RGPU_SERVERS=host:port[,host:port...] \
+             or run the program with `rgpu run --server HOST:PORT -- PROGRAM`"
+        );
+        return Err(CuError::NO_DEVICE);
+    }
+    let client_name = client_name();
+    let mut servers = Vec::new();
+    let mut devices = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let opened = control::open(addr, &client_name)
+            .and_then(|h| Connection::attach(addr, h.session_id, &h.key).map(|c| (h, c)));
+        let (hello, conn) = match opened {
+            Ok(x) => x,
+            Err(e) => {
+                eprintln!("rgpu: {e}");
+                tracing::error!("{e}");
+                return Err(match e {
+                    ClientError::VersionMismatch { .. } => CuError::SYSTEM_DRIVER_MISMATCH,
+                    _ => CuError::NO_DEVICE,
+                });
+            }
+        };
+        tracing::info!(
+            "server {addr} ({}, backend {}): {} device(s)",
+            hello.server_name,
+            hello.backend,
+            hello.devices.len()
+        );
+        for d in hello.devices {
+            let attributes = d.attributes.iter().copied().collect();
+            devices.push(Device { server: i, remote: d, attributes });
+        }
+        servers.push(Server { addr: addr.clone(), name: hello.server_name, backend: hello.backend, conn });
+    }
+    if devices.is_empty() {
+        eprintln!("rgpu: the configured servers ({list}) export no device");
+        return Err(CuError::NO_DEVICE);
+    }
+    Ok(Runtime {
+        servers,
+        devices,
+        allocs: Mutex::new(BTreeMap::new()),
+        host_allocs: Mutex::new(BTreeMap::new()),
+    })
+}
+
+fn client_name() -> String {
+    let exe = std::env::current_exe().ok().and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+    format!("{} (pid {})", exe.unwrap_or_else(|| "?".into()), std::process::id())
+}
+
+impl Runtime {
+    pub fn device(&self, dev: CUdevice) -> CuResult<&Device> {
+        usize::try_from(dev).ok().and_then(|d| self.devices.get(d)).ok_or(CuError::INVALID_DEVICE)
+    }
+
+    pub fn conn(&self, dev: CUdevice) -> CuResult<&Connection> {
+        Ok(&self.servers[self.device(dev)?.server].conn)
+    }
+
+    /// Client-visible address of a pointer the server returned for `dev`.
+    pub fn to_client(&self, dev: CUdevice, remote: u64) -> u64 {
+        let server = self.devices[dev as usize].server as u64;
+        remote | (server << SERVER_SHIFT)
+    }
+
+    /// The server-side address of a client-visible device pointer.
+    pub fn to_remote(ptr: u64) -> u64 {
+        ptr & ((1u64 << SERVER_SHIFT) - 1) | (ptr & !((1u64 << 56) - 1))
+    }
+
+    /// The live allocation containing `ptr`, as (start, info).
+    pub fn find_alloc(&self, ptr: u64) -> Option<(u64, Alloc)> {
+        let m = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let (&start, a) = m.range(..=ptr).next_back()?;
+        (ptr < start + a.size.max(1)).then_some((start, *a))
+    }
+
+    /// Checks that [ptr, ptr+len) lies in one allocation; returns its device.
+    pub fn check_range(&self, ptr: u64, len: u64) -> CuResult<i32> {
+        let (start, a) = self.find_alloc(ptr).ok_or(CuError::INVALID_VALUE)?;
+        let end = ptr.checked_add(len).ok_or(CuError::INVALID_VALUE)?;
+        if end > start + a.size {
+            return Err(CuError::INVALID_VALUE);
+        }
+        Ok(a.device)
+    }
+
+    pub fn find_host(&self, ptr: usize) -> Option<(usize, HostAlloc)> {
+        let m = self.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let (&start, a) = m.range(..=ptr).next_back()?;
+        (ptr < start + a.size.max(1)).then_some((start, *a))
+    }
+}
+
+/// Maps a client-side failure to the CUresult a CUDA program sees.
+pub fn cu_err(e: ClientError) -> CuError {
+    match e {
+        ClientError::Cuda(code) => error_from_code(code),
+        // A lost server is a device that went away under the program.
+        ClientError::Lost { .. } | ClientError::Unreachable { .. } => CuError::DEVICE_UNAVAILABLE,
+        ClientError::Protocol { .. } | ClientError::VersionMismatch { .. } => CuError::UNKNOWN,
+    }
+}
+
+/// A CUresult the server sent, as an error (0 cannot be an error; treat a
+/// confused peer as an unknown failure).
+pub fn error_from_code(code: u32) -> CuError {
+    std::num::NonZeroU32::new(code).map(CuError).unwrap_or(CuError::UNKNOWN)
+}
