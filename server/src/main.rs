@@ -12,7 +12,12 @@ use tracing_subscriber::EnvFilter;
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = EnvFilter::try_from_env("RGPU_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .init();
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -30,6 +35,9 @@ fn run(args: Args) -> anyhow::Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async {
+        // Handlers go in before the "listening" line: a signal sent as soon
+        // as the line appears must already mean "shut down".
+        let signals = Signals::install().context("cannot install signal handlers")?;
         let listener = tokio::net::TcpListener::bind(&config.listen)
             .await
             .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -49,7 +57,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         let shutdown = CancellationToken::new();
         let trigger = shutdown.clone();
         tokio::spawn(async move {
-            wait_for_signal().await;
+            signals.wait().await;
             info!("signal received; shutting down");
             trigger.cancel();
         });
@@ -58,17 +66,22 @@ fn run(args: Args) -> anyhow::Result<()> {
     })
 }
 
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
-        (Ok(mut int), Ok(mut term)) => {
-            tokio::select! {
-                _ = int.recv() => {}
-                _ = term.recv() => {}
-            }
-        }
-        _ => {
-            let _ = tokio::signal::ctrl_c().await;
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
+    }
+
+    /// Resolves at the first SIGINT or SIGTERM.
+    async fn wait(mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
         }
     }
 }

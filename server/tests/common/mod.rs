@@ -1,0 +1,380 @@
+//! A small test client for rgpu-server over real sockets: the control plane
+//! through capnp-rpc, the data plane as raw frames on a `TcpTransport`.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::data_capnp::{reply, request};
+use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
+use rgpu_protocol::message::{Encoder, RecvBuf};
+use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION};
+use rgpu_server::backend::sim::{SimBackend, SimConfig};
+use rgpu_server::config::{BackendKind, Config};
+use rgpu_transport::tcp::{self, TcpTransport};
+use rgpu_transport::Transport;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn start() -> TestServer {
+        Self::start_with(1, 256 << 20, Duration::from_secs(30))
+    }
+
+    pub fn start_with(devices: u32, memory: u64, attach_timeout: Duration) -> TestServer {
+        let config = Config {
+            listen: "127.0.0.1:0".into(),
+            backend: BackendKind::Sim,
+            sim: SimConfig { devices, memory, compute_capability: (9, 0), seed: None },
+            attach_timeout,
+            max_connections: 64,
+        };
+        let backend: Arc<dyn rgpu_server::backend::Backend> =
+            Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        std_listener.set_nonblocking(true).unwrap();
+        let addr = std_listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                rgpu_server::serve(listener, backend, &config, token).await;
+            });
+        });
+        TestServer { addr, shutdown, thread: Some(thread) }
+    }
+
+    /// Says hello, lists devices and opens a session.
+    pub fn open(&self) -> Hello {
+        control(&self.addr.to_string())
+    }
+
+    /// Opens a session and attaches its data connection.
+    pub fn session(&self) -> DataClient {
+        let h = self.open();
+        DataClient::attach(&self.addr.to_string(), h.session_id, &h.key).expect("attach")
+    }
+
+    /// Stops the server and waits (bounded) for it to finish.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        self.shutdown.cancel();
+        if let Some(t) = self.thread.take() {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !t.is_finished() {
+                assert!(std::time::Instant::now() < deadline, "server did not shut down in 10 s");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            self.stop_inner();
+        } else {
+            self.shutdown.cancel();
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Device {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: Vec<u8>,
+    pub total_mem: u64,
+    pub pci: (i32, i32, i32),
+    pub attributes: Vec<(u32, i32)>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Hello {
+    pub server_version: u32,
+    pub server_name: String,
+    pub backend: String,
+    pub devices: Vec<Device>,
+    pub session_id: u64,
+    pub key: Vec<u8>,
+    pub attach_timeout_ms: u32,
+}
+
+/// hello + listDevices + openSession on a fresh control connection.
+pub fn control(addr: &str) -> Hello {
+    control_with_version(addr, PROTOCOL_VERSION).expect("control plane")
+}
+
+pub fn control_with_version(addr: &str, version: u32) -> Result<Hello, capnp::Error> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        tokio::time::timeout(IO_TIMEOUT, control_async(addr, version))
+            .await
+            .expect("control plane timed out")
+    })
+}
+
+async fn control_async(addr: &str, version: u32) -> Result<Hello, capnp::Error> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(CONTROL_PREAMBLE).await.unwrap();
+    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(network), None);
+    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    let driver = tokio::task::spawn_local(rpc);
+    let result = async {
+        let text = |t: capnp::Result<capnp::text::Reader<'_>>| t.unwrap().to_string().unwrap();
+        let mut req = server.hello_request();
+        req.get().set_client_version(version);
+        req.get().set_client_name("test");
+        let reply = req.send().promise.await?;
+        let h = reply.get()?;
+        let (server_version, server_name, backend) =
+            (h.get_server_version(), text(h.get_server_name()), text(h.get_backend()));
+        let reply = server.list_devices_request().send().promise.await?;
+        let mut devices = Vec::new();
+        for d in reply.get()?.get_devices()?.iter() {
+            devices.push(Device {
+                ordinal: d.get_ordinal(),
+                name: text(d.get_name()),
+                uuid: d.get_uuid()?.to_vec(),
+                total_mem: d.get_total_mem(),
+                pci: (d.get_pci_domain(), d.get_pci_bus(), d.get_pci_device()),
+                attributes: d.get_attributes()?.iter().map(|a| (a.get_id(), a.get_value())).collect(),
+            });
+        }
+        let mut req = server.open_session_request();
+        req.get().set_token(&[]);
+        req.get().set_client_name("test");
+        let reply = req.send().promise.await?;
+        let s = reply.get()?;
+        Ok(Hello {
+            server_version,
+            server_name,
+            backend,
+            devices,
+            session_id: s.get_session_id(),
+            key: s.get_key()?.to_vec(),
+            attach_timeout_ms: s.get_attach_timeout_ms(),
+        })
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Body {
+    None,
+    MemAlloc(u64),
+    MemInfo { free: u64, total: u64 },
+    Elapsed(f32),
+    Module(Loaded),
+}
+
+/// (name, params as (offset, size), maxThreadsPerBlock, numRegs)
+pub type Function = (String, Vec<(u32, u32)>, i32, i32);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Loaded {
+    pub functions: Vec<Function>,
+    pub globals: Vec<(String, u64, u64)>,
+    pub note: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub seq: u64,
+    pub result: u32,
+    pub deferred: u32,
+    pub body: Body,
+    pub bulk: Vec<u8>,
+}
+
+impl Reply {
+    pub fn ptr(&self) -> u64 {
+        match self.body {
+            Body::MemAlloc(p) => p,
+            ref b => panic!("expected a memAlloc reply, got {b:?} (result {})", self.result),
+        }
+    }
+}
+
+pub struct DataClient {
+    pub t: TcpTransport,
+    enc: Encoder,
+    recv: RecvBuf,
+    seq: u64,
+}
+
+/// Opens a data connection; `Err(status)` when the server refuses it.
+pub fn attach_raw(addr: &str, id: u64, key: &[u8]) -> (TcpTransport, u32, u32) {
+    let mut t = tcp::connect(addr, IO_TIMEOUT).unwrap();
+    t.stream().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    t.send(&[DATA_PREAMBLE, &id.to_le_bytes(), key]).unwrap();
+    let mut st = [0u8; 8];
+    t.recv_exact(&mut st).unwrap();
+    let status = u32::from_le_bytes(st[..4].try_into().unwrap());
+    let version = u32::from_le_bytes(st[4..].try_into().unwrap());
+    (t, status, version)
+}
+
+impl DataClient {
+    pub fn attach(addr: &str, id: u64, key: &[u8]) -> Result<DataClient, u32> {
+        let (t, status, version) = attach_raw(addr, id, key);
+        assert_eq!(version, PROTOCOL_VERSION);
+        if status != 0 {
+            return Err(status);
+        }
+        Ok(DataClient { t, enc: Encoder::default(), recv: RecvBuf::default(), seq: 0 })
+    }
+
+    fn frame(&mut self, wants_reply: bool, bulk: &[u8], build: impl FnOnce(request::Builder<'_>)) -> u64 {
+        self.seq += 1;
+        let mut msg = Vec::new();
+        let n = self.enc.request(&mut msg, build);
+        let h = FrameHeader::request(self.seq, wants_reply, n, bulk.len() as u64).encode();
+        self.t.send(&[&h, &msg, bulk]).unwrap();
+        self.seq
+    }
+
+    /// Sends a request without WANTS_REPLY.
+    pub fn post(&mut self, bulk: &[u8], build: impl FnOnce(request::Builder<'_>)) {
+        self.frame(false, bulk, build);
+    }
+
+    /// Sends a request with WANTS_REPLY and returns its reply.
+    pub fn call(&mut self, bulk: &[u8], build: impl FnOnce(request::Builder<'_>)) -> Reply {
+        let seq = self.frame(true, bulk, build);
+        let r = self.read_reply().expect("reply");
+        assert_eq!(r.seq, seq);
+        r
+    }
+
+    pub fn read_reply(&mut self) -> std::io::Result<Reply> {
+        let mut hb = [0u8; HEADER_LEN];
+        self.t.recv_exact(&mut hb)?;
+        let h = FrameHeader::decode(&hb).expect("reply header");
+        assert_eq!(h.kind, Kind::Reply);
+        let buf = self.recv.prepare(h.msg_len as usize);
+        self.t.recv_exact(buf)?;
+        let msg = self.recv.reader().unwrap();
+        let r = msg.get_root::<reply::Reader>().unwrap();
+        let body = match r.which().unwrap() {
+            reply::None(()) => Body::None,
+            reply::MemAlloc(p) => Body::MemAlloc(p),
+            reply::MemGetInfo(m) => {
+                let m = m.unwrap();
+                Body::MemInfo { free: m.get_free(), total: m.get_total() }
+            }
+            reply::EventElapsedTime(ms) => Body::Elapsed(ms),
+            reply::ModuleLoad(m) => {
+                let m = m.unwrap();
+                Body::Module(Loaded {
+                    functions: m
+                        .get_functions()
+                        .unwrap()
+                        .iter()
+                        .map(|f| {
+                            (
+                                f.get_name().unwrap().to_string().unwrap(),
+                                f.get_params().unwrap().iter().map(|p| (p.get_offset(), p.get_size())).collect(),
+                                f.get_max_threads_per_block(),
+                                f.get_num_regs(),
+                            )
+                        })
+                        .collect(),
+                    globals: m
+                        .get_globals()
+                        .unwrap()
+                        .iter()
+                        .map(|g| (g.get_name().unwrap().to_string().unwrap(), g.get_ptr(), g.get_size()))
+                        .collect(),
+                    note: m.get_launch_note().unwrap().to_string().unwrap(),
+                })
+            }
+        };
+        let (result, deferred) = (r.get_result(), r.get_deferred_error());
+        let mut bulk = vec![0u8; h.bulk_len as usize];
+        self.t.recv_exact(&mut bulk)?;
+        Ok(Reply { seq: h.seq, result, deferred, body, bulk })
+    }
+
+    // --- conveniences ---------------------------------------------------
+
+    pub fn alloc(&mut self, size: u64) -> Reply {
+        self.call(&[], |r| {
+            let mut m = r.init_mem_alloc();
+            m.set_device(0);
+            m.set_size(size);
+        })
+    }
+
+    pub fn alloc_ok(&mut self, size: u64) -> u64 {
+        let r = self.alloc(size);
+        assert_eq!(r.result, 0, "memAlloc({size})");
+        r.ptr()
+    }
+
+    pub fn free(&mut self, ptr: u64) -> Reply {
+        self.call(&[], |r| r.init_mem_free().set_ptr(ptr))
+    }
+
+    pub fn htod(&mut self, dst: u64, bytes: &[u8]) -> Reply {
+        self.call(bytes, |r| {
+            let mut m = r.init_memcpy_hto_d();
+            m.set_dst(dst);
+            m.set_stream(0);
+        })
+    }
+
+    pub fn dtoh(&mut self, src: u64, size: u64) -> Reply {
+        self.dtoh_on(src, size, 0)
+    }
+
+    pub fn dtoh_on(&mut self, src: u64, size: u64, stream: u64) -> Reply {
+        self.call(&[], |r| {
+            let mut m = r.init_memcpy_dto_h();
+            m.set_src(src);
+            m.set_size(size);
+            m.set_stream(stream);
+        })
+    }
+
+    pub fn mem_info(&mut self) -> (u64, u64) {
+        let r = self.call(&[], |r| r.init_mem_get_info().set_device(0));
+        assert_eq!(r.result, 0);
+        match r.body {
+            Body::MemInfo { free, total } => (free, total),
+            b => panic!("expected memGetInfo, got {b:?}"),
+        }
+    }
+
+    pub fn ping(&mut self) -> Reply {
+        self.call(&[], |mut r| r.set_ping(()))
+    }
+}
