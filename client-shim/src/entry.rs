@@ -10,21 +10,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Runs an implemented entry point: traces the call, catches any panic.
 pub(crate) fn call(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> CUresult {
-    tracing::trace!(target: "rgpu::cuda", "{name}");
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(result) => {
-            if let Err(e) = &result {
-                tracing::trace!(target: "rgpu::cuda", "{name} -> {e:?}");
-            }
-            cu_result(result)
+    // Tracing runs inside the guard too: at process exit (cudart releases
+    // its contexts from __cxa_finalize) thread-locals may already be gone,
+    // and touching them panics.
+    match catch_unwind(AssertUnwindSafe(|| {
+        tracing::trace!(target: "rgpu::cuda", "{name}");
+        let result = f();
+        if let Err(e) = &result {
+            tracing::trace!(target: "rgpu::cuda", "{name} -> {e:?}");
         }
+        result
+    })) {
+        Ok(result) => cu_result(result),
         Err(payload) => {
             let msg = payload
                 .downcast_ref::<&str>()
                 .copied()
                 .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("(non-string panic payload)");
-            tracing::error!(target: "rgpu::cuda", "{name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN");
+            // Plain stderr: the logging machinery may be what panicked.
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "rgpu: {name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN");
             CuError::UNKNOWN.into()
         }
     }

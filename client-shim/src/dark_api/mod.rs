@@ -68,13 +68,15 @@ static CUDART_INTERFACE: Table<13> = Table([
 
 // ---- TOOLS_RUNTIME_CALLBACK_HOOKS {a094798c-2e74-2e74-93f2-0800200c0a66} --
 
-/// cudart keeps tool-callback state in buffers the driver owns. Sizes were
-/// measured: cudart 13 writes up to 768 bytes into the first.
+/// cudart keeps tool-callback state in buffers the driver owns. Measured:
+/// cudart 13 wants the first to be at least 768 bytes, but also reads flags
+/// far past what it is told (offset 0x6e0 in cudaGetDeviceProperties), so
+/// both buffers are much larger than the size reported, and all zero.
 struct HookBuffer<const N: usize>(std::cell::UnsafeCell<[u8; N]>);
 // SAFETY: the buffers are handed to cudart, which owns their contents.
 unsafe impl<const N: usize> Sync for HookBuffer<N> {}
-static HOOK_BUFFER_1: HookBuffer<1024> = HookBuffer(std::cell::UnsafeCell::new([0; 1024]));
-static HOOK_BUFFER_2: HookBuffer<64> = HookBuffer(std::cell::UnsafeCell::new([0; 64]));
+static HOOK_BUFFER_1: HookBuffer<16384> = HookBuffer(std::cell::UnsafeCell::new([0; 16384]));
+static HOOK_BUFFER_2: HookBuffer<4096> = HookBuffer(std::cell::UnsafeCell::new([0; 4096]));
 
 unsafe extern "C" fn hook_buffer_1(buf: *mut *mut c_void, n: *mut usize) {
     if let (Some(b), Some(n)) = (buf.as_mut(), n.as_mut()) {

@@ -67,7 +67,7 @@ pub fn from_handle(h: u64) -> CUcontext {
 
 /// The calling thread's current context, if any and still alive.
 pub fn current() -> CuResult<(u64, Arc<Context>)> {
-    let h = STACK.with(|s| s.borrow().last().copied()).ok_or(CuError::INVALID_CONTEXT)?;
+    let h = top().ok_or(CuError::INVALID_CONTEXT)?;
     let c = CONTEXTS.get(h).ok_or(CuError::INVALID_CONTEXT)?;
     if !c.live.load(Ordering::Acquire) {
         return Err(CuError::CONTEXT_IS_DESTROYED);
@@ -90,8 +90,14 @@ pub fn resolve(ctx: CUcontext) -> CuResult<(u64, Arc<Context>)> {
     Ok((h, c))
 }
 
+/// The top of this thread's stack. At thread or process exit the stack may
+/// already be destroyed: then no context is current.
+fn top() -> Option<u64> {
+    STACK.try_with(|s| s.borrow().last().copied()).ok().flatten()
+}
+
 fn set_top(h: Option<u64>) {
-    STACK.with(|s| {
+    let _ = STACK.try_with(|s| {
         let mut s = s.borrow_mut();
         match (s.last_mut(), h) {
             (Some(top), Some(h)) => *top = h,
@@ -109,7 +115,7 @@ pub(crate) unsafe fn create_v2(pctx: *mut CUcontext, flags: u32, dev: CUdevice) 
     rt.device(dev)?;
     let pctx = pctx.as_mut().ok_or(CuError::INVALID_VALUE)?;
     let (h, _) = CONTEXTS.insert(Context::new(dev, false, flags));
-    STACK.with(|s| s.borrow_mut().push(h));
+    let _ = STACK.try_with(|s| s.borrow_mut().push(h));
     *pctx = from_handle(h);
     Ok(())
 }
@@ -146,7 +152,7 @@ pub(crate) unsafe fn destroy_v2(ctx: CUcontext) -> CuResult<()> {
     teardown(h, &c);
     CONTEXTS.remove(h);
     // Destroying a context that is current on this thread pops it.
-    STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
+    let _ = STACK.try_with(|s| s.borrow_mut().retain(|&x| x != h));
     Ok(())
 }
 
@@ -164,7 +170,7 @@ pub fn teardown(h: u64, c: &Context) {
 
 pub(crate) unsafe fn get_current(pctx: *mut CUcontext) -> CuResult<()> {
     let pctx = pctx.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    *pctx = STACK.with(|s| s.borrow().last().copied()).map(from_handle).unwrap_or(std::ptr::null_mut());
+    *pctx = top().map(from_handle).unwrap_or(std::ptr::null_mut());
     Ok(())
 }
 
@@ -182,12 +188,12 @@ pub(crate) unsafe fn set_current(ctx: CUcontext) -> CuResult<()> {
 pub(crate) unsafe fn push_current_v2(ctx: CUcontext) -> CuResult<()> {
     let h = to_handle(ctx);
     CONTEXTS.get(h).ok_or(CuError::INVALID_CONTEXT)?;
-    STACK.with(|s| s.borrow_mut().push(h));
+    STACK.try_with(|s| s.borrow_mut().push(h)).map_err(|_| CuError::DEINITIALIZED)?;
     Ok(())
 }
 
 pub(crate) unsafe fn pop_current_v2(pctx: *mut CUcontext) -> CuResult<()> {
-    let h = STACK.with(|s| s.borrow_mut().pop()).ok_or(CuError::INVALID_CONTEXT)?;
+    let h = STACK.try_with(|s| s.borrow_mut().pop()).ok().flatten().ok_or(CuError::INVALID_CONTEXT)?;
     if let Some(p) = pctx.as_mut() {
         *p = from_handle(h);
     }
@@ -198,6 +204,16 @@ pub(crate) unsafe fn get_device(dev: *mut CUdevice) -> CuResult<()> {
     let dev = dev.as_mut().ok_or(CuError::INVALID_VALUE)?;
     *dev = current_device()?;
     Ok(())
+}
+
+pub(crate) unsafe fn get_device_v2(dev: *mut CUdevice, ctx: CUcontext) -> CuResult<()> {
+    let dev = dev.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *dev = resolve(ctx)?.1.device;
+    Ok(())
+}
+
+pub(crate) unsafe fn synchronize_v2(ctx: CUcontext) -> CuResult<()> {
+    sync_device(resolve(ctx)?.1.device)
 }
 
 pub(crate) unsafe fn synchronize() -> CuResult<()> {

@@ -101,3 +101,14 @@ pub(crate) unsafe fn set_flags_v2(dev: CUdevice, flags: u32) -> CuResult<()> {
     }
     Ok(())
 }
+
+// The pre-CUDA-11 names, which cudart still calls at exit.
+pub(crate) unsafe fn release(dev: CUdevice) -> CuResult<()> {
+    release_v2(dev)
+}
+pub(crate) unsafe fn reset(dev: CUdevice) -> CuResult<()> {
+    reset_v2(dev)
+}
+pub(crate) unsafe fn set_flags(dev: CUdevice, flags: u32) -> CuResult<()> {
+    set_flags_v2(dev, flags)
+}

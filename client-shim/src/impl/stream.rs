@@ -177,3 +177,9 @@ pub(crate) unsafe fn get_flags_ptsz(s: CUstream, flags: *mut u32) -> CuResult<()
 pub(crate) unsafe fn get_priority_ptsz(s: CUstream, p: *mut i32) -> CuResult<()> {
     get_priority(s, p)
 }
+
+pub(crate) unsafe fn get_device(s: CUstream, device: *mut CUdevice) -> CuResult<()> {
+    let device = device.as_mut().ok_or(CuError::INVALID_VALUE)?;
+    *device = device_of(s)?.1;
+    Ok(())
+}
