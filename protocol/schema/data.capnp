@@ -139,6 +139,9 @@ struct FunctionInfo {
   numRegs @6 :Int32;
   ptxVersion @7 :Int32;
   binaryVersion @8 :Int32;
+  # Why this kernel cannot run on the server, if it cannot; the client
+  # then refuses its launches at once, where the program sees the error.
+  launchNote @9 :Text;
 }
 struct ParamInfo {
   offset @0 :UInt32;

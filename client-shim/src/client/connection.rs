@@ -234,6 +234,18 @@ impl Inner {
         if bulk.len() <= INLINE_BULK {
             self.out.extend_from_slice(bulk);
         } else {
+            // The server may be sending us the bytes of earlier reads while we
+            // send a large payload; if neither side read, both could block
+            // on full socket buffers. Collect those replies first.
+            if !self.pending.is_empty() {
+                let mut batch = std::mem::take(&mut self.out);
+                let (this, rest) = batch.split_at(at);
+                self.out.extend_from_slice(this);
+                self.flush()?;
+                self.drain()?;
+                self.out.extend_from_slice(rest);
+                batch.clear();
+            }
             // Large payloads go out from the caller's buffer, behind the batch.
             self.transport.send(&[&self.out, bulk])?;
             self.out.clear();
@@ -252,52 +264,68 @@ impl Inner {
     /// Reads replies in order until the one for `seq`, whose message is left
     /// in `self.recv`.
     fn wait_for(&mut self, seq: u64, mut sink: Sink<'_>) -> Result<(), IoFail> {
-        loop {
-            let mut hb = [0u8; HEADER_LEN];
-            self.transport.recv_exact(&mut hb)?;
-            let h = FrameHeader::decode(&hb).map_err(|e| IoFail::Protocol(e.to_string()))?;
-            if h.kind != Kind::Reply {
-                return Err(IoFail::Protocol("server sent a request frame".into()));
-            }
-            let p = self
-                .pending
-                .pop_front()
-                .ok_or_else(|| IoFail::Protocol(format!("unexpected reply #{}", h.seq)))?;
-            if p.seq != h.seq {
-                return Err(IoFail::Protocol(format!("reply #{} arrived while #{} was due", h.seq, p.seq)));
-            }
-            let buf = self.recv.prepare(h.msg_len as usize);
-            self.transport.recv_exact(buf)?;
-            let bulk = h.bulk_len as usize;
-            match p.dst {
-                Some((dst, len)) => {
-                    // An earlier asynchronous read.
-                    if bulk == len {
-                        let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
-                        self.transport.recv_exact(d)?;
-                    } else {
-                        self.discard(bulk)?;
-                    }
-                    let code = reply_code(&self.recv).map_err(IoFail::Protocol)?;
-                    if code != 0 && self.deferred == 0 {
-                        self.deferred = code;
-                    } else if code == 0 && bulk != len {
-                        return Err(IoFail::Protocol(format!("read of {len} bytes answered with {bulk}")));
-                    }
+        while !self.read_one(Some((seq, &mut sink)))? {}
+        Ok(())
+    }
+
+    /// Reads every reply still owed (asynchronous reads land in their buffers).
+    fn drain(&mut self) -> Result<(), IoFail> {
+        while !self.pending.is_empty() {
+            self.read_one(None)?;
+        }
+        Ok(())
+    }
+
+    /// Reads the next reply; true if it was `target`'s.
+    fn read_one(&mut self, target: Option<(u64, &mut Sink<'_>)>) -> Result<bool, IoFail> {
+        let mut hb = [0u8; HEADER_LEN];
+        self.transport.recv_exact(&mut hb)?;
+        let h = FrameHeader::decode(&hb).map_err(|e| IoFail::Protocol(e.to_string()))?;
+        if h.kind != Kind::Reply {
+            return Err(IoFail::Protocol("server sent a request frame".into()));
+        }
+        let p = self
+            .pending
+            .pop_front()
+            .ok_or_else(|| IoFail::Protocol(format!("unexpected reply #{}", h.seq)))?;
+        if p.seq != h.seq {
+            return Err(IoFail::Protocol(format!("reply #{} arrived while #{} was due", h.seq, p.seq)));
+        }
+        let buf = self.recv.prepare(h.msg_len as usize);
+        self.transport.recv_exact(buf)?;
+        let bulk = h.bulk_len as usize;
+        match (p.dst, target) {
+            (Some((dst, len)), _) => {
+                // An earlier asynchronous read.
+                if bulk == len {
+                    let d = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+                    self.transport.recv_exact(d)?;
+                } else {
+                    self.discard(bulk)?;
                 }
-                None if p.seq == seq => {
-                    match &mut sink {
-                        Sink::Host(d) if d.len() == bulk => self.transport.recv_exact(d)?,
-                        _ => {
-                            self.discard(bulk)?;
-                            if bulk != 0 && reply_code(&self.recv).map_err(IoFail::Protocol)? == 0 {
-                                return Err(IoFail::Protocol(format!("unexpected {bulk} bulk bytes")));
-                            }
+                let code = reply_code(&self.recv).map_err(IoFail::Protocol)?;
+                if code != 0 && self.deferred == 0 {
+                    self.deferred = code;
+                } else if code == 0 && bulk != len {
+                    return Err(IoFail::Protocol(format!("read of {len} bytes answered with {bulk}")));
+                }
+                Ok(false)
+            }
+            (None, Some((seq, sink))) if p.seq == seq => {
+                match sink {
+                    Sink::Host(d) if d.len() == bulk => self.transport.recv_exact(d)?,
+                    _ => {
+                        self.discard(bulk)?;
+                        if bulk != 0 && reply_code(&self.recv).map_err(IoFail::Protocol)? == 0 {
+                            return Err(IoFail::Protocol(format!("unexpected {bulk} bulk bytes")));
                         }
                     }
-                    return Ok(());
                 }
-                None => self.discard(bulk)?,
+                Ok(true)
+            }
+            (None, _) => {
+                self.discard(bulk)?;
+                Ok(false)
             }
         }
     }

@@ -30,14 +30,14 @@ pub(crate) unsafe fn kernel(
 ) -> CuResult<()> {
     let rt = runtime::get()?;
     let func = kernel::resolve_function(f as usize as u64)?;
-    let m = module::MODULES.get(func.module).ok_or(CuError::INVALID_HANDLE)?;
+    module::MODULES.get(func.module).ok_or(CuError::INVALID_HANDLE)?;
     let (sh, dev) = stream::device_of(s)?;
     if dev != func.device {
         return Err(CuError::INVALID_HANDLE);
     }
     check_dims(&func, [gx, gy, gz], [bx, by, bz], shared)?;
     let buf = pack(&func, params, extra)?;
-    module::check_launchable(&m)?;
+    module::check_launchable(&func)?;
     send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, &buf)
 }
 

@@ -49,6 +49,9 @@ pub struct Function {
     pub max_dynamic_shared: AtomicI32,
     pub carveout: AtomicI32,
     pub cache_config: AtomicI32,
+    /// Why this kernel cannot run on its server, if it cannot.
+    pub launch_note: String,
+    pub note_logged: AtomicBool,
 }
 
 impl Function {
@@ -169,6 +172,8 @@ pub fn load_image(rt: &Runtime, dev: CUdevice, ctx: u64, image: &[u8]) -> CuResu
             max_dynamic_shared: AtomicI32::new(DEFAULT_DYNAMIC_SHARED - f.attrs[1]),
             carveout: AtomicI32::new(-1),
             cache_config: AtomicI32::new(0),
+            launch_note: f.launch_note,
+            note_logged: AtomicBool::new(false),
         });
         module.functions.push(fh);
         module.by_name.insert(name, fh);
@@ -187,6 +192,7 @@ struct LoadedFunction {
     name: String,
     params: Vec<(u32, u32)>,
     attrs: [i32; 7],
+    launch_note: String,
 }
 
 type Loaded = (Vec<LoadedFunction>, Vec<(String, u64, u64)>, String);
@@ -207,6 +213,7 @@ fn decode_loaded(m: rgpu_protocol::data_capnp::module_loaded::Reader<'_>) -> cap
                 f.get_ptx_version(),
                 f.get_binary_version(),
             ],
+            launch_note: f.get_launch_note()?.to_string()?,
         });
     }
     let mut globals = Vec::new();
@@ -335,14 +342,13 @@ pub(crate) unsafe fn get_loading_mode(mode: *mut CUmoduleLoadingMode) -> CuResul
     Ok(())
 }
 
-/// Logs once per module why its kernels cannot run, and fails the launch.
-pub fn check_launchable(m: &Module) -> CuResult<()> {
-    if m.launch_note.is_empty() {
+/// Logs once per kernel why it cannot run, and fails the launch.
+pub fn check_launchable(f: &Function) -> CuResult<()> {
+    if f.launch_note.is_empty() {
         return Ok(());
     }
-    if !m.note_logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!("kernel launch refused: {}", m.launch_note);
-        eprintln!("rgpu: kernel launch refused: {}", m.launch_note);
+    if !f.note_logged.swap(true, Ordering::Relaxed) {
+        tracing::warn!("launch of {} refused: {}", f.name.to_string_lossy(), f.launch_note);
     }
     Err(CuError::NOT_SUPPORTED)
 }

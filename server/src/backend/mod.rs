@@ -110,6 +110,8 @@ pub struct FunctionInfo {
     pub num_regs: i32,
     pub ptx_version: i32,
     pub binary_version: i32,
+    /// Why this kernel cannot be launched here; empty when it can.
+    pub launch_note: String,
 }
 
 impl FunctionInfo {

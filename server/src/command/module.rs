@@ -103,6 +103,7 @@ pub fn encode_loaded(m: &LoadedModule, mut b: module_loaded::Builder<'_>) {
         fb.set_num_regs(f.num_regs);
         fb.set_ptx_version(f.ptx_version);
         fb.set_binary_version(f.binary_version);
+        fb.set_launch_note(&f.launch_note);
     }
     let mut gs = b.reborrow().init_globals(m.globals.len() as u32);
     for (i, g) in m.globals.iter().enumerate() {

@@ -426,6 +426,7 @@ pub fn parse_cubin(bytes: &[u8]) -> Result<Cubin, ImageError> {
             shared_static_bytes: shared,
             local_bytes: frame.get(&(si as u32)).copied().unwrap_or(0) as u64,
             num_regs: regs,
+            empty_body: false,
         });
     }
 

@@ -43,6 +43,10 @@ pub struct KernelInfo {
     pub local_bytes: u64,
     /// Registers per thread, known only from SASS.
     pub num_regs: Option<u32>,
+    /// The PTX body only returns: running it changes nothing, so even a
+    /// backend that cannot execute code can honour a launch. False when
+    /// unknown (SASS only).
+    pub empty_body: bool,
 }
 
 impl KernelInfo {

@@ -824,7 +824,7 @@ fn parse_entry(p: &mut Parser<'_>) -> Result<Option<KernelInfo>, ImageError> {
             None => return Err(err(line, format!("entry '{name}' has no body"))),
         }
     }
-    let (shared, local) = scan_body(p)?;
+    let (shared, local, works) = scan_body(p)?;
     Ok(Some(KernelInfo {
         name,
         params,
@@ -832,6 +832,7 @@ fn parse_entry(p: &mut Parser<'_>) -> Result<Option<KernelInfo>, ImageError> {
         shared_static_bytes: shared,
         local_bytes: local,
         num_regs: None,
+        empty_body: !works,
     }))
 }
 
@@ -904,14 +905,17 @@ fn parse_param(p: &mut Parser<'_>) -> Result<(u64, u32), ImageError> {
     Ok((size, align as u32))
 }
 
-/// Skips a kernel body, adding up its static `.shared` and `.local` declarations.
-fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64), ImageError> {
+/// Skips a kernel body, adding up its static `.shared` and `.local` declarations,
+/// and telling whether it does anything but return (declarations and a
+/// bare `ret` do nothing; anything else, labels included, counts as work).
+fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64, bool), ImageError> {
     let line = p.line();
     p.expect_punct('{')?;
     let mut depth = 1u32;
     let mut shared = 0u64;
     let mut local = 0u64;
     let mut at_stmt_start = true;
+    let mut works = false;
     while let Some(t) = p.peek().cloned() {
         let l = p.line();
         match t {
@@ -924,7 +928,7 @@ fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64), ImageError> {
                 p.pos += 1;
                 depth -= 1;
                 if depth == 0 {
-                    return Ok((shared, local));
+                    return Ok((shared, local, works));
                 }
                 at_stmt_start = true;
             }
@@ -957,6 +961,9 @@ fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64), ImageError> {
                 at_stmt_start = true;
             }
             _ => {
+                if at_stmt_start && !matches!(&t, Tok::Word(w) if *w == "ret" || w.starts_with('.')) {
+                    works = true;
+                }
                 p.pos += 1;
                 at_stmt_start = false;
             }

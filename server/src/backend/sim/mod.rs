@@ -128,7 +128,8 @@ struct SimEvent {
 struct SimModule {
     /// Device pointers of the module's globals, freed at unload.
     globals: Vec<u64>,
-    functions: u32,
+    /// Per kernel: its body only returns, so a launch can be honoured.
+    empty: Vec<bool>,
 }
 
 struct SimSession {
@@ -351,6 +352,23 @@ impl BackendSession for SimSession {
             .filter(|g| g.space == GlobalSpace::Const)
             .map(|g| g.size)
             .sum();
+        let empty: Vec<bool> = parsed.kernels.iter().map(|k| k.empty_body).collect();
+        let all_empty = empty.iter().all(|&e| e);
+        let launch_note = if parsed.ptx.is_some() {
+            // Said at load time so the client refuses a launch at once,
+            // where the program sees the error, rather than at the next
+            // synchronisation.
+            "the rgpu sim backend does not execute kernel code yet (its PTX interpreter comes \
+             with a later release); only kernels whose body is empty can be launched"
+                .to_string()
+        } else {
+            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "the image has no PTX (only SASS for {}); the rgpu sim backend executes PTX only: \
+                 build with -gencode arch=compute_XX,code=compute_XX (e.g. compute_90) to embed it",
+                if archs.is_empty() { "no architecture".to_string() } else { archs.join(", ") }
+            )
+        };
         let clamp = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
         let functions = parsed
             .kernels
@@ -369,24 +387,22 @@ impl BackendSession for SimSession {
                 num_regs: k.num_regs.map_or(32, |n| n as i32),
                 ptx_version: 90,
                 binary_version: 90,
+                launch_note: if k.empty_body && parsed.ptx.is_some() {
+                    String::new()
+                } else {
+                    launch_note.clone()
+                },
             })
             .collect::<Vec<_>>();
-        let launch_note = if parsed.ptx.is_some() {
-            String::new()
-        } else {
-            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
-            format!(
-                "the image has no PTX (only SASS for {}); the rgpu sim backend executes PTX only: \
-                 build with -gencode arch=compute_XX,code=compute_XX (e.g. compute_90) to embed it",
-                if archs.is_empty() { "no architecture".to_string() } else { archs.join(", ") }
-            )
-        };
         let t = self.token();
         self.modules.insert(
             t,
-            SimModule { globals: ptrs, functions: functions.len() as u32 },
+            SimModule { globals: ptrs, empty },
         );
         debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
+        // The module-level note explains the module as a whole; empty when
+        // every kernel can be launched.
+        let launch_note = if all_empty && parsed.ptx.is_some() { String::new() } else { launch_note };
         Ok((ModuleToken(t), LoadedModule { functions, globals, launch_note }))
     }
 
@@ -408,8 +424,10 @@ impl BackendSession for SimSession {
     ) -> CuResult {
         self.check_stream(stream)?;
         let m = self.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
-        if function >= m.functions {
-            return Err(CuError::INVALID_HANDLE);
+        let empty = *m.empty.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
+        if empty {
+            // Nothing to execute: in stream order, that is already done.
+            return Ok(());
         }
         if !self.warned_launch {
             self.warned_launch = true;
