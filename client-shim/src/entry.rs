@@ -28,9 +28,15 @@ pub(crate) fn call(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> CUre
                 .copied()
                 .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
                 .unwrap_or("(non-string panic payload)");
-            // Plain stderr: the logging machinery may be what panicked.
-            use std::io::Write;
-            let _ = writeln!(std::io::stderr(), "rgpu: {name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN");
+            // The logging machinery may be what panicked (its thread-locals
+            // are gone at exit): then say it on plain stderr.
+            let logged = catch_unwind(AssertUnwindSafe(|| {
+                tracing::error!(target: "rgpu::cuda", "{name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN")
+            }));
+            if logged.is_err() {
+                use std::io::Write;
+                let _ = writeln!(std::io::stderr(), "rgpu: {name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN");
+            }
             CuError::UNKNOWN.into()
         }
     }
