@@ -47,8 +47,9 @@ pub struct Args {
     #[arg(long, env = "RGPU_SERVER_SIM_COMPUTE_CAPABILITY", value_name = "MAJOR.MINOR",
           value_parser = parse_cc)]
     pub sim_compute_capability: Option<(u32, u32)>,
-    /// Mixed into the simulated devices' UUIDs (which are otherwise derived
-    /// from the host name and ordinal).
+    /// Mixed with the host name and ordinal into the simulated devices' UUIDs
+    /// [default: the listening address, so a server on a fixed address keeps
+    /// its UUIDs and two servers on one host never share one].
     #[arg(long, env = "RGPU_SERVER_SIM_SEED")]
     pub sim_seed: Option<String>,
     /// How long an opened session waits for its data connection [default: 30000].

@@ -28,7 +28,16 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    let config = Config::load(args)?;
+    let mut config = Config::load(args)?;
+    // Bind first: the sim's device UUIDs default to being derived from the
+    // address, so that two servers on one host never show the same device.
+    let std_listener = std::net::TcpListener::bind(&config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    std_listener.set_nonblocking(true).context("cannot make the listener non-blocking")?;
+    let addr = std_listener.local_addr().context("cannot read the listening address")?;
+    if config.sim.seed.is_none() {
+        config.sim.seed = Some(addr.to_string());
+    }
     let backend = rgpu_server::build_backend(&config)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -38,10 +47,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         // Handlers go in before the "listening" line: a signal sent as soon
         // as the line appears must already mean "shut down".
         let signals = Signals::install().context("cannot install signal handlers")?;
-        let listener = tokio::net::TcpListener::bind(&config.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
-        let addr = listener.local_addr().context("cannot read the listening address")?;
+        let listener = tokio::net::TcpListener::from_std(std_listener).context("cannot register the listener")?;
         let devices = backend.devices();
         // Not through tracing: scripts and tests wait for this exact line
         // whatever the log filter.

@@ -43,7 +43,9 @@ unsafe fn write(attr: CUpointer_attribute, data: *mut c_void, ptr: u64, kind: &K
         (P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, Kind::Host { .. }) => *(data as *mut u32) = CUmemorytype::CU_MEMORYTYPE_HOST.0,
         (P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, Kind::Device { .. }) => *(data as *mut CUdeviceptr) = ptr,
         (P::CU_POINTER_ATTRIBUTE_HOST_POINTER, Kind::Host { .. }) => *(data as *mut *mut c_void) = ptr as usize as *mut c_void,
-        (P::CU_POINTER_ATTRIBUTE_IS_MANAGED, Kind::Device { .. } | Kind::Host { .. }) => *(data as *mut u8) = 0,
+        // cudart reads this "boolean" as a 32-bit value (seen: garbage in the
+        // upper bytes made it report managed memory).
+        (P::CU_POINTER_ATTRIBUTE_IS_MANAGED, Kind::Device { .. } | Kind::Host { .. }) => *(data as *mut u32) = 0,
         (P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, Kind::Device { device, .. }) => *(data as *mut i32) = *device,
         (P::CU_POINTER_ATTRIBUTE_BUFFER_ID, Kind::Device { start, .. }) => *(data as *mut u64) = *start,
         (P::CU_POINTER_ATTRIBUTE_BUFFER_ID, Kind::Host { start, .. }) => *(data as *mut u64) = *start as u64,
@@ -100,7 +102,7 @@ unsafe fn zero(attr: CUpointer_attribute, out: *mut c_void) {
         | P::CU_POINTER_ATTRIBUTE_RANGE_SIZE
         | P::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES => *(out as *mut u64) = 0,
         P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL => *(out as *mut i32) = -2,
-        P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE => *(out as *mut u32) = 0,
+        P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE | P::CU_POINTER_ATTRIBUTE_IS_MANAGED => *(out as *mut u32) = 0,
         _ => *(out as *mut u8) = 0,
     }
 }

@@ -74,18 +74,21 @@ impl SimBackend {
         let mut memory = Vec::new();
         for ordinal in 0..cfg.devices {
             let mem = DeviceMemory::new(ordinal, cfg.memory)?;
+            let uuid = device_uuid(&host, ordinal, cfg.seed.as_deref());
             let params = SimDeviceParams {
                 ordinal: ordinal as i32,
                 cc_major: major as i32,
                 cc_minor: minor as i32,
-                pci_domain: 0,
+                // Distinct per server, like the devices of different hosts;
+                // the bus tells a server's devices apart.
+                pci_domain: u16::from_le_bytes([uuid[0], uuid[1]]) as i32,
                 pci_bus: 0x10 + ordinal as i32,
                 pci_device: 0,
             };
             info.push(DeviceInfo {
                 ordinal,
                 name: format!("rgpu sim GPU (compute capability {major}.{minor})"),
-                uuid: device_uuid(&host, ordinal, cfg.seed.as_deref()),
+                uuid,
                 total_mem: mem.total(),
                 pci_domain: params.pci_domain,
                 pci_bus: params.pci_bus,
