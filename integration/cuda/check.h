@@ -20,7 +20,7 @@ static inline void test_begin(const char *name) {
     fflush(stdout);
 }
 
-static inline void ok(const char *fmt, ...) {
+__attribute__((format(printf, 1, 2))) static inline void ok(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     printf("ok: ");
@@ -30,7 +30,7 @@ static inline void ok(const char *fmt, ...) {
     fflush(stdout);
 }
 
-static inline void note(const char *fmt, ...) {
+__attribute__((format(printf, 1, 2))) static inline void note(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     printf("note: ");
@@ -40,7 +40,7 @@ static inline void note(const char *fmt, ...) {
     fflush(stdout);
 }
 
-[[noreturn]] static inline void fail(const char *fmt, ...) {
+[[noreturn]] __attribute__((format(printf, 1, 2))) static inline void fail(const char *fmt, ...) {
     fflush(stdout);
     va_list ap;
     va_start(ap, fmt);
@@ -60,10 +60,26 @@ static inline int test_end() {
     return 0;
 }
 
-// Checks an arbitrary condition.
+[[noreturn]] __attribute__((format(printf, 4, 5))) static inline void fail_expect(const char *file, int line, const char *cond,
+                                                                                  const char *fmt, ...) {
+    fflush(stdout);
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL %s: %s:%d: expected %s; ", g_prog, file, line, cond);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    fflush(stderr);
+    printf("FAILED %s\n", g_prog);
+    fflush(stdout);
+    exit(1);
+}
+
+// Checks an arbitrary condition; the rest is a printf format and its
+// arguments describing what was found.
 #define EXPECT(cond, ...)                                                      \
     do {                                                                       \
-        if (!(cond)) fail("%s:%d: expected %s; " __VA_ARGS__, __FILE__, __LINE__, #cond); \
+        if (!(cond)) fail_expect(__FILE__, __LINE__, #cond, __VA_ARGS__);      \
     } while (0)
 
 // Deterministic byte pattern: pattern_byte(seed, i).

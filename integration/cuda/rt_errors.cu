@@ -77,7 +77,7 @@ int main() {
     CHECK(cudaMemGetInfo(&free_b, &total));
     void *huge = nullptr;
     CHECK_ERR(cudaMalloc(&huge, total + (1ull << 30)), cudaErrorMemoryAllocation);
-    ok("cudaMalloc(total + 1 GiB = %zu) -> cudaErrorMemoryAllocation", total + (1ull << 30));
+    ok("cudaMalloc(total + 1 GiB = %zu) -> cudaErrorMemoryAllocation", (size_t)(total + (1ull << 30)));
     still_works("cudaMalloc too large", cudaErrorMemoryAllocation);
     CHECK_ERR(cudaMalloc(&huge, (size_t)-1 / 2), cudaErrorMemoryAllocation);
     still_works("cudaMalloc(SIZE_MAX / 2)", cudaErrorMemoryAllocation);

@@ -55,9 +55,16 @@ int main() {
     EXPECT(a.maxThreadsPerBlock >= 1, "template kernel maxThreadsPerBlock %d", a.maxThreadsPerBlock);
     ok("cudaFuncGetAttributes on a template instantiation (mangled name)");
 
-    // Not a kernel.
-    CHECK_ERR(cudaFuncGetAttributes(&a, (const void *)&show), cudaErrorInvalidDeviceFunction);
+    // Not a kernel. cudart 12+ hands a pointer it has not registered to the
+    // driver as a kernel/function handle, so the answer depends on the
+    // driver's handle check: cudaErrorInvalidDeviceFunction (98) or
+    // cudaErrorInvalidResourceHandle (400); not checked against a real
+    // driver yet, so both are accepted. It must fail, not crash.
+    cudaError_t e = cudaFuncGetAttributes(&a, (const void *)&show);
+    EXPECT(e == cudaErrorInvalidDeviceFunction || e == cudaErrorInvalidResourceHandle,
+           "cudaFuncGetAttributes(host function) returned %d (%s)", (int)e, cudaGetErrorName(e));
     cudaGetLastError();
-    ok("cudaFuncGetAttributes on a host function -> cudaErrorInvalidDeviceFunction");
+    CHECK(cudaFuncGetAttributes(&a, plain));
+    ok("cudaFuncGetAttributes on a host function -> %d (%s); still works after", (int)e, cudaGetErrorName(e));
     return test_end();
 }

@@ -15,6 +15,7 @@ use std::net::SocketAddr;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread;
@@ -529,6 +530,8 @@ impl Default for ServerOpts {
     }
 }
 
+static SERVER_SEQ: AtomicU64 = AtomicU64::new(0);
+
 /// The memory size the tests give each simulated device (4 GiB).
 pub const DEFAULT_SIM_MEMORY: u64 = 4 << 30;
 
@@ -546,6 +549,10 @@ impl Server {
             opts.devices.to_string(),
             "--sim-memory".into(),
             opts.memory.to_string(),
+            // Sim UUIDs derive from host name and ordinal; the seed keeps
+            // two servers on this host from exporting the same UUIDs.
+            "--sim-seed".into(),
+            format!("rgpu-integration-{}-{}", std::process::id(), SERVER_SEQ.fetch_add(1, Ordering::Relaxed)),
         ];
         let mut child = Command::new(&bins.server)
             .args(&args)
