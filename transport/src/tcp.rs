@@ -1,6 +1,6 @@
 //! The TCP transport.
 
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
@@ -144,13 +144,26 @@ impl Transport for TcpTransport {
     }
 }
 
+#[cfg(target_os = "linux")]
+fn libc_msg_nosignal() -> i32 {
+    0x4000 // MSG_NOSIGNAL
+}
+#[cfg(not(target_os = "linux"))]
+fn libc_msg_nosignal() -> i32 {
+    0
+}
+
 fn eof(peer: &str) -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, format!("connection to {peer} closed"))
 }
 
 fn write_all_vectored(stream: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    // sendmsg with MSG_NOSIGNAL, not writev: inside a user's program a peer
+    // that went away must be an error we report, never a SIGPIPE that kills
+    // the program.
+    let sock = SockRef::from(&*stream);
     while !bufs.is_empty() {
-        match stream.write_vectored(bufs) {
+        match sock.send_vectored_with_flags(bufs, libc_msg_nosignal()) {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "connection closed while sending")),
             Ok(n) => IoSlice::advance_slices(&mut bufs, n),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
