@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash integration/setup-cuda.sh
-cargo build --release --workspace --locked
-cargo test --release --workspace --locked
+cargo build --release --locked
+cargo test --release --locked

@@ -524,3 +524,97 @@ pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
         _ => Err(CuError::HOST_MEMORY_NOT_REGISTERED),
     }
 }
+
+// ---- 2-D copies ----------------------------------------------------------
+
+/// Where one side of a 2-D copy is.
+#[derive(Clone, Copy)]
+enum Side {
+    Host(usize),
+    Device(u64),
+}
+
+fn side(rt: &Runtime, ty: CUmemorytype, host: usize, dev: u64) -> CuResult<Side> {
+    Ok(match ty {
+        CUmemorytype::CU_MEMORYTYPE_HOST => Side::Host(host),
+        CUmemorytype::CU_MEMORYTYPE_DEVICE => Side::Device(dev),
+        // Unified: the address says which.
+        CUmemorytype::CU_MEMORYTYPE_UNIFIED if rt.find_alloc(dev).is_some() => Side::Device(dev),
+        CUmemorytype::CU_MEMORYTYPE_UNIFIED => Side::Host(dev as usize),
+        // CUDA arrays (texture memory) are not offered by rgpu.
+        _ => return Err(CuError::NOT_SUPPORTED),
+    })
+}
+
+impl Side {
+    fn at(self, offset: usize) -> Side {
+        match self {
+            Side::Host(p) => Side::Host(p + offset),
+            Side::Device(p) => Side::Device(p + offset as u64),
+        }
+    }
+}
+
+/// A pitched copy, row by row, each row the 1-D copy its sides call for.
+/// Device-to-host copies read the whole pitched span in one round trip.
+unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
+    let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    let rt = runtime::get()?;
+    let (w, h) = (c.WidthInBytes, c.Height);
+    if w == 0 || h == 0 {
+        return Ok(());
+    }
+    if h > 1 && (c.srcPitch < w || c.dstPitch < w) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let src = side(rt, c.srcMemoryType, c.srcHost as usize, c.srcDevice)?.at(c.srcY * c.srcPitch + c.srcXInBytes);
+    let dst = side(rt, c.dstMemoryType, c.dstHost as usize, c.dstDevice)?.at(c.dstY * c.dstPitch + c.dstXInBytes);
+    let span = (h - 1) * c.srcPitch + w;
+    match (src, dst) {
+        (Side::Device(s), Side::Host(d)) => {
+            let mut tmp = vec![0u8; span];
+            dtoh(rt, tmp.as_mut_ptr() as *mut c_void, s, span, stream)?;
+            for r in 0..h {
+                std::ptr::copy_nonoverlapping(tmp.as_ptr().add(r * c.srcPitch), (d + r * c.dstPitch) as *mut u8, w);
+            }
+            Ok(())
+        }
+        (Side::Host(s), Side::Host(d)) => {
+            for r in 0..h {
+                std::ptr::copy((s + r * c.srcPitch) as *const u8, (d + r * c.dstPitch) as *mut u8, w);
+            }
+            Ok(())
+        }
+        (Side::Host(s), Side::Device(d)) => {
+            for r in 0..h {
+                htod(rt, d + (r * c.dstPitch) as u64, (s + r * c.srcPitch) as *const c_void, w, stream)?;
+            }
+            Ok(())
+        }
+        (Side::Device(s), Side::Device(d)) => {
+            for r in 0..h {
+                dtod(rt, d + (r * c.dstPitch) as u64, s + (r * c.srcPitch) as u64, w, stream)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    copy_2d(c, 0)
+}
+pub(crate) unsafe fn memcpy_2d_unaligned_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    copy_2d(c, 0)
+}
+pub(crate) unsafe fn memcpy_2d_async_v2(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {
+    copy_2d(c, stream::remote(s)?)
+}
+pub(crate) unsafe fn memcpy_2d_v2_ptds(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    copy_2d(c, 0)
+}
+pub(crate) unsafe fn memcpy_2d_unaligned_v2_ptds(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    copy_2d(c, 0)
+}
+pub(crate) unsafe fn memcpy_2d_async_v2_ptsz(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {
+    memcpy_2d_async_v2(c, s)
+}
