@@ -238,7 +238,7 @@ mod tests {
     }
 
     fn notes_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/notes")
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data")
     }
 
     /// Every request NVIDIA's cudart 13.5 and 12.9 make at start-up resolves to an export.
