@@ -20,7 +20,8 @@ fn hello_list_devices_open_session() {
         assert!(d.name.contains("rgpu sim"), "{}", d.name);
         assert_eq!(d.uuid.len(), 16);
         assert_eq!(d.total_mem, 64 << 20);
-        assert_eq!(d.pci, (0, 0x10 + i as i32, 0));
+        // One PCI domain per server (derived from its UUID seed), one bus per device.
+        assert_eq!(d.pci, (h.devices[0].pci.0, 0x10 + i as i32, 0));
         let attr = |id: u32| d.attributes.iter().find(|a| a.0 == id).map(|a| a.1);
         assert_eq!(d.attributes.len(), 161);
         assert_eq!(attr(1), Some(1024)); // MAX_THREADS_PER_BLOCK

@@ -72,6 +72,8 @@ impl SimBackend {
         let (major, minor) = cfg.compute_capability;
         let mut info = Vec::new();
         let mut memory = Vec::new();
+        let first = device_uuid(&host, 0, cfg.seed.as_deref());
+        let domain = u16::from_le_bytes([first[0], first[1]]) as i32;
         for ordinal in 0..cfg.devices {
             let mem = DeviceMemory::new(ordinal, cfg.memory)?;
             let uuid = device_uuid(&host, ordinal, cfg.seed.as_deref());
@@ -81,7 +83,7 @@ impl SimBackend {
                 cc_minor: minor as i32,
                 // Distinct per server, like the devices of different hosts;
                 // the bus tells a server's devices apart.
-                pci_domain: u16::from_le_bytes([uuid[0], uuid[1]]) as i32,
+                pci_domain: domain,
                 pci_bus: 0x10 + ordinal as i32,
                 pci_device: 0,
             };
