@@ -53,12 +53,7 @@ impl Encoder {
         out: &mut Vec<u8>,
         build: impl FnOnce(crate::data_capnp::request::Builder<'_>),
     ) -> usize {
-        let start = out.len();
-        let alloc = ScratchSpaceHeapAllocator::new(Word::words_to_bytes_mut(&mut self.scratch));
-        let mut msg = message::Builder::new(alloc);
-        build(msg.init_root());
-        write_to_vec(out, &msg);
-        out.len() - start
+        self.encode(out, |m| build(m.init_root()))
     }
 
     /// As [`Encoder::request`], for a `Reply`.
@@ -67,10 +62,18 @@ impl Encoder {
         out: &mut Vec<u8>,
         build: impl FnOnce(crate::data_capnp::reply::Builder<'_>),
     ) -> usize {
+        self.encode(out, |m| build(m.init_root()))
+    }
+
+    fn encode(
+        &mut self,
+        out: &mut Vec<u8>,
+        build: impl FnOnce(&mut message::Builder<ScratchSpaceHeapAllocator<'_>>),
+    ) -> usize {
         let start = out.len();
         let alloc = ScratchSpaceHeapAllocator::new(Word::words_to_bytes_mut(&mut self.scratch));
         let mut msg = message::Builder::new(alloc);
-        build(msg.init_root());
+        build(&mut msg);
         write_to_vec(out, &msg);
         out.len() - start
     }

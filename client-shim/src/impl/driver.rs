@@ -21,24 +21,20 @@ pub(crate) unsafe fn driver_get_version(version: *mut c_int) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn get_error_string(error: CUresult, out: *mut *const c_char) -> CuResult<()> {
-    let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    match cu_result_info(error.0) {
-        Some(i) => {
-            *out = i.description.as_ptr();
-            Ok(())
-        }
-        None => {
-            *out = std::ptr::null();
-            Err(CuError::INVALID_VALUE)
-        }
-    }
+    describe(error, out, |i| i.description.as_ptr())
 }
 
 pub(crate) unsafe fn get_error_name(error: CUresult, out: *mut *const c_char) -> CuResult<()> {
+    describe(error, out, |i| i.name.as_ptr())
+}
+
+/// Writes a static string about `error`, or null and INVALID_VALUE for a
+/// value cuda.h does not name, as the real driver does.
+unsafe fn describe(error: CUresult, out: *mut *const c_char, pick: fn(&CuResultInfo) -> *const c_char) -> CuResult<()> {
     let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
     match cu_result_info(error.0) {
         Some(i) => {
-            *out = i.name.as_ptr();
+            *out = pick(i);
             Ok(())
         }
         None => {
