@@ -53,6 +53,11 @@ driver_fns! {
     cuMemcpyDtoD_v2: fn(u64, u64, usize);
     cuMemsetD32_v2: fn(u64, c_uint, usize);
     cuMemsetD32Async: fn(u64, c_uint, usize, Stream);
+    cuMemHostAlloc: fn(*mut *mut c_void, usize, c_uint);
+    cuMemFreeHost: fn(*mut c_void);
+    cuMemcpyHtoDAsync_v2: fn(u64, *const c_void, usize, Stream);
+    cuMemcpyDtoHAsync_v2: fn(*mut c_void, u64, usize, Stream);
+    cuStreamSynchronize: fn(Stream);
     cuStreamCreate: fn(*mut Stream, c_uint);
     cuStreamQuery: fn(Stream);
     cuStreamDestroy_v2: fn(Stream);

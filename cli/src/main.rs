@@ -3,8 +3,10 @@
 //! Each subcommand is a thin file in `commands/` that parses its arguments
 //! and calls the library code; status goes to stderr, results to stdout.
 
+mod bench;
 mod commands;
 mod driver;
+mod frames;
 mod paths;
 mod server_process;
 

@@ -1,0 +1,92 @@
+//! The raw-TCP baseline: a peer thread in this process that does nothing
+//! but move bytes. Each exchange is a 16-byte command (bytes that follow,
+//! bytes to answer), the upload, and the answer if one is asked for: the
+//! least any remoting of the same pattern over the same network can cost.
+
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread::JoinHandle;
+
+pub struct RawPeer {
+    stream: TcpStream,
+    out: Vec<u8>,
+    peer: Option<JoinHandle<()>>,
+}
+
+/// Uploads larger than this are sent with writev from the caller's buffer.
+const INLINE: usize = 64 << 10;
+
+impl RawPeer {
+    pub fn start() -> io::Result<RawPeer> {
+        let l = TcpListener::bind("127.0.0.1:0")?;
+        let addr = l.local_addr()?;
+        let peer = std::thread::spawn(move || {
+            if let Ok((s, _)) = l.accept() {
+                let _ = serve(s);
+            }
+        });
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        Ok(RawPeer { stream, out: Vec::with_capacity(INLINE * 2), peer: Some(peer) })
+    }
+
+    /// Sends `upload`; then, if `answer` is not empty, waits for that many bytes.
+    pub fn exchange(&mut self, upload: &[u8], answer: &mut [u8]) -> io::Result<()> {
+        self.out.clear();
+        self.out.extend_from_slice(&(upload.len() as u64).to_le_bytes());
+        self.out.extend_from_slice(&(answer.len() as u64).to_le_bytes());
+        if upload.len() <= INLINE {
+            self.out.extend_from_slice(upload);
+            self.stream.write_all(&self.out)?;
+        } else {
+            let mut bufs = [IoSlice::new(&self.out), IoSlice::new(upload)];
+            let mut bufs = &mut bufs[..];
+            while !bufs.is_empty() {
+                let n = self.stream.write_vectored(bufs)?;
+                IoSlice::advance_slices(&mut bufs, n);
+            }
+        }
+        if !answer.is_empty() {
+            self.stream.read_exact(answer)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for RawPeer {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(p) = self.peer.take() {
+            let _ = p.join();
+        }
+    }
+}
+
+fn serve(mut s: TcpStream) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    // Received bytes land in a buffer as big as the largest chunk read at
+    // once; answers come from a buffer reused the same way.
+    let mut sink = vec![0u8; 4 << 20];
+    let source = vec![7u8; 4 << 20];
+    let mut cmd = [0u8; 16];
+    loop {
+        if s.read_exact(&mut cmd).is_err() {
+            return Ok(());
+        }
+        let mut up = u64::from_le_bytes(cmd[..8].try_into().unwrap()) as usize;
+        let mut down = u64::from_le_bytes(cmd[8..].try_into().unwrap()) as usize;
+        while up > 0 {
+            let k = up.min(sink.len());
+            let n = s.read(&mut sink[..k])?;
+            if n == 0 {
+                return Ok(());
+            }
+            up -= n;
+        }
+        while down > 0 {
+            let n = down.min(source.len());
+            s.write_all(&source[..n])?;
+            down -= n;
+        }
+    }
+}
