@@ -3,6 +3,8 @@
 //! - `control_capnp`: the control plane (capnp-rpc): hello, device inventory,
 //!   sessions. Cold path only.
 //! - `data_capnp`: the data plane's messages, one `Request` or `Reply` per frame.
+//! - `broker_capnp`: the GPU pool broker (capnp-rpc): registration,
+//!   heartbeats, leases, drain; [`token`]: the lease tokens it signs.
 //! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
 //!   then raw bulk bytes.
 //!
@@ -17,12 +19,18 @@ pub mod control_capnp {
 }
 #[allow(clippy::all, unused_parens, dead_code)]
 #[rustfmt::skip]
+pub mod broker_capnp {
+    include!("generated/broker_capnp.rs");
+}
+#[allow(clippy::all, unused_parens, dead_code)]
+#[rustfmt::skip]
 pub mod data_capnp {
     include!("generated/data_capnp.rs");
 }
 
 pub mod frame;
 pub mod message;
+pub mod token;
 
 /// Bumped on any incompatible change of the schemas or the framing; client
 /// and server refuse each other in `hello` when it differs.
