@@ -1,0 +1,906 @@
+//! The broker's state machine: inventory, leases, the queue, quotas and
+//! drains. Pure: every call takes `now`, changes memory only, and leaves
+//! behind the [`Change`]s to persist and the [`Event`]s to deliver, which
+//! the service takes with [`State::take_output`]. No I/O, no clock, no keys.
+//!
+//! Fencing: every grant takes the next value of one monotonic generation
+//! counter (persisted). GPU servers learn the live leases and the current
+//! counter (the "floor") with each heartbeat: a token whose lease is not
+//! live and whose generation is at or below the floor is stale.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::inventory::{Drain, Millis, Server, ServerSpec};
+use crate::placement::{self, Demand, NoPlace, Policy};
+
+/// Every error names its kind in brackets first, so that clients (and
+/// tests) can tell kinds apart in a capnp error's text.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum BrokerError {
+    #[error("[invalid] {0}")]
+    Invalid(String),
+    #[error("[quota] {0}")]
+    Quota(String),
+    #[error("[unavailable] {0}")]
+    Unavailable(String),
+    #[error("[timeout] no capacity within {0} ms (request was queued and withdrawn)")]
+    QueueTimeout(u64),
+    #[error("[not-found] lease {id:#x} {why}")]
+    NotFound { id: u64, why: String },
+    #[error("[lost] lease {id:#x}: server {server} stopped answering heartbeats; its sessions are gone")]
+    Lost { id: u64, server: String },
+    #[error("[unknown-server] no server {0} is registered")]
+    UnknownServer(String),
+    #[error("[auth] {0}")]
+    Auth(String),
+    #[error("[store] {0}")]
+    Store(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaseState {
+    Active,
+    /// Its server stopped heartbeating: the sessions are gone; the lease
+    /// holds its GPUs until released or expired, and renew says why.
+    Lost,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeasedGpu {
+    pub server: String,
+    pub uuid: [u8; 16],
+    pub ordinal: u32,
+    pub model: String,
+    pub memory: u64,
+    /// What this lease takes from the GPU.
+    pub take_memory: u64,
+    pub take_milli: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub id: u64,
+    pub key: String,
+    pub tenant: String,
+    pub generation: u64,
+    pub gpus: Vec<LeasedGpu>,
+    /// Bytes per GPU a session may allocate; 0: whole GPUs.
+    pub memory_limit: u64,
+    pub compute_milli: u32,
+    pub priority: i32,
+    pub granted: Millis,
+    pub ttl_ms: u64,
+    pub deadline: Millis,
+    pub state: LeaseState,
+}
+
+impl Lease {
+    /// Milli-GPUs counted against the tenant's GPU quota.
+    pub fn gpu_milli(&self) -> u64 {
+        self.gpus.iter().map(|g| share_milli(g.take_memory, g.memory, g.take_milli)).sum()
+    }
+    pub fn memory(&self) -> u64 {
+        self.gpus.iter().map(|g| g.take_memory).sum()
+    }
+}
+
+fn share_milli(take_memory: u64, memory: u64, milli: u32) -> u64 {
+    let by_mem = if memory == 0 { 0 } else { (take_memory as u128 * 1000).div_ceil(memory as u128) as u64 };
+    by_mem.max(milli as u64).min(1000)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct LeaseRequest {
+    pub tenant: String,
+    pub demand: Demand,
+    pub priority: i32,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub key: String,
+}
+
+/// Operator policy per tenant (from the broker's configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPolicy {
+    pub partitions: Vec<String>,
+    /// Whole GPUs (fractions count by their larger share of memory or compute).
+    pub max_gpus: Option<u32>,
+    pub max_memory: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub heartbeat_ms: u64,
+    pub missed_heartbeats: u32,
+    pub default_ttl_ms: u64,
+    pub max_ttl_ms: u64,
+    pub max_wait_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            heartbeat_ms: 1000,
+            missed_heartbeats: 3,
+            default_ttl_ms: 60_000,
+            max_ttl_ms: 24 * 3600 * 1000,
+            max_wait_ms: 3600 * 1000,
+        }
+    }
+}
+
+/// What to persist, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    Server { spec: ServerSpec, drain: Option<Drain> },
+    Lease(Lease),
+    LeaseGone(u64),
+    Generation(u64),
+}
+
+/// What to tell waiting clients once the changes before it are durable.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Granted { ticket: u64, lease: Lease },
+    Failed { ticket: u64, error: BrokerError },
+    Ended { id: u64, why: EndReason },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndReason {
+    Released,
+    Expired,
+    Revoked,
+}
+
+impl EndReason {
+    fn text(self) -> &'static str {
+        match self {
+            EndReason::Released => "was released",
+            EndReason::Expired => "expired (not renewed before its deadline)",
+            EndReason::Revoked => "was revoked (its server's drain deadline passed)",
+        }
+    }
+}
+
+pub enum Outcome {
+    Granted(Lease),
+    /// Waiting in the queue; an [`Event`] with this ticket ends the wait.
+    Queued(u64),
+}
+
+struct Waiting {
+    ticket: u64,
+    req: LeaseRequest,
+    id: u64,
+    until: Millis,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    milli: u64,
+    memory: u64,
+}
+
+pub struct State {
+    pub limits: Limits,
+    pub servers: Vec<Server>,
+    index: HashMap<String, usize>,
+    leases: HashMap<u64, Lease>,
+    keys: HashMap<(String, String), u64>,
+    generation: u64,
+    queue: BTreeMap<(Reverse<i32>, u64), Waiting>,
+    next_ticket: u64,
+    tenants: HashMap<String, TenantPolicy>,
+    usage: HashMap<String, Usage>,
+    ended: VecDeque<(u64, EndReason)>,
+    changes: Vec<Change>,
+    events: Vec<Event>,
+    policy: Box<dyn Policy>,
+}
+
+const DEFAULT_PARTITION: &str = "default";
+const ENDED_KEPT: usize = 4096;
+
+impl State {
+    pub fn new(limits: Limits, tenants: HashMap<String, TenantPolicy>, policy: Box<dyn Policy>) -> Self {
+        State {
+            limits,
+            servers: Vec::new(),
+            index: HashMap::new(),
+            leases: HashMap::new(),
+            keys: HashMap::new(),
+            generation: 0,
+            queue: BTreeMap::new(),
+            next_ticket: 1,
+            tenants,
+            usage: HashMap::new(),
+            ended: VecDeque::new(),
+            changes: Vec::new(),
+            events: Vec::new(),
+            policy,
+        }
+    }
+
+    /// Rebuilds the state from what was persisted. Every server counts as
+    /// heard from `now`, so none is declared unreachable before it has had
+    /// its chance to heartbeat the new broker.
+    pub fn restore(
+        &mut self,
+        servers: Vec<(ServerSpec, Option<Drain>)>,
+        leases: Vec<Lease>,
+        generation: u64,
+        now: Millis,
+    ) {
+        for (spec, drain) in servers {
+            let i = self.servers.len();
+            self.index.insert(spec.id.clone(), i);
+            let mut s = Server::new(spec, now);
+            s.drain = drain;
+            self.servers.push(s);
+        }
+        self.generation = generation;
+        for l in leases {
+            self.generation = self.generation.max(l.generation);
+            self.occupy(&l);
+            if !l.key.is_empty() {
+                self.keys.insert((l.tenant.clone(), l.key.clone()), l.id);
+            }
+            self.leases.insert(l.id, l);
+        }
+        self.changes.clear();
+    }
+
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn leases(&self) -> impl Iterator<Item = &Lease> {
+        self.leases.values()
+    }
+
+    pub fn lease(&self, id: u64) -> Option<&Lease> {
+        self.leases.get(&id)
+    }
+
+    pub fn server(&self, id: &str) -> Option<&Server> {
+        self.index.get(id).map(|&i| &self.servers[i])
+    }
+
+    /// Changes to persist and events to deliver after them, since last taken.
+    pub fn take_output(&mut self) -> (Vec<Change>, Vec<Event>) {
+        (std::mem::take(&mut self.changes), std::mem::take(&mut self.events))
+    }
+
+    fn partitions_of(&self, tenant: &str) -> Vec<String> {
+        match self.tenants.get(tenant) {
+            Some(p) => p.partitions.clone(),
+            None => vec![DEFAULT_PARTITION.to_string()],
+        }
+    }
+
+    // ---- servers ----
+
+    pub fn register(&mut self, mut spec: ServerSpec, now: Millis) {
+        if spec.partitions.is_empty() {
+            spec.partitions.push(DEFAULT_PARTITION.to_string());
+        }
+        match self.index.get(&spec.id) {
+            Some(&i) => {
+                let s = &mut self.servers[i];
+                s.reachable = true;
+                s.last_heartbeat = now;
+                if s.spec != spec {
+                    // Keep what is leased of GPUs that are still there.
+                    let old: HashMap<[u8; 16], crate::inventory::Gpu> =
+                        s.gpus.drain(..).map(|g| (g.spec.uuid, g)).collect();
+                    s.gpus = spec
+                        .gpus
+                        .iter()
+                        .cloned()
+                        .map(|g| match old.get(&g.uuid) {
+                            Some(o) => crate::inventory::Gpu { spec: g, ..o.clone() },
+                            None => crate::inventory::Gpu::new(g),
+                        })
+                        .collect();
+                    s.spec = spec.clone();
+                    s.recount();
+                    let drain = s.drain;
+                    self.changes.push(Change::Server { spec, drain });
+                }
+            }
+            None => {
+                self.index.insert(spec.id.clone(), self.servers.len());
+                self.servers.push(Server::new(spec.clone(), now));
+                self.changes.push(Change::Server { spec, drain: None });
+            }
+        }
+        self.try_queue(now);
+    }
+
+    /// A heartbeat: the live leases on the server and the generation floor,
+    /// or None if the server is not registered (it should register).
+    pub fn heartbeat(&mut self, id: &str, now: Millis) -> Option<(Vec<&Lease>, u64)> {
+        let &i = self.index.get(id)?;
+        let s = &mut self.servers[i];
+        s.last_heartbeat = now;
+        let back = !s.reachable;
+        s.reachable = true;
+        if back {
+            self.try_queue(now);
+        }
+        let live = self
+            .leases
+            .values()
+            .filter(|l| l.state == LeaseState::Active && l.gpus.iter().any(|g| g.server == id))
+            .collect();
+        Some((live, self.generation))
+    }
+
+    pub fn drain(&mut self, id: &str, deadline: Option<Millis>, now: Millis) -> Result<(), BrokerError> {
+        let &i = self.index.get(id).ok_or_else(|| BrokerError::UnknownServer(id.into()))?;
+        let s = &mut self.servers[i];
+        let since = s.drain.map_or(now, |d| d.since);
+        s.drain = Some(Drain { since, deadline });
+        self.changes.push(Change::Server { spec: s.spec.clone(), drain: s.drain });
+        self.tick(now);
+        Ok(())
+    }
+
+    pub fn undrain(&mut self, id: &str, now: Millis) -> Result<(), BrokerError> {
+        let &i = self.index.get(id).ok_or_else(|| BrokerError::UnknownServer(id.into()))?;
+        let s = &mut self.servers[i];
+        if s.drain.take().is_some() {
+            self.changes.push(Change::Server { spec: s.spec.clone(), drain: None });
+        }
+        self.try_queue(now);
+        Ok(())
+    }
+
+    // ---- leases ----
+
+    /// A lease request with a fresh random `id` (used if it is granted).
+    pub fn request(&mut self, mut req: LeaseRequest, id: u64, now: Millis) -> Result<Outcome, BrokerError> {
+        self.validate(&mut req)?;
+        if !req.key.is_empty() {
+            if let Some(l) = self.keys.get(&(req.tenant.clone(), req.key.clone())).and_then(|i| self.leases.get(i)) {
+                return Ok(Outcome::Granted(l.clone()));
+            }
+        }
+        self.check_quota_ever(&req)?;
+        match self.try_grant(&req, id, now) {
+            Ok(l) => Ok(Outcome::Granted(l)),
+            Err(e @ (BrokerError::Quota(_) | BrokerError::Unavailable(_))) if req.wait_ms > 0 => {
+                let _ = e;
+                let ticket = self.next_ticket;
+                self.next_ticket += 1;
+                let until = now.saturating_add(req.wait_ms);
+                self.queue.insert((Reverse(req.priority), ticket), Waiting { ticket, req, id, until });
+                Ok(Outcome::Queued(ticket))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Withdraws a queued request (its client went away).
+    pub fn withdraw(&mut self, ticket: u64) {
+        self.queue.retain(|_, w| w.ticket != ticket);
+    }
+
+    fn validate(&self, req: &mut LeaseRequest) -> Result<(), BrokerError> {
+        let d = &mut req.demand;
+        if req.tenant.is_empty() {
+            return Err(BrokerError::Invalid("a lease needs a tenant".into()));
+        }
+        if d.gpus == 0 && d.memory == 0 && d.compute_milli == 0 {
+            return Err(BrokerError::Invalid("ask for GPUs, or memory and/or a compute share of one".into()));
+        }
+        if d.gpus > 0 && (d.memory > 0 || d.compute_milli > 0) {
+            return Err(BrokerError::Invalid(
+                "memory and compute shares are for a fraction of one GPU; leave out --gpus or set it to 1".into(),
+            ));
+        }
+        if d.compute_milli > 1000 {
+            return Err(BrokerError::Invalid("a compute share is at most 1000 (one whole GPU)".into()));
+        }
+        if req.ttl_ms == 0 {
+            req.ttl_ms = self.limits.default_ttl_ms;
+        }
+        if req.ttl_ms > self.limits.max_ttl_ms {
+            return Err(BrokerError::Invalid(format!("ttl is at most {} ms", self.limits.max_ttl_ms)));
+        }
+        req.wait_ms = req.wait_ms.min(self.limits.max_wait_ms);
+        Ok(())
+    }
+
+    fn demand_share(&self, req: &LeaseRequest) -> Usage {
+        let d = &req.demand;
+        if d.is_fraction() {
+            // Memory counts as asked; the GPU share is not known before
+            // placement: count the compute share (memory share checked after).
+            Usage { milli: d.compute_milli as u64, memory: d.memory }
+        } else {
+            Usage { milli: d.gpus as u64 * 1000, memory: 0 }
+        }
+    }
+
+    /// Refuses at once a request larger than the tenant's whole quota.
+    fn check_quota_ever(&self, req: &LeaseRequest) -> Result<(), BrokerError> {
+        let Some(p) = self.tenants.get(&req.tenant) else { return Ok(()) };
+        let want = self.demand_share(req);
+        if let Some(g) = p.max_gpus {
+            if want.milli > g as u64 * 1000 {
+                return Err(BrokerError::Quota(format!(
+                    "tenant {} asks for {} GPU(s), its quota is {g}",
+                    req.tenant,
+                    want.milli as f64 / 1000.0
+                )));
+            }
+        }
+        if let Some(m) = p.max_memory {
+            if want.memory > m {
+                return Err(BrokerError::Quota(format!(
+                    "tenant {} asks for {} MiB, its memory quota is {} MiB",
+                    req.tenant,
+                    want.memory >> 20,
+                    m >> 20
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_quota_now(&self, tenant: &str, add: Usage) -> Result<(), BrokerError> {
+        let Some(p) = self.tenants.get(tenant) else { return Ok(()) };
+        let u = self.usage.get(tenant).copied().unwrap_or_default();
+        if let Some(g) = p.max_gpus {
+            if u.milli + add.milli > g as u64 * 1000 {
+                return Err(BrokerError::Quota(format!(
+                    "tenant {tenant} would hold {:.3} GPU(s), its quota is {g}",
+                    (u.milli + add.milli) as f64 / 1000.0
+                )));
+            }
+        }
+        if let Some(m) = p.max_memory {
+            if u.memory + add.memory > m {
+                return Err(BrokerError::Quota(format!(
+                    "tenant {tenant} would hold {} MiB of GPU memory, its quota is {} MiB",
+                    (u.memory + add.memory) >> 20,
+                    m >> 20
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn try_grant(&mut self, req: &LeaseRequest, id: u64, now: Millis) -> Result<Lease, BrokerError> {
+        self.check_quota_now(&req.tenant, self.demand_share(req))?;
+        let parts = self.partitions_of(&req.tenant);
+        let eligible = |s: &Server| s.serves_any(&parts);
+        let slots = match placement::place(&self.servers, &req.demand, &eligible, self.policy.as_ref()) {
+            Ok(s) => s,
+            Err(NoPlace::Busy) => {
+                return Err(BrokerError::Unavailable(format!(
+                    "no capacity free now in partition(s) {} for this request",
+                    parts.join(",")
+                )))
+            }
+            Err(NoPlace::Impossible(why)) => return Err(BrokerError::Invalid(why)),
+        };
+        let gpus: Vec<LeasedGpu> = slots
+            .iter()
+            .map(|&(si, gi)| {
+                let s = &self.servers[si];
+                let g = &s.gpus[gi];
+                let (take_memory, take_milli) = req.demand.take_from(g);
+                LeasedGpu {
+                    server: s.spec.id.clone(),
+                    uuid: g.spec.uuid,
+                    ordinal: g.spec.ordinal,
+                    model: g.spec.model.clone(),
+                    memory: g.spec.memory,
+                    take_memory,
+                    take_milli,
+                }
+            })
+            .collect();
+        let add = Usage {
+            milli: gpus.iter().map(|g| share_milli(g.take_memory, g.memory, g.take_milli)).sum(),
+            memory: gpus.iter().map(|g| g.take_memory).sum(),
+        };
+        self.check_quota_now(&req.tenant, add)?;
+        let id = if id == 0 || self.leases.contains_key(&id) { self.fresh_id(id) } else { id };
+        self.generation += 1;
+        let lease = Lease {
+            id,
+            key: req.key.clone(),
+            tenant: req.tenant.clone(),
+            generation: self.generation,
+            gpus,
+            memory_limit: if req.demand.is_fraction() { req.demand.memory } else { 0 },
+            compute_milli: if req.demand.is_fraction() { req.demand.compute_milli } else { 1000 },
+            priority: req.priority,
+            granted: now,
+            ttl_ms: req.ttl_ms,
+            deadline: now.saturating_add(req.ttl_ms),
+            state: LeaseState::Active,
+        };
+        self.occupy(&lease);
+        if !lease.key.is_empty() {
+            self.keys.insert((lease.tenant.clone(), lease.key.clone()), id);
+        }
+        self.leases.insert(id, lease.clone());
+        self.changes.push(Change::Generation(self.generation));
+        self.changes.push(Change::Lease(lease.clone()));
+        Ok(lease)
+    }
+
+    fn fresh_id(&self, mut id: u64) -> u64 {
+        loop {
+            id = id.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) | 1;
+            if !self.leases.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn occupy(&mut self, l: &Lease) {
+        for g in &l.gpus {
+            if let Some(&si) = self.index.get(&g.server) {
+                let s = &mut self.servers[si];
+                if let Some(gpu) = s.gpus.iter_mut().find(|x| x.spec.uuid == g.uuid) {
+                    gpu.used_memory += g.take_memory;
+                    gpu.used_milli += g.take_milli;
+                    gpu.holders.push(l.id);
+                }
+                s.recount();
+            }
+        }
+        let u = self.usage.entry(l.tenant.clone()).or_default();
+        u.milli += l.gpu_milli();
+        u.memory += l.memory();
+    }
+
+    fn vacate(&mut self, l: &Lease) {
+        for g in &l.gpus {
+            if let Some(&si) = self.index.get(&g.server) {
+                let s = &mut self.servers[si];
+                if let Some(gpu) = s.gpus.iter_mut().find(|x| x.spec.uuid == g.uuid) {
+                    gpu.used_memory = gpu.used_memory.saturating_sub(g.take_memory);
+                    gpu.used_milli = gpu.used_milli.saturating_sub(g.take_milli);
+                    gpu.holders.retain(|&h| h != l.id);
+                }
+                s.recount();
+            }
+        }
+        if let Some(u) = self.usage.get_mut(&l.tenant) {
+            u.milli = u.milli.saturating_sub(l.gpu_milli());
+            u.memory = u.memory.saturating_sub(l.memory());
+        }
+    }
+
+    fn end(&mut self, id: u64, why: EndReason) {
+        if let Some(l) = self.leases.remove(&id) {
+            self.vacate(&l);
+            if !l.key.is_empty() {
+                self.keys.remove(&(l.tenant.clone(), l.key.clone()));
+            }
+            self.changes.push(Change::LeaseGone(id));
+            self.events.push(Event::Ended { id, why });
+            if self.ended.len() >= ENDED_KEPT {
+                self.ended.pop_front();
+            }
+            self.ended.push_back((id, why));
+        }
+    }
+
+    fn not_found(&self, id: u64) -> BrokerError {
+        let why = self
+            .ended
+            .iter()
+            .rev()
+            .find(|(e, _)| *e == id)
+            .map_or("is not known to this broker", |(_, w)| w.text());
+        BrokerError::NotFound { id, why: why.to_string() }
+    }
+
+    /// Extends a lease to `now + ttl` (its own TTL when `ttl_ms` is 0).
+    /// The deadline never moves backwards.
+    pub fn renew(&mut self, id: u64, ttl_ms: u64, now: Millis) -> Result<Lease, BrokerError> {
+        let max = self.limits.max_ttl_ms;
+        let not_found = self.not_found(id);
+        let l = self.leases.get_mut(&id).ok_or(not_found)?;
+        if l.deadline <= now {
+            // Due to expire at the next tick: it is over.
+            self.end(id, EndReason::Expired);
+            return Err(self.not_found(id));
+        }
+        if l.state == LeaseState::Lost {
+            let server = l.gpus.iter().map(|g| g.server.as_str()).find(|s| {
+                self.index.get(*s).is_some_and(|&i| !self.servers[i].reachable)
+            });
+            let server = server.unwrap_or(l.gpus[0].server.as_str()).to_string();
+            return Err(BrokerError::Lost { id, server });
+        }
+        let ttl = if ttl_ms == 0 { l.ttl_ms } else { ttl_ms.min(max) };
+        l.deadline = l.deadline.max(now.saturating_add(ttl));
+        let l = l.clone();
+        self.changes.push(Change::Lease(l.clone()));
+        Ok(l)
+    }
+
+    /// Ends a lease. Idempotent: releasing one that already ended is fine
+    /// (false).
+    pub fn release(&mut self, id: u64, now: Millis) -> bool {
+        let had = self.leases.contains_key(&id);
+        self.end(id, EndReason::Released);
+        if had {
+            self.try_queue(now);
+        }
+        had
+    }
+
+    /// Time passes: servers that missed heartbeats lose their leases,
+    /// leases past their deadline expire, drain deadlines revoke, queued
+    /// requests time out or are granted.
+    pub fn tick(&mut self, now: Millis) {
+        let silence = self.limits.heartbeat_ms * self.limits.missed_heartbeats as u64;
+        let mut gone: Vec<String> = Vec::new();
+        let mut revoke_on: Vec<String> = Vec::new();
+        for s in &mut self.servers {
+            if s.reachable && now.saturating_sub(s.last_heartbeat) > silence {
+                s.reachable = false;
+                gone.push(s.spec.id.clone());
+            }
+            if let Some(Drain { deadline: Some(d), .. }) = s.drain {
+                if d <= now && s.gpus.iter().any(|g| !g.holders.is_empty()) {
+                    revoke_on.push(s.spec.id.clone());
+                }
+            }
+        }
+        if !gone.is_empty() {
+            for l in self.leases.values_mut() {
+                if l.state == LeaseState::Active && l.gpus.iter().any(|g| gone.contains(&g.server)) {
+                    l.state = LeaseState::Lost;
+                    self.changes.push(Change::Lease(l.clone()));
+                }
+            }
+            for id in &gone {
+                tracing::warn!(server = %id, "server missed {} heartbeats: unreachable; its leases are lost",
+                    self.limits.missed_heartbeats);
+            }
+        }
+        let mut ending: Vec<(u64, EndReason)> = Vec::new();
+        for l in self.leases.values() {
+            // Never early: a lease lives through its whole deadline.
+            if l.deadline < now {
+                ending.push((l.id, EndReason::Expired));
+            } else if l.gpus.iter().any(|g| revoke_on.contains(&g.server)) {
+                ending.push((l.id, EndReason::Revoked));
+            }
+        }
+        let freed = !ending.is_empty();
+        for (id, why) in ending {
+            self.end(id, why);
+        }
+        let expired: Vec<(Reverse<i32>, u64)> =
+            self.queue.iter().filter(|(_, w)| w.until <= now).map(|(k, _)| *k).collect();
+        for k in expired {
+            if let Some(w) = self.queue.remove(&k) {
+                self.events.push(Event::Failed { ticket: w.ticket, error: BrokerError::QueueTimeout(w.req.wait_ms) });
+            }
+        }
+        if freed {
+            self.try_queue(now);
+        }
+    }
+
+    /// Grants what waits, in priority order and first come first served
+    /// within a priority; a request that does not fit yet does not stop
+    /// smaller ones behind it.
+    fn try_queue(&mut self, now: Millis) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let keys: Vec<(Reverse<i32>, u64)> = self.queue.keys().copied().collect();
+        for k in keys {
+            let Some(w) = self.queue.get(&k) else { continue };
+            let (req, id, ticket) = (w.req.clone(), w.id, w.ticket);
+            if let Ok(lease) = self.try_grant(&req, id, now) {
+                self.queue.remove(&k);
+                self.events.push(Event::Granted { ticket, lease });
+            }
+        }
+    }
+
+    /// Per-server counts: (GPUs, whole GPUs free, memory, memory used, leases).
+    pub fn server_use(&self, s: &Server) -> (u32, u32, u64, u64, u32) {
+        let mut leases = std::collections::HashSet::new();
+        let (mut mem, mut used) = (0, 0);
+        for g in &s.gpus {
+            mem += g.spec.memory;
+            used += g.used_memory;
+            leases.extend(g.holders.iter().copied());
+        }
+        (s.gpus.len() as u32, s.free_whole, mem, used, leases.len() as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::GpuSpec;
+    use crate::placement::{FragmentationAware, Scope};
+
+    fn spec(id: &str, gpus: u32, parts: &[&str]) -> ServerSpec {
+        ServerSpec {
+            id: id.into(),
+            node: id.into(),
+            leaf: "l1".into(),
+            spine: "s1".into(),
+            partitions: parts.iter().map(|s| s.to_string()).collect(),
+            gpus: (0..gpus)
+                .map(|i| GpuSpec {
+                    uuid: [id.as_bytes()[0], i as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                    ordinal: i,
+                    model: "sim".into(),
+                    memory: 16 << 30,
+                    sms: 132,
+                    healthy: true,
+                })
+                .collect(),
+        }
+    }
+
+    fn state() -> State {
+        let mut tenants = HashMap::new();
+        tenants.insert(
+            "alice".to_string(),
+            TenantPolicy { partitions: vec!["a".into()], max_gpus: Some(2), max_memory: None },
+        );
+        let mut s = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
+        s.register(spec("x", 2, &[]), 0);
+        s.register(spec("y", 2, &["a"]), 0);
+        s
+    }
+
+    fn req(tenant: &str, gpus: u32) -> LeaseRequest {
+        LeaseRequest {
+            tenant: tenant.into(),
+            demand: Demand { gpus, ..Demand::default() },
+            ttl_ms: 1000,
+            ..LeaseRequest::default()
+        }
+    }
+
+    fn granted(o: Result<Outcome, BrokerError>) -> Lease {
+        match o {
+            Ok(Outcome::Granted(l)) => l,
+            Ok(Outcome::Queued(t)) => panic!("queued as {t}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn grant_renew_release_expire_and_generations() {
+        let mut s = state();
+        let a = granted(s.request(req("bob", 1), 11, 0));
+        assert_eq!(a.gpus[0].server, "x", "bob sees the default partition only");
+        let b = granted(s.request(req("bob", 1), 12, 0));
+        assert!(b.generation > a.generation);
+        let (changes, _) = s.take_output();
+        assert!(changes.contains(&Change::Generation(b.generation)));
+        // x is full for bob.
+        assert!(matches!(s.request(req("bob", 1), 13, 0), Err(BrokerError::Unavailable(_))));
+        // Renew moves the deadline, never backwards.
+        let r = s.renew(a.id, 5000, 500).unwrap();
+        assert_eq!(r.deadline, 5500);
+        assert_eq!(s.renew(a.id, 10, 600).unwrap().deadline, 5500);
+        // b expires after its deadline, not at it.
+        s.tick(1000);
+        assert!(s.lease(b.id).is_some());
+        s.tick(1001);
+        assert!(s.lease(b.id).is_none());
+        assert!(matches!(s.renew(b.id, 0, 1001), Err(BrokerError::NotFound { why, .. }) if why.contains("expired")));
+        assert!(s.release(a.id, 1001));
+        assert!(!s.release(a.id, 1001), "release is idempotent");
+        let (changes, _) = s.take_output();
+        assert!(changes.contains(&Change::LeaseGone(a.id)));
+        assert_eq!(s.server("x").unwrap().free_whole, 2);
+    }
+
+    #[test]
+    fn idempotent_requests_quotas_and_partitions() {
+        let mut s = state();
+        let mut r = req("alice", 1);
+        r.key = "job-1".into();
+        let a = granted(s.request(r.clone(), 1, 0));
+        assert_eq!(a.gpus[0].server, "y", "alice sees partition a only");
+        assert_eq!(granted(s.request(r, 2, 0)).id, a.id, "same key, same lease");
+        assert!(matches!(s.request(req("alice", 3), 3, 0), Err(BrokerError::Quota(_))));
+        granted(s.request(req("alice", 1), 4, 0));
+        assert!(matches!(s.request(req("alice", 1), 5, 0), Err(BrokerError::Quota(_))));
+        // A fraction counts by its memory share: 8 of 16 GiB = 0.5 GPU.
+        let mut f = req("bob", 0);
+        f.demand.memory = 8 << 30;
+        let l = granted(s.request(f.clone(), 6, 0));
+        assert_eq!(l.memory_limit, 8 << 30);
+        assert_eq!(l.gpu_milli(), 500);
+        let l2 = granted(s.request(f, 7, 0));
+        assert_eq!(l2.gpus[0].uuid, l.gpus[0].uuid, "fractions share one GPU");
+        assert!(matches!(s.request(req("nobody", 5), 8, 0), Err(BrokerError::Invalid(_))));
+    }
+
+    #[test]
+    fn queue_priority_fifo_and_timeout() {
+        let mut s = state();
+        let a = granted(s.request(req("bob", 2), 1, 0));
+        let mut low = req("bob", 1);
+        low.wait_ms = 10_000;
+        let mut high = low.clone();
+        high.priority = 5;
+        let Ok(Outcome::Queued(t_low)) = s.request(low.clone(), 2, 0) else { panic!() };
+        let Ok(Outcome::Queued(t_high)) = s.request(high, 3, 1) else { panic!() };
+        let Ok(Outcome::Queued(t_low2)) = s.request(low, 4, 2) else { panic!() };
+        s.take_output();
+        s.release(a.id, 5);
+        let (_, ev) = s.take_output();
+        let granted: Vec<u64> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::Granted { ticket, .. } => Some(*ticket),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(granted, vec![t_high, t_low], "priority first, then FIFO");
+        s.tick(10_002);
+        let (_, ev) = s.take_output();
+        assert!(ev.contains(&Event::Failed { ticket: t_low2, error: BrokerError::QueueTimeout(10_000) }));
+    }
+
+    #[test]
+    fn drain_heartbeats_and_restore() {
+        let mut s = state();
+        let a = granted(s.request(req("bob", 1), 1, 0));
+        s.drain("x", Some(500), 10).unwrap();
+        assert!(matches!(s.request(req("bob", 1), 2, 10), Err(BrokerError::Unavailable(_))));
+        s.tick(400);
+        assert!(s.lease(a.id).is_some(), "runs until the drain deadline");
+        let (live, floor) = s.heartbeat("x", 400).unwrap();
+        assert_eq!(live.len(), 1);
+        assert_eq!(floor, a.generation);
+        s.heartbeat("y", 400);
+        s.tick(500);
+        assert!(s.lease(a.id).is_none(), "revoked at the deadline");
+        s.undrain("x", 600).unwrap();
+        let mut long = req("bob", 1);
+        long.ttl_ms = 60_000;
+        let b = granted(s.request(long, 3, 600));
+        // y keeps heartbeating, x falls silent.
+        s.heartbeat("y", 3500);
+        s.tick(3601);
+        assert!(matches!(s.renew(b.id, 0, 3601), Err(BrokerError::Lost { .. })));
+        // Restore from the persisted pieces: same leases, same generation.
+        let servers = s.servers.iter().map(|x| (x.spec.clone(), x.drain)).collect();
+        let leases: Vec<Lease> = s.leases().cloned().collect();
+        let mut t = State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        t.restore(servers, leases, s.generation(), 4000);
+        assert_eq!(t.generation(), s.generation());
+        assert_eq!(t.lease(b.id), s.lease(b.id));
+        assert_eq!(t.server("x").unwrap().free_whole, 1);
+        assert!(s.heartbeat("nope", 0).is_none());
+        let _ = Scope::Any;
+    }
+}
