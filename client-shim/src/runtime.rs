@@ -38,6 +38,33 @@ pub struct Device {
     pub server: usize,
     pub remote: RemoteDevice,
     pub attributes: HashMap<u32, i32>,
+    /// Launch limits, looked up once: every launch checks them.
+    pub limits: Limits,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    pub max_block: [u32; 3],
+    pub max_grid: [u32; 3],
+}
+
+impl Limits {
+    fn from(attrs: &HashMap<u32, i32>) -> Limits {
+        type A = CUdevice_attribute;
+        let get = |a: CUdevice_attribute| attrs.get(&a.0).copied().unwrap_or(0).max(0) as u32;
+        Limits {
+            max_block: [
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X),
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z),
+            ],
+            max_grid: [
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X),
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+                get(A::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z),
+            ],
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -119,7 +146,8 @@ fn connect_all() -> Result<Runtime, CuError> {
         );
         for d in hello.devices {
             let attributes = d.attributes.iter().copied().collect();
-            devices.push(Device { server: i, remote: d, attributes });
+            let limits = Limits::from(&attributes);
+            devices.push(Device { server: i, remote: d, attributes, limits });
         }
         servers.push(Server { addr: addr.clone(), name: hello.server_name, backend: hello.backend, conn });
     }

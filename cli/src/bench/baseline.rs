@@ -62,31 +62,31 @@ impl Drop for RawPeer {
     }
 }
 
-fn serve(mut s: TcpStream) -> io::Result<()> {
+fn serve(s: TcpStream) -> io::Result<()> {
     s.set_nodelay(true)?;
-    // Received bytes land in a buffer as big as the largest chunk read at
-    // once; answers come from a buffer reused the same way.
-    let mut sink = vec![0u8; 4 << 20];
-    let source = vec![7u8; 4 << 20];
+    // Buffered like rgpu's server, so a small exchange costs one read.
+    let mut w = s.try_clone()?;
+    let mut s = io::BufReader::with_capacity(256 << 10, s);
+    // Like a GPU server, the peer keeps what it receives: bytes land in a
+    // buffer as large as the transfer (grown as needed, then reused), and
+    // answers are sent from one as large, rather than from a small buffer
+    // that stays in cache.
+    let mut sink: Vec<u8> = Vec::new();
+    let mut source: Vec<u8> = Vec::new();
     let mut cmd = [0u8; 16];
     loop {
         if s.read_exact(&mut cmd).is_err() {
             return Ok(());
         }
-        let mut up = u64::from_le_bytes(cmd[..8].try_into().unwrap()) as usize;
-        let mut down = u64::from_le_bytes(cmd[8..].try_into().unwrap()) as usize;
-        while up > 0 {
-            let k = up.min(sink.len());
-            let n = s.read(&mut sink[..k])?;
-            if n == 0 {
-                return Ok(());
-            }
-            up -= n;
+        let up = u64::from_le_bytes(cmd[..8].try_into().unwrap()) as usize;
+        let down = u64::from_le_bytes(cmd[8..].try_into().unwrap()) as usize;
+        if sink.len() < up {
+            sink.resize(up, 0);
         }
-        while down > 0 {
-            let n = down.min(source.len());
-            s.write_all(&source[..n])?;
-            down -= n;
+        s.read_exact(&mut sink[..up])?;
+        if source.len() < down {
+            source.resize(down, 7);
         }
+        w.write_all(&source[..down])?;
     }
 }

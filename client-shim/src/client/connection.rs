@@ -5,9 +5,13 @@
 //! wait for the network. Synchronising calls flush the batch and read replies
 //! until their own arrives; replies to earlier asynchronous device-to-host
 //! reads found on the way are written to their host buffers then.
+//!
+//! So that asynchronous work never waits long for a synchronising call, a
+//! flusher thread per connection sends a batch that has sat for
+//! [`FLUSH_DELAY`]: the first call of a batch wakes it, the rest only append.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rgpu_protocol::data_capnp::{reply, request};
@@ -20,15 +24,34 @@ use rgpu_transport::Transport;
 use super::ClientError;
 
 /// Batches are sent when they reach this size even without a sync point.
-const FLUSH_THRESHOLD: usize = 64 << 10;
+const FLUSH_THRESHOLD: usize = 256 << 10;
 /// Bulk payloads up to this size are copied into the batch; larger ones are
 /// sent straight from the caller's memory.
-const INLINE_BULK: usize = 16 << 10;
+const INLINE_BULK: usize = 64 << 10;
+/// How long a batch may wait for more calls before the flusher sends it;
+/// RGPU_FLUSH_DELAY_US overrides it, and 0 turns the flusher off (batches
+/// then leave only at synchronising calls or when full).
+const FLUSH_DELAY: Duration = Duration::from_micros(200);
+
+fn flush_delay() -> Option<Duration> {
+    let d = std::env::var("RGPU_FLUSH_DELAY_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_micros)
+        .unwrap_or(FLUSH_DELAY);
+    (!d.is_zero()).then_some(d)
+}
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Connection {
     addr: String,
-    inner: Mutex<Inner>,
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<Inner>,
+    /// Signalled when a batch starts (the output buffer stops being empty).
+    batch_started: Condvar,
 }
 
 struct Inner {
@@ -83,9 +106,9 @@ impl Connection {
                 reason: format!("server refused the session (status {status})"),
             });
         }
-        Ok(Connection {
-            addr: addr.into(),
-            inner: Mutex::new(Inner {
+        let shared = Arc::new(Shared {
+            batch_started: Condvar::new(),
+            state: Mutex::new(Inner {
                 transport: t,
                 broken: None,
                 out: Vec::with_capacity(FLUSH_THRESHOLD * 2),
@@ -95,7 +118,16 @@ impl Connection {
                 pending: VecDeque::new(),
                 deferred: 0,
             }),
-        })
+        });
+        if let Some(delay) = flush_delay() {
+            let flusher = shared.clone();
+            let name = addr.to_string();
+            std::thread::Builder::new()
+                .name("rgpu-flush".into())
+                .spawn(move || flush_loop(&flusher, &name, delay))
+                .map_err(|e| ClientError::Unreachable { addr: addr.into(), reason: format!("cannot start a thread: {e}") })?;
+        }
+        Ok(Connection { addr: addr.into(), inner: shared })
     }
 
     pub fn addr(&self) -> &str {
@@ -105,7 +137,7 @@ impl Connection {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>, ClientError> {
         // A panic while holding the lock poisons it; the connection state may
         // then be mid-frame, so treat it as lost rather than guess.
-        let g = self.inner.lock().map_err(|_| ClientError::Lost {
+        let g = self.inner.state.lock().map_err(|_| ClientError::Lost {
             addr: self.addr.clone(),
             reason: "internal error while sending (lock poisoned)".into(),
         })?;
@@ -118,6 +150,7 @@ impl Connection {
     /// Sends an asynchronous request: no reply, errors come back deferred.
     pub fn post(&self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<(), ClientError> {
         let mut g = self.lock()?;
+        let was_empty = g.out.is_empty();
         let r = g.queue(false, build, bulk).and_then(|_| {
             if g.out.len() >= FLUSH_THRESHOLD {
                 g.flush()
@@ -125,7 +158,13 @@ impl Connection {
                 Ok(())
             }
         });
-        g.check(&self.addr, r)
+        let starts_batch = was_empty && !g.out.is_empty();
+        let r = g.check(&self.addr, r);
+        drop(g);
+        if starts_batch {
+            self.inner.batch_started.notify_one();
+        }
+        r
     }
 
     /// Sends an asynchronous device-to-host read whose bytes land in `dst`
@@ -181,6 +220,30 @@ impl Connection {
         let mut g = self.lock()?;
         let r = g.flush();
         g.check(&self.addr, r)
+    }
+}
+
+/// The flusher: waits for a batch to start, lets it grow for FLUSH_DELAY,
+/// then sends what has accumulated, unless a synchronising call did first.
+fn flush_loop(shared: &Shared, addr: &str, delay: Duration) {
+    loop {
+        let Ok(mut g) = shared.state.lock() else { return };
+        while g.out.is_empty() && g.broken.is_none() {
+            g = match shared.batch_started.wait(g) {
+                Ok(g) => g,
+                Err(_) => return,
+            };
+        }
+        if g.broken.is_some() {
+            return;
+        }
+        drop(g);
+        std::thread::sleep(delay);
+        let Ok(mut g) = shared.state.lock() else { return };
+        if g.broken.is_none() && !g.out.is_empty() {
+            let r = g.flush();
+            let _ = g.check(addr, r);
+        }
     }
 }
 

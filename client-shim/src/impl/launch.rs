@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use crate::cuda::types::*;
 use crate::runtime::{self, cu_err, Runtime};
 
-use super::{device, kernel, module, stream};
+use super::{kernel, module, stream};
 
 /// CU_LAUNCH_PARAM_* markers of the `extra` array.
 const PARAM_END: usize = 0x00;
@@ -29,37 +29,36 @@ pub(crate) unsafe fn kernel(
     extra: *mut *mut c_void,
 ) -> CuResult<()> {
     let rt = runtime::get()?;
+    // A function handle lives exactly as long as its module.
     let func = kernel::resolve_function(f as usize as u64)?;
-    module::MODULES.get(func.module).ok_or(CuError::INVALID_HANDLE)?;
     let (sh, dev) = stream::device_of(s)?;
     if dev != func.device {
         return Err(CuError::INVALID_HANDLE);
     }
-    check_dims(&func, [gx, gy, gz], [bx, by, bz], shared)?;
-    let buf = pack(&func, params, extra)?;
+    check_dims(rt, &func, [gx, gy, gz], [bx, by, bz], shared)?;
     module::check_launchable(&func)?;
-    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, &buf)
+    // Packed on the stack: CUDA caps a kernel's parameters at 32 KiB, and
+    // most are a few dozen bytes.
+    let mut stack = [0u8; 4096];
+    let mut heap;
+    let total = func.param_bytes();
+    let buf: &mut [u8] = if total <= stack.len() {
+        &mut stack[..total]
+    } else {
+        heap = vec![0u8; total];
+        &mut heap
+    };
+    pack(&func, params, extra, buf)?;
+    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf)
 }
 
-fn check_dims(f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {
+fn check_dims(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {
     if grid.contains(&0) || block.contains(&0) {
         return Err(CuError::INVALID_VALUE);
     }
-    let dev = f.device;
-    let a = |attr: CUdevice_attribute| device::attribute(dev, attr.0);
-    type D = CUdevice_attribute;
-    let max_block = [
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
-    ];
-    let max_grid = [
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-        a(D::CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
-    ];
+    let lim = rt.device(f.device)?.limits;
     for i in 0..3 {
-        if block[i] as i64 > max_block[i] as i64 || grid[i] as i64 > max_grid[i] as i64 {
+        if block[i] > lim.max_block[i] || grid[i] > lim.max_grid[i] {
             return Err(CuError::INVALID_VALUE);
         }
     }
@@ -75,9 +74,8 @@ fn check_dims(f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32
 }
 
 /// Packs the kernel's arguments into the layout the device expects.
-unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<Vec<u8>> {
-    let total = f.param_bytes();
-    let mut buf = vec![0u8; total];
+unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut c_void, buf: &mut [u8]) -> CuResult<()> {
+    let total = buf.len();
     if !params.is_null() {
         for (i, &(off, size)) in f.params.iter().enumerate() {
             let p = *params.add(i);
@@ -86,7 +84,7 @@ unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut 
             }
             std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr().add(off as usize), size as usize);
         }
-        return Ok(buf);
+        return Ok(());
     }
     if !extra.is_null() {
         let (mut ptr, mut len) = (std::ptr::null::<u8>(), None::<usize>);
@@ -105,10 +103,10 @@ unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut 
             return Err(CuError::INVALID_VALUE);
         }
         std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), total);
-        return Ok(buf);
+        return Ok(());
     }
     if total == 0 {
-        Ok(buf)
+        Ok(())
     } else {
         Err(CuError::INVALID_VALUE)
     }
