@@ -21,9 +21,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 pub enum BackendKind {
     /// Simulated devices in this process (no GPU needed).
     Sim,
-    /// Real GPUs through the CUDA driver (not built yet).
+    /// Real GPUs through the CUDA driver (libcuda.so.1, found at run time).
     Cuda,
-    /// The real-GPU backend when usable, else sim.
+    /// The real-GPU backend when a driver and a device are found, else sim.
     Auto,
 }
 

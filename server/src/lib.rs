@@ -28,13 +28,15 @@ pub fn build_backend(config: &config::Config) -> anyhow::Result<Arc<dyn backend:
     use anyhow::Context;
     use config::BackendKind;
     match config.backend {
-        BackendKind::Cuda => anyhow::bail!(
-            "the cuda backend (real GPUs) is not built yet: it comes with a later issue; \
-             use --backend sim"
-        ),
-        BackendKind::Auto => {
-            tracing::info!("no real-GPU backend is built yet; --backend auto uses the sim backend")
+        BackendKind::Cuda => {
+            let cuda = backend::cuda::CudaBackend::new()
+                .context("cannot start the cuda backend (--backend sim needs no GPU)")?;
+            return Ok(Arc::new(cuda));
         }
+        BackendKind::Auto => match backend::cuda::CudaBackend::new() {
+            Ok(cuda) => return Ok(Arc::new(cuda)),
+            Err(e) => tracing::warn!("no usable GPU ({e}); --backend auto uses the sim backend"),
+        },
         BackendKind::Sim => {}
     }
     let sim = backend::sim::SimBackend::new(&config.sim).context("cannot set up the sim backend")?;

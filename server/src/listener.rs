@@ -167,7 +167,7 @@ async fn attach(
             return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
         }
     };
-    let backend = match service.backend.open_session() {
+    let backend = match service.backend.open_session(None) {
         Ok(b) => b,
         Err(e) => {
             service.sessions.detach(id);

@@ -133,15 +133,50 @@ fn flags_beat_env_beat_file() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A folder whose `libcuda.so*` are the C library: a driver library that
+/// loads but has none of the driver's functions, whatever the host has
+/// (LD_LIBRARY_PATH comes before the loader's cache).
+fn fake_driver_dir(tag: &str) -> std::path::PathBuf {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    assert!(unsafe { libc::dladdr(libc::malloc as *const libc::c_void, &mut info) } != 0);
+    let libc_path = unsafe { std::ffi::CStr::from_ptr(info.dli_fname) }.to_str().unwrap().to_string();
+    let dir = std::env::temp_dir().join(format!("rgpu-fake-driver-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for name in ["libcuda.so", "libcuda.so.1", "libcuda.so.12"] {
+        std::os::unix::fs::symlink(&libc_path, dir.join(name)).unwrap();
+    }
+    dir
+}
+
 #[test]
-fn cuda_backend_is_refused_with_a_clear_message() {
+fn cuda_backend_without_a_driver_is_refused_with_a_clear_message() {
+    let dir = fake_driver_dir("cuda");
     let out = Command::new(BIN)
         .args(["--listen", "127.0.0.1:0", "--backend", "cuda"])
+        .env("LD_LIBRARY_PATH", &dir)
         .output()
         .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("later issue"), "{err}");
+    assert!(err.contains("cannot start the cuda backend"), "{err}");
+    assert!(err.contains("lacks cuInit"), "names what is missing: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn auto_backend_without_a_driver_falls_back_to_sim() {
+    let dir = fake_driver_dir("auto");
+    let d = dir.to_str().unwrap().to_string();
+    let (mut child, addr, _rx) = start(
+        &["--listen", "127.0.0.1:0", "--backend", "auto", "--sim-memory", "64MiB"],
+        &[("LD_LIBRARY_PATH", d.as_str())],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(common::control(&addr).backend, "sim");
+    signal(&child, libc::SIGTERM);
+    assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
 }
 
 #[test]

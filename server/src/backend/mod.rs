@@ -7,7 +7,7 @@
 //!
 //! - `sim` (today): device memory is an mmap'd region per device, work runs
 //!   inline in arrival order, streams and events are bookkeeping.
-//! - `cuda` (a later issue, on cudarc): a session owns a context per device it
+//! - `cuda` (on cudarc, see [`cuda`]): a session owns a context per device it
 //!   touches; a [`StreamToken`]/[`EventToken`]/[`ModuleToken`] carries the raw
 //!   `CUstream`/`CUevent`/`CUmodule`; `write`/`read` go through a pinned
 //!   staging buffer chunk by chunk, which is why they take callbacks instead of
@@ -18,6 +18,7 @@
 //! ranges it gets were allocated by this session; it must still never touch
 //! memory outside its devices (the sim bounds-checks again).
 
+pub mod cuda;
 pub mod sim;
 
 use std::io;
@@ -155,8 +156,11 @@ pub trait Backend: Send + Sync + 'static {
     /// Reported by `hello`: "sim" or "cuda".
     fn name(&self) -> &'static str;
     fn devices(&self) -> &[DeviceInfo];
-    /// A fresh, empty view of the devices for one session.
-    fn open_session(&self) -> CuResult<Box<dyn BackendSession>>;
+    /// A fresh, empty view of the devices for one session. With
+    /// `memory_limit`, the session's allocations together may not exceed
+    /// that many bytes (past it, `CUDA_ERROR_OUT_OF_MEMORY`), and
+    /// `mem_get_info` reports the limit as the total.
+    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>>;
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by

@@ -112,9 +112,11 @@ impl Backend for SimBackend {
         &self.shared.info
     }
 
-    fn open_session(&self) -> CuResult<Box<dyn BackendSession>> {
+    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>> {
         Ok(Box::new(SimSession {
             shared: self.shared.clone(),
+            limit: memory_limit,
+            client_bytes: HashMap::new(),
             allocs: BTreeMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
@@ -139,6 +141,10 @@ struct SimModule {
 
 struct SimSession {
     shared: Arc<Shared>,
+    /// Most bytes the client's own allocations may hold together.
+    limit: Option<u64>,
+    /// Size of each of the client's own allocations (not module globals).
+    client_bytes: HashMap<u64, u64>,
     /// Every allocation this session made (its own and its modules' globals).
     allocs: BTreeMap<u64, ()>,
     streams: HashMap<u64, u32>,
@@ -168,6 +174,12 @@ impl SimSession {
         self.events.get_mut(&e.0).ok_or(CuError::INVALID_HANDLE)
     }
 
+    fn alloc_owned(&mut self, device: u32, size: u64) -> CuResult<u64> {
+        let p = self.shared.device(device)?.alloc(size)?;
+        self.allocs.insert(p, ());
+        Ok(p)
+    }
+
     fn free_owned(&mut self, ptr: u64) -> CuResult {
         self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
         self.shared.device_of(ptr)?.free(ptr)
@@ -176,18 +188,33 @@ impl SimSession {
 
 impl BackendSession for SimSession {
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
-        let p = self.shared.device(device)?.alloc(size)?;
-        self.allocs.insert(p, ());
+        if let Some(limit) = self.limit {
+            let used: u64 = self.client_bytes.values().sum();
+            if used.checked_add(size).map_or(true, |u| u > limit) {
+                return Err(CuError::OUT_OF_MEMORY);
+            }
+        }
+        let p = self.alloc_owned(device, size)?;
+        self.client_bytes.insert(p, size);
         Ok(p)
     }
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
-        self.free_owned(ptr)
+        self.free_owned(ptr)?;
+        self.client_bytes.remove(&ptr);
+        Ok(())
     }
 
     fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)> {
         let m = self.shared.device(device)?;
-        Ok((m.free_bytes(), m.total()))
+        let (free, total) = (m.free_bytes(), m.total());
+        Ok(match self.limit {
+            Some(limit) => {
+                let used: u64 = self.client_bytes.values().sum();
+                (free.min(limit.saturating_sub(used)), total.min(limit))
+            }
+            None => (free, total),
+        })
     }
 
     fn write(
@@ -341,7 +368,7 @@ impl BackendSession for SimSession {
         let result = (|| -> CuResult {
             for g in &parsed.globals {
                 // A zero-sized global still gets an address of its own.
-                let p = self.mem_alloc(device, g.size.max(1))?;
+                let p = self.alloc_owned(device, g.size.max(1))?;
                 ptrs.push(p);
                 if let Some(init) = &g.init {
                     let n = (init.len() as u64).min(g.size);

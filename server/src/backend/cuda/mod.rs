@@ -1,0 +1,763 @@
+//! The cuda backend: the host's real GPUs, through NVIDIA's driver API
+//! (cudarc's `driver::sys`, loaded at run time).
+//!
+//! - Every device of the host is exported with the driver's own name, UUID,
+//!   PCI ids and attribute values.
+//! - Each session gets its own context on each device it touches (created on
+//!   first use, destroyed with the session), so sessions are isolated as two
+//!   processes are. Streams and events are the session's handle tables over
+//!   raw `CUstream`/`CUevent`s; the default stream is the context's legacy
+//!   stream.
+//! - Memory is counted per session; an optional limit makes an allocation
+//!   past it fail with `CUDA_ERROR_OUT_OF_MEMORY`, and `cuMemGetInfo` then
+//!   reports the limit. Memory a session frees, or leaves behind, is zeroed
+//!   before it goes back to the driver; if that cannot be done (a context
+//!   broken by a faulting kernel), every later allocation on that device is
+//!   zeroed before it is handed out.
+//! - Modules are context-independent libraries shared through
+//!   [`library::LibraryCache`]; parameter layouts come from
+//!   `cuFuncGetParamInfo`.
+//! - Host-to-device and device-to-host copies go through two pinned staging
+//!   buffers per session (taken from a server-wide pool, allocated once):
+//!   while the copy engine moves one chunk, the connection fills or drains
+//!   the other.
+//!
+//! Every driver call goes through [`driver::cu`], which turns its `CUresult`
+//! into a [`CuResult`]; the driver library is checked by
+//! [`driver::preflight`] before cudarc's first call, so cudarc never panics.
+
+pub mod driver;
+pub mod library;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::{c_void, CString};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys;
+use tracing::{debug, info, warn};
+
+use self::driver::{cu, CudaInitError, DriverLibrary};
+use self::library::{Library, LibraryCache};
+use super::{
+    Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, Memset,
+    ModuleToken, StreamRef, StreamToken, TransferError,
+};
+use crate::cuerror::{CuError, CuResult};
+use crate::module::ModuleImage;
+
+/// Bytes of one pinned staging buffer; a session uses two.
+pub const STAGING_CHUNK: usize = 4 << 20;
+
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the one
+/// that allocated it.
+const MEMHOSTALLOC_PORTABLE: u32 = 0x1;
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// A raw driver handle or pinned pointer, usable from any thread (the
+/// driver's handles are; who may use an object is the session's business).
+#[derive(Debug, Clone, Copy)]
+struct Raw<T>(T);
+// SAFETY: see the type's comment; nothing here is dereferenced except pinned
+// buffers, which only their owning session touches.
+unsafe impl<T> Send for Raw<T> {}
+unsafe impl<T> Sync for Raw<T> {}
+
+/// One pinned host buffer of [`STAGING_CHUNK`] bytes.
+struct Pinned(Raw<*mut u8>);
+
+struct Shared {
+    driver: DriverLibrary,
+    devices: Vec<DeviceInfo>,
+    handles: Vec<sys::CUdevice>,
+    /// Device 0's primary context, retained for the server's lifetime:
+    /// the staging buffers are allocated in it.
+    staging_ctx: Raw<sys::CUcontext>,
+    staging_pool: Mutex<Vec<Pinned>>,
+    libraries: Mutex<LibraryCache>,
+    /// Per device: zero every allocation before handing it out, because
+    /// memory left by a session could not be zeroed.
+    scrub_on_alloc: Vec<AtomicBool>,
+}
+
+impl Shared {
+    fn take_staging(&self) -> CuResult<Pinned> {
+        if let Some(p) = self.staging_pool.lock().unwrap_or_else(|e| e.into_inner()).pop() {
+            return Ok(p);
+        }
+        cu!(sys::cuCtxSetCurrent(self.staging_ctx.0))?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        cu!(sys::cuMemHostAlloc(&mut p, STAGING_CHUNK, MEMHOSTALLOC_PORTABLE))?;
+        if p.is_null() {
+            return Err(CuError::OUT_OF_MEMORY);
+        }
+        debug!(bytes = STAGING_CHUNK, "pinned staging buffer allocated");
+        Ok(Pinned(Raw(p as *mut u8)))
+    }
+
+    fn give_staging(&self, p: Pinned) {
+        self.staging_pool.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+    }
+
+    fn libraries(&self) -> std::sync::MutexGuard<'_, LibraryCache> {
+        self.libraries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.libraries().clear();
+        for p in self.staging_pool.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = cu!(sys::cuMemFreeHost(p.0 .0 as *mut c_void));
+        }
+        if let Some(&dev) = self.handles.first() {
+            let _ = cu!(sys::cuDevicePrimaryCtxRelease_v2(dev));
+        }
+    }
+}
+
+pub struct CudaBackend {
+    shared: Arc<Shared>,
+}
+
+impl CudaBackend {
+    /// Finds the driver, initialises it and lists the devices; fails (never
+    /// panics) when there is no usable driver or no device.
+    pub fn new() -> Result<CudaBackend, CudaInitError> {
+        let driver = driver::preflight()?;
+        let (devices, handles) = driver::init_and_list(&driver)?;
+        let path = driver.path.clone();
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        cu!(sys::cuDevicePrimaryCtxRetain(&mut ctx, handles[0])).map_err(|err| CudaInitError::Query {
+            what: "cuDevicePrimaryCtxRetain",
+            err,
+            path: path.clone(),
+        })?;
+        info!(driver = %path, devices = devices.len(), "cuda backend ready");
+        let n = devices.len();
+        Ok(CudaBackend {
+            shared: Arc::new(Shared {
+                driver,
+                devices,
+                handles,
+                staging_ctx: Raw(ctx),
+                staging_pool: Mutex::new(Vec::new()),
+                libraries: Mutex::new(LibraryCache::default()),
+                scrub_on_alloc: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            }),
+        })
+    }
+
+    /// The driver library in use (its resolved path).
+    pub fn driver_path(&self) -> &str {
+        &self.shared.driver.path
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn devices(&self) -> &[DeviceInfo] {
+        &self.shared.devices
+    }
+
+    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>> {
+        // Nothing touches the driver here: contexts are created on the
+        // session's own thread, on first use of each device.
+        let n = self.shared.devices.len();
+        Ok(Box::new(CudaSession {
+            shared: self.shared.clone(),
+            limit: memory_limit,
+            used: 0,
+            ctxs: (0..n).map(|_| None).collect(),
+            current: None,
+            allocs: BTreeMap::new(),
+            streams: HashMap::new(),
+            events: HashMap::new(),
+            modules: HashMap::new(),
+            seen_libraries: HashSet::new(),
+            staging: Vec::new(),
+            next_token: 1,
+        }))
+    }
+}
+
+/// The session's context on one device, with the events that mark when
+/// each staging buffer is free again.
+struct DevCtx {
+    ctx: sys::CUcontext,
+    staging_events: [sys::CUevent; 2],
+}
+
+struct Staging {
+    buf: Pinned,
+    /// The device whose staging event marks the buffer's last copy.
+    pending: Option<u32>,
+}
+
+struct ModuleEntry {
+    device: u32,
+    library: Arc<Library>,
+    /// Per function (in the order reported): the function in this
+    /// session's context and its parameter offsets.
+    functions: Vec<(sys::CUfunction, Vec<u32>)>,
+    globals: Vec<(u64, u64)>,
+}
+
+struct CudaSession {
+    shared: Arc<Shared>,
+    limit: Option<u64>,
+    /// Bytes the client allocated and has not freed.
+    used: u64,
+    ctxs: Vec<Option<DevCtx>>,
+    /// The device whose context is current on this thread, if known.
+    current: Option<u32>,
+    /// ptr -> (device, size) of the client's allocations.
+    allocs: BTreeMap<u64, (u32, u64)>,
+    streams: HashMap<u64, (u32, sys::CUstream)>,
+    events: HashMap<u64, (u32, sys::CUevent)>,
+    modules: HashMap<u64, ModuleEntry>,
+    /// (library, device) pairs whose globals this session's context has had:
+    /// loading one again re-initialises them.
+    seen_libraries: HashSet<(u64, u32)>,
+    staging: Vec<Staging>,
+    next_token: u64,
+}
+
+// SAFETY: the raw handles are driver objects usable from any thread; the
+// session is used by one thread at a time (`&mut self`).
+unsafe impl Send for CudaSession {}
+
+impl CudaSession {
+    fn token(&mut self) -> u64 {
+        let t = self.next_token;
+        self.next_token += 1;
+        t
+    }
+
+    /// Makes the session's context on `device` current, creating it first.
+    fn bind(&mut self, device: u32) -> CuResult {
+        let slot = self.ctxs.get(device as usize).ok_or(CuError::INVALID_DEVICE)?;
+        if slot.is_none() {
+            let dev = self.shared.handles[device as usize];
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            cu!(sys::cuCtxCreate_v2(&mut ctx, 0, dev))?;
+            let mut evs = [std::ptr::null_mut(); 2];
+            for e in &mut evs {
+                if let Err(err) = cu!(sys::cuEventCreate(e, EVENT_DISABLE_TIMING)) {
+                    let _ = cu!(sys::cuCtxDestroy_v2(ctx));
+                    self.current = None;
+                    return Err(err);
+                }
+            }
+            debug!(device, "session context created");
+            self.ctxs[device as usize] = Some(DevCtx { ctx, staging_events: evs });
+            self.current = Some(device);
+            return Ok(());
+        }
+        if self.current != Some(device) {
+            let ctx = self.ctxs[device as usize].as_ref().map_or(std::ptr::null_mut(), |c| c.ctx);
+            cu!(sys::cuCtxSetCurrent(ctx))?;
+            self.current = Some(device);
+        }
+        Ok(())
+    }
+
+    fn has_ctx(&self, device: u32) -> CuResult<bool> {
+        self.ctxs.get(device as usize).map(Option::is_some).ok_or(CuError::INVALID_DEVICE)
+    }
+
+    /// The device and raw stream of `s`, with its context made current.
+    fn stream(&mut self, s: StreamRef) -> CuResult<sys::CUstream> {
+        let (device, raw) = match s {
+            StreamRef::Default { device } => (device, std::ptr::null_mut()),
+            StreamRef::Created(t) => *self.streams.get(&t.0).ok_or(CuError::INVALID_HANDLE)?,
+        };
+        self.bind(device)?;
+        Ok(raw)
+    }
+
+    fn event(&self, e: EventToken) -> CuResult<(u32, sys::CUevent)> {
+        self.events.get(&e.0).copied().ok_or(CuError::INVALID_HANDLE)
+    }
+
+    /// Takes the session's two staging buffers from the pool (once).
+    fn ensure_staging(&mut self) -> CuResult {
+        while self.staging.len() < 2 {
+            let buf = self.shared.take_staging();
+            // take_staging may have switched contexts.
+            self.current = None;
+            self.staging.push(Staging { buf: buf?, pending: None });
+        }
+        Ok(())
+    }
+
+    /// Waits until staging buffer `i` is no longer read or written by a copy.
+    fn wait_staging(&mut self, i: usize) -> CuResult {
+        if let Some(d) = self.staging[i].pending {
+            let ev = self.ctxs[d as usize].as_ref().ok_or(CuError::INVALID_CONTEXT)?.staging_events[i];
+            cu!(sys::cuEventSynchronize(ev))?;
+            self.staging[i].pending = None;
+        }
+        Ok(())
+    }
+
+    /// Marks staging buffer `i` busy until the work queued on `stream` so far is done.
+    fn mark_staging(&mut self, i: usize, device: u32, stream: sys::CUstream) -> CuResult {
+        let ev = self.ctxs[device as usize].as_ref().ok_or(CuError::INVALID_CONTEXT)?.staging_events[i];
+        cu!(sys::cuEventRecord(ev, stream))?;
+        self.staging[i].pending = Some(device);
+        Ok(())
+    }
+
+    fn stream_device(&self, s: StreamRef) -> CuResult<u32> {
+        match s {
+            StreamRef::Default { device } => Ok(device),
+            StreamRef::Created(t) => self.streams.get(&t.0).map(|s| s.0).ok_or(CuError::INVALID_HANDLE),
+        }
+    }
+
+    /// Zeroes `[ptr, ptr + len)` in stream order on the context's legacy
+    /// stream (after all earlier work of the context's blocking streams).
+    fn zero(&mut self, device: u32, ptr: u64, len: u64) -> CuResult {
+        self.bind(device)?;
+        cu!(sys::cuMemsetD8_v2(ptr, 0, len as usize))
+    }
+
+    /// Writes a module global's initial bytes (zeros where it has none).
+    fn init_global(&mut self, device: u32, ptr: u64, size: u64, init: Option<&[u8]>) -> CuResult {
+        self.bind(device)?;
+        let n = init.map_or(0, |i| (i.len() as u64).min(size));
+        if n > 0 {
+            let bytes = &init.unwrap_or(&[])[..n as usize];
+            cu!(sys::cuMemcpyHtoD_v2(ptr, bytes.as_ptr() as *const c_void, n as usize))?;
+        }
+        if size > n {
+            cu!(sys::cuMemsetD8_v2(ptr + n, 0, (size - n) as usize))?;
+        }
+        Ok(())
+    }
+
+    fn release_module(&mut self, m: ModuleEntry) {
+        for &(p, size) in &m.globals {
+            if let Err(e) = self.zero(m.device, p, size) {
+                warn!(device = m.device, "cannot zero a module global at unload: {e}");
+                self.shared.scrub_on_alloc[m.device as usize].store(true, Ordering::Relaxed);
+            }
+        }
+        self.shared.libraries().release(&m.library);
+    }
+}
+
+impl BackendSession for CudaSession {
+    fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
+        if let Some(limit) = self.limit {
+            if self.used.checked_add(size).map_or(true, |u| u > limit) {
+                return Err(CuError::OUT_OF_MEMORY);
+            }
+        }
+        let bytes = usize::try_from(size).map_err(|_| CuError::OUT_OF_MEMORY)?;
+        self.bind(device)?;
+        let mut p: sys::CUdeviceptr = 0;
+        cu!(sys::cuMemAlloc_v2(&mut p, bytes))?;
+        if self.shared.scrub_on_alloc[device as usize].load(Ordering::Relaxed) {
+            // Completed before the client can queue work on any stream.
+            let r = cu!(sys::cuMemsetD8_v2(p, 0, bytes))
+                .and_then(|()| cu!(sys::cuStreamSynchronize(std::ptr::null_mut())));
+            if let Err(e) = r {
+                let _ = cu!(sys::cuMemFree_v2(p));
+                return Err(e);
+            }
+        }
+        self.allocs.insert(p, (device, size));
+        self.used += size;
+        Ok(p)
+    }
+
+    fn mem_free(&mut self, ptr: u64) -> CuResult {
+        let &(device, size) = self.allocs.get(&ptr).ok_or(CuError::INVALID_VALUE)?;
+        // Zeroed after every earlier use (cuMemFree waits for the device),
+        // so the next owner of these bytes never sees them.
+        if let Err(e) = self.zero(device, ptr, size) {
+            warn!(device, "cannot zero freed memory: {e}; later allocations on the device are zeroed instead");
+            self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
+        }
+        cu!(sys::cuMemFree_v2(ptr))?;
+        self.allocs.remove(&ptr);
+        self.used -= size;
+        Ok(())
+    }
+
+    fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)> {
+        self.bind(device)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        cu!(sys::cuMemGetInfo_v2(&mut free, &mut total))?;
+        let (free, total) = (free as u64, total as u64);
+        Ok(match self.limit {
+            Some(limit) => (free.min(limit.saturating_sub(self.used)), total.min(limit)),
+            None => (free, total),
+        })
+    }
+
+    fn write(
+        &mut self,
+        stream: StreamRef,
+        dst: u64,
+        len: u64,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError> {
+        let device = self.stream_device(stream)?;
+        self.ensure_staging()?;
+        let s = self.stream(stream)?;
+        let mut off = 0u64;
+        let mut i = 0usize;
+        while off < len {
+            let n = (len - off).min(STAGING_CHUNK as u64) as usize;
+            self.wait_staging(i)?;
+            let p = self.staging[i].buf.0 .0;
+            // SAFETY: the buffer is STAGING_CHUNK bytes, owned by this
+            // session, and no copy uses it (waited for above).
+            let chunk = unsafe { std::slice::from_raw_parts_mut(p, n) };
+            fill(chunk).map_err(TransferError::Io)?;
+            cu!(sys::cuMemcpyHtoDAsync_v2(dst + off, p as *const c_void, n, s))?;
+            self.mark_staging(i, device, s)?;
+            off += n as u64;
+            i ^= 1;
+        }
+        Ok(())
+    }
+
+    fn read(
+        &mut self,
+        stream: StreamRef,
+        src: u64,
+        len: u64,
+        sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<(), TransferError> {
+        let device = self.stream_device(stream)?;
+        self.ensure_staging()?;
+        let s = self.stream(stream)?;
+        let chunk = STAGING_CHUNK as u64;
+        let chunks = len.div_ceil(chunk);
+        let size_of = |k: u64| (len - k * chunk).min(chunk) as usize;
+        // Chunk k goes through buffer k % 2; two are in flight at a time.
+        let issue = |this: &mut Self, k: u64| -> CuResult {
+            let i = (k % 2) as usize;
+            this.wait_staging(i)?;
+            let p = this.staging[i].buf.0 .0;
+            cu!(sys::cuMemcpyDtoHAsync_v2(p as *mut c_void, src + k * chunk, size_of(k), s))?;
+            this.mark_staging(i, device, s)
+        };
+        for k in 0..chunks.min(2) {
+            issue(self, k)?;
+        }
+        for k in 0..chunks {
+            let i = (k % 2) as usize;
+            self.wait_staging(i)?;
+            let p = self.staging[i].buf.0 .0;
+            // SAFETY: the copy into the buffer is complete (waited for).
+            let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, size_of(k)) };
+            sink(bytes).map_err(TransferError::Io)?;
+            if k + 2 < chunks {
+                issue(self, k + 2)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+        let s = self.stream(stream)?;
+        cu!(sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s))
+    }
+
+    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult {
+        op.span().ok_or(CuError::INVALID_VALUE)?;
+        let s = self.stream(stream)?;
+        let (n, pitch, rows) = (op.count as usize, op.pitch as usize, op.rows as usize);
+        match (op.element_size, op.rows) {
+            (1, 1) => cu!(sys::cuMemsetD8Async(op.dst, op.value as u8, n, s)),
+            (2, 1) => cu!(sys::cuMemsetD16Async(op.dst, op.value as u16, n, s)),
+            (4, 1) => cu!(sys::cuMemsetD32Async(op.dst, op.value, n, s)),
+            (1, _) => cu!(sys::cuMemsetD2D8Async(op.dst, pitch, op.value as u8, n, rows, s)),
+            (2, _) => cu!(sys::cuMemsetD2D16Async(op.dst, pitch, op.value as u16, n, rows, s)),
+            (4, _) => cu!(sys::cuMemsetD2D32Async(op.dst, pitch, op.value, n, rows, s)),
+            _ => Err(CuError::INVALID_VALUE),
+        }
+    }
+
+    fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken> {
+        self.bind(device)?;
+        let mut s: sys::CUstream = std::ptr::null_mut();
+        cu!(sys::cuStreamCreateWithPriority(&mut s, flags, priority))?;
+        let t = self.token();
+        self.streams.insert(t, (device, s));
+        Ok(StreamToken(t))
+    }
+
+    fn stream_destroy(&mut self, stream: StreamToken) -> CuResult {
+        let (device, s) = *self.streams.get(&stream.0).ok_or(CuError::INVALID_HANDLE)?;
+        self.bind(device)?;
+        cu!(sys::cuStreamDestroy_v2(s))?;
+        self.streams.remove(&stream.0);
+        Ok(())
+    }
+
+    fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult {
+        if let StreamRef::Default { device } = stream {
+            if !self.has_ctx(device)? {
+                return Ok(());
+            }
+        }
+        let s = self.stream(stream)?;
+        cu!(sys::cuStreamSynchronize(s))
+    }
+
+    fn stream_query(&mut self, stream: StreamRef) -> CuResult {
+        if let StreamRef::Default { device } = stream {
+            if !self.has_ctx(device)? {
+                return Ok(());
+            }
+        }
+        let s = self.stream(stream)?;
+        cu!(sys::cuStreamQuery(s))
+    }
+
+    fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, flags: u32) -> CuResult {
+        let (_, e) = self.event(event)?;
+        let s = self.stream(stream)?;
+        cu!(sys::cuStreamWaitEvent(s, e, flags))
+    }
+
+    fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken> {
+        self.bind(device)?;
+        let mut e: sys::CUevent = std::ptr::null_mut();
+        cu!(sys::cuEventCreate(&mut e, flags))?;
+        let t = self.token();
+        self.events.insert(t, (device, e));
+        Ok(EventToken(t))
+    }
+
+    fn event_destroy(&mut self, event: EventToken) -> CuResult {
+        let (device, e) = self.event(event)?;
+        self.bind(device)?;
+        cu!(sys::cuEventDestroy_v2(e))?;
+        self.events.remove(&event.0);
+        Ok(())
+    }
+
+    fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult {
+        let (_, e) = self.event(event)?;
+        let s = self.stream(stream)?;
+        cu!(sys::cuEventRecord(e, s))
+    }
+
+    fn event_synchronize(&mut self, event: EventToken) -> CuResult {
+        let (device, e) = self.event(event)?;
+        self.bind(device)?;
+        cu!(sys::cuEventSynchronize(e))
+    }
+
+    fn event_query(&mut self, event: EventToken) -> CuResult {
+        let (device, e) = self.event(event)?;
+        self.bind(device)?;
+        cu!(sys::cuEventQuery(e))
+    }
+
+    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
+        let (device, a) = self.event(start)?;
+        let (_, b) = self.event(end)?;
+        self.bind(device)?;
+        let mut ms = 0f32;
+        cu!(sys::cuEventElapsedTime(&mut ms, a, b))?;
+        Ok(ms)
+    }
+
+    fn ctx_synchronize(&mut self, device: u32) -> CuResult {
+        if !self.has_ctx(device)? {
+            return Ok(());
+        }
+        self.bind(device)?;
+        cu!(sys::cuCtxSynchronize())
+    }
+
+    fn module_load(
+        &mut self,
+        device: u32,
+        image: &[u8],
+        parsed: &ModuleImage,
+    ) -> CuResult<(ModuleToken, LoadedModule)> {
+        self.bind(device)?;
+        let held: Vec<u64> = self
+            .modules
+            .values()
+            .filter(|m| m.device == device)
+            .map(|m| m.library.id)
+            .collect();
+        let library = self.shared.libraries().acquire(image, &held)?;
+        match self.module_setup(device, &library, parsed) {
+            Ok((functions, loaded)) => {
+                let t = self.token();
+                self.seen_libraries.insert((library.id, device));
+                let globals = loaded.globals.iter().map(|g| (g.ptr, g.size)).collect();
+                debug!(module = t, library = library.id, kernels = functions.len(), "cuda module loaded");
+                self.modules.insert(t, ModuleEntry { device, library, functions, globals });
+                Ok((ModuleToken(t), loaded))
+            }
+            Err(e) => {
+                self.shared.libraries().release(&library);
+                Err(e)
+            }
+        }
+    }
+
+    fn module_unload(&mut self, module: ModuleToken) -> CuResult {
+        let m = self.modules.remove(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        self.release_module(m);
+        Ok(())
+    }
+
+    fn launch(
+        &mut self,
+        module: ModuleToken,
+        function: u32,
+        dims: &LaunchDims,
+        stream: StreamRef,
+        params: &[u8],
+    ) -> CuResult {
+        let m = self.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
+        let (func, offsets) = m.functions.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
+        let func = *func;
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(offsets.len());
+        for &o in offsets {
+            if o as usize > params.len() {
+                return Err(CuError::INVALID_VALUE);
+            }
+            // SAFETY: in bounds of `params` (checked); the driver only reads.
+            ptrs.push(unsafe { params.as_ptr().add(o as usize) } as *mut c_void);
+        }
+        let s = self.stream(stream)?;
+        let kp = if ptrs.is_empty() { std::ptr::null_mut() } else { ptrs.as_mut_ptr() };
+        let [gx, gy, gz] = dims.grid;
+        let [bx, by, bz] = dims.block;
+        cu!(sys::cuLaunchKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp, std::ptr::null_mut()))
+    }
+}
+
+impl CudaSession {
+    /// The session-side half of a load: functions in this context, their
+    /// layouts, the globals (re-initialised when this context had them before).
+    #[allow(clippy::type_complexity)]
+    fn module_setup(
+        &mut self,
+        device: u32,
+        library: &Library,
+        parsed: &ModuleImage,
+    ) -> CuResult<(Vec<(sys::CUfunction, Vec<u32>)>, LoadedModule)> {
+        let mut functions = Vec::with_capacity(parsed.kernels.len());
+        let mut infos = Vec::with_capacity(parsed.kernels.len());
+        for k in &parsed.kernels {
+            let kernel = library.kernel(&k.name)?;
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            cu!(sys::cuKernelGetFunction(&mut f, kernel))?;
+            let info = library.function_info(device, &k.name, f)?;
+            functions.push((f, info.params.iter().map(|&(o, _)| o).collect()));
+            infos.push(info);
+        }
+        let again = self.seen_libraries.contains(&(library.id, device));
+        let mut globals = Vec::with_capacity(parsed.globals.len());
+        for g in &parsed.globals {
+            let Ok(name) = CString::new(g.name.as_str()) else { continue };
+            let (mut p, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+            match cu!(sys::cuLibraryGetGlobal(&mut p, &mut size, library.raw(), name.as_ptr())) {
+                Ok(()) => {}
+                // Declared in the PTX but not kept by the compiler.
+                Err(e) if e == CuError::NOT_FOUND => continue,
+                Err(e) => return Err(e),
+            }
+            if again {
+                self.init_global(device, p, size as u64, g.init.as_deref())?;
+            }
+            globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: size as u64 });
+        }
+        Ok((functions, LoadedModule { functions: infos, globals, launch_note: String::new() }))
+    }
+}
+
+impl Drop for CudaSession {
+    fn drop(&mut self) {
+        // Let queued work finish, zero what the session leaves behind, and
+        // free it; a device whose context cannot do that any more (a kernel
+        // faulted) zeroes allocations from now on instead.
+        let devices: Vec<u32> =
+            (0..self.ctxs.len() as u32).filter(|&d| self.ctxs[d as usize].is_some()).collect();
+        for &d in &devices {
+            let ok = self.bind(d).and_then(|()| cu!(sys::cuCtxSynchronize()));
+            if ok.is_err() {
+                self.shared.scrub_on_alloc[d as usize].store(true, Ordering::Relaxed);
+            }
+        }
+        let allocs: Vec<(u64, (u32, u64))> = self.allocs.iter().map(|(&p, &a)| (p, a)).collect();
+        for (p, (d, size)) in allocs {
+            if self.zero(d, p, size).is_err() {
+                self.shared.scrub_on_alloc[d as usize].store(true, Ordering::Relaxed);
+            }
+        }
+        let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
+        let mut libraries = Vec::new();
+        for m in modules {
+            for &(p, size) in &m.globals {
+                if self.zero(m.device, p, size).is_err() {
+                    self.shared.scrub_on_alloc[m.device as usize].store(true, Ordering::Relaxed);
+                }
+            }
+            libraries.push(m.library);
+        }
+        for &d in &devices {
+            let ok = self.bind(d).and_then(|()| cu!(sys::cuCtxSynchronize()));
+            if ok.is_err() && !self.shared.scrub_on_alloc[d as usize].swap(true, Ordering::Relaxed) {
+                warn!(device = d, "memory a session left behind could not be zeroed; zeroing allocations instead");
+            }
+        }
+        for (p, (d, _)) in std::mem::take(&mut self.allocs) {
+            if self.bind(d).is_ok() {
+                let _ = cu!(sys::cuMemFree_v2(p));
+            }
+        }
+        for (_, (d, s)) in std::mem::take(&mut self.streams) {
+            if self.bind(d).is_ok() {
+                let _ = cu!(sys::cuStreamDestroy_v2(s));
+            }
+        }
+        for (_, (d, e)) in std::mem::take(&mut self.events) {
+            if self.bind(d).is_ok() {
+                let _ = cu!(sys::cuEventDestroy_v2(e));
+            }
+        }
+        for i in 0..self.staging.len() {
+            let _ = self.wait_staging(i);
+        }
+        for d in devices {
+            if let Some(c) = self.ctxs[d as usize].take() {
+                for e in c.staging_events {
+                    let _ = cu!(sys::cuEventDestroy_v2(e));
+                }
+                if let Err(e) = cu!(sys::cuCtxDestroy_v2(c.ctx)) {
+                    warn!(device = d, "cuCtxDestroy failed: {e}");
+                }
+            }
+        }
+        self.current = None;
+        // No copy can use the buffers once the contexts are gone.
+        for s in self.staging.drain(..) {
+            self.shared.give_staging(s.buf);
+        }
+        let mut cache = self.shared.libraries();
+        for l in libraries {
+            cache.release(&l);
+        }
+    }
+}
