@@ -11,3 +11,63 @@
 pub mod inventory;
 pub mod placement;
 pub mod state;
+pub mod client;
+pub mod config;
+pub mod rpc;
+pub mod service;
+pub mod store;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::placement::FragmentationAware;
+use crate::state::State;
+
+/// Opens the store, restores the state and builds the service.
+pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Service>> {
+    let key = match &config.key_file {
+        Some(p) => Some(config::load_key(p, config.create_key)?),
+        None => {
+            tracing::warn!("no --key-file: tokens are not signed and GPU servers admit any client");
+            None
+        }
+    };
+    let store = store::Store::open(&config.data_dir)?;
+    let loaded = store.load()?;
+    let mut state = State::new(config.limits.clone(), config.tenants.clone(), Box::new(FragmentationAware));
+    let (servers, leases) = (loaded.servers.len(), loaded.leases.len());
+    state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
+    tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), "state restored");
+    let writer = store::spawn_writer(store).context("cannot start the store writer")?;
+    Ok(service::Service::new(state, writer, key, config.data_dir.display().to_string()))
+}
+
+/// Runs a broker until SIGINT or SIGTERM.
+pub fn run(config: config::Config) -> anyhow::Result<()> {
+    let service = open_service(&config)?;
+    let listener = std::net::TcpListener::bind(&config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    let stop = shutdown.clone();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    std::thread::spawn(move || {
+        rt.block_on(async {
+            use tokio::signal::unix::{signal, SignalKind};
+            let (Ok(mut i), Ok(mut t)) = (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) else {
+                return;
+            };
+            tokio::select! { _ = i.recv() => {}, _ = t.recv() => {} }
+            tracing::info!("signal received; shutting down");
+            stop.cancel();
+        })
+    });
+    // Give the signal thread a moment to install its handlers before the
+    // line scripts wait for.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    eprintln!("rgpu-broker listening on {addr} (data {})", config.data_dir.display());
+    rpc::serve(listener, service, config.threads, shutdown)?;
+    Ok(())
+}
