@@ -136,7 +136,7 @@ pub(crate) unsafe fn create_v3(
 
 pub(crate) unsafe fn create_v4(pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: u32, dev: CUdevice) -> CuResult<()> {
     if let Some(p) = params.as_ref() {
-        if p.numExecAffinityParams > 0 || p.cigParams != std::ptr::null_mut() {
+        if p.numExecAffinityParams > 0 || !p.cigParams.is_null() {
             return Err(CuError::NOT_SUPPORTED);
         }
     }

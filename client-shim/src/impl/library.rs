@@ -60,6 +60,7 @@ pub fn forget_context(ctx: u64) {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the driver API's signature
 pub(crate) unsafe fn load_data(
     library: *mut CUlibrary,
     code: *const c_void,
@@ -83,6 +84,7 @@ pub(crate) unsafe fn load_data(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)] // the driver API's signature
 pub(crate) unsafe fn load_from_file(
     library: *mut CUlibrary,
     file: *const c_char,

@@ -367,7 +367,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         return Ok(());
     }
     let rt = runtime::get()?;
-    if dst % elem as u64 != 0 {
+    if !dst.is_multiple_of(elem as u64) {
         return Err(CuError::INVALID_VALUE);
     }
     let row_bytes = (count as u64).checked_mul(elem as u64).ok_or(CuError::INVALID_VALUE)?;

@@ -76,6 +76,10 @@ const MAX_IMAGE: u64 = 2 << 30;
 /// The bytes of a module image the program handed us by pointer: a fatbin
 /// wrapper (followed to its fatbin), a fatbin, an ELF cubin or PTX text.
 /// Only the headers say how long an image is.
+///
+/// # Safety
+/// `image` must point at one of those images, readable for the length its
+/// header gives (or up to its NUL for PTX), as the driver API requires.
 pub unsafe fn image_bytes<'a>(image: *const c_void) -> CuResult<&'a [u8]> {
     if image.is_null() {
         return Err(CuError::INVALID_VALUE);
