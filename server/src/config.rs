@@ -58,6 +58,29 @@ pub struct Args {
     /// Most connections served at once [default: 256].
     #[arg(long, env = "RGPU_SERVER_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Pool broker to register with and heartbeat (host:port).
+    #[arg(long, env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
+    pub broker: Option<String>,
+    /// The broker's key file: with it, sessions need a lease token the
+    /// broker signed; without it, anyone may open a session.
+    #[arg(long, env = "RGPU_SERVER_BROKER_KEY_FILE", value_name = "FILE")]
+    pub broker_key_file: Option<PathBuf>,
+    /// Address clients reach this server on, as registered with the broker
+    /// [default: the listening address].
+    #[arg(long, env = "RGPU_SERVER_ADVERTISE", value_name = "ADDR")]
+    pub advertise: Option<String>,
+    /// Topology: this server's node [default: the advertised address].
+    #[arg(long, env = "RGPU_SERVER_NODE")]
+    pub node: Option<String>,
+    /// Topology: the leaf switch above the node [default: "leaf0"].
+    #[arg(long, env = "RGPU_SERVER_LEAF")]
+    pub leaf: Option<String>,
+    /// Topology: the spine above the leaf [default: "spine0"].
+    #[arg(long, env = "RGPU_SERVER_SPINE")]
+    pub spine: Option<String>,
+    /// Partitions (tenant pools) this server serves, comma-separated [default: default].
+    #[arg(long, env = "RGPU_SERVER_PARTITIONS", value_delimiter = ',')]
+    pub partitions: Option<Vec<String>>,
     /// TOML file with any of the settings above (keys as the long flags,
     /// e.g. `sim-memory = "8GiB"`).
     #[arg(long, env = "RGPU_SERVER_CONFIG", value_name = "FILE")]
@@ -75,6 +98,13 @@ struct FileConfig {
     sim_seed: Option<String>,
     attach_timeout_ms: Option<u32>,
     max_connections: Option<usize>,
+    broker: Option<String>,
+    broker_key_file: Option<PathBuf>,
+    advertise: Option<String>,
+    node: Option<String>,
+    leaf: Option<String>,
+    spine: Option<String>,
+    partitions: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +129,19 @@ pub struct Config {
     pub sim: SimConfig,
     pub attach_timeout: Duration,
     pub max_connections: usize,
+    /// The pool broker, if any.
+    pub pool: PoolConfig,
+}
+
+/// Settings for the pool broker; the default is no broker (sessions open
+/// to anyone, nothing registered).
+#[derive(Debug, Clone, Default)]
+pub struct PoolConfig {
+    pub broker: Option<String>,
+    /// The key read from the broker key file.
+    pub broker_key: Option<Vec<u8>>,
+    pub advertise: Option<String>,
+    pub labels: crate::broker::Labels,
 }
 
 impl Config {
@@ -148,6 +191,27 @@ impl Config {
                 .max_connections
                 .or(file.max_connections)
                 .unwrap_or(DEFAULT_MAX_CONNECTIONS),
+            pool: PoolConfig {
+            broker: args.broker.or(file.broker),
+            broker_key: match args.broker_key_file.or(file.broker_key_file) {
+                Some(p) => {
+                    let bytes = std::fs::read(&p)
+                        .with_context(|| format!("cannot read broker key file {}", p.display()))?;
+                    Some(
+                        rgpu_protocol::token::parse_key(&bytes)
+                            .with_context(|| format!("broker key file {}", p.display()))?,
+                    )
+                }
+                None => None,
+            },
+            advertise: args.advertise.or(file.advertise),
+            labels: crate::broker::Labels {
+                node: args.node.or(file.node).unwrap_or_default(),
+                leaf: args.leaf.or(file.leaf).unwrap_or_else(|| "leaf0".into()),
+                spine: args.spine.or(file.spine).unwrap_or_else(|| "spine0".into()),
+                partitions: args.partitions.or(file.partitions).unwrap_or_default(),
+            },
+            },
         };
         if cfg.sim.devices == 0 {
             bail!("sim-devices must be at least 1");

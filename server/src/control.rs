@@ -93,16 +93,32 @@ impl gpu_server::Server for GpuServer {
         }
         let p = params.get()?;
         let client = text(p.get_client_name());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let admission = match self.service.leases.admit(p.get_token()?, now) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!(peer = %self.peer, client = %client, "session refused: {e}");
+                return Err(capnp::Error::failed(format!("session refused: {e}")));
+            }
+        };
         let (id, key) = self
             .service
             .sessions
             .open(&client)
             .map_err(|e| capnp::Error::failed(format!("cannot open a session: {e}")))?;
+        if let Some(a) = admission {
+            info!(peer = %self.peer, session = format_args!("{id:#x}"), lease = format_args!("{:016x}", a.lease),
+                generation = a.generation, memory_limit = ?a.memory_limit, "session admitted by lease");
+            self.service.leases.bind(id, a);
+        }
         let timeout = self.service.attach_timeout;
         let service = self.service.clone();
         tokio::task::spawn_local(async move {
             tokio::time::sleep(timeout).await;
             if service.sessions.expire(id) {
+                service.leases.unbind(id);
                 info!(session = format_args!("{id:#x}"), client = %client,
                     "session dropped: no data connection within {} ms", timeout.as_millis());
             }

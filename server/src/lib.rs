@@ -10,10 +10,12 @@
 pub mod module;
 
 pub mod backend;
+pub mod broker;
 pub mod command;
 pub mod config;
 pub mod control;
 pub mod cuerror;
+pub mod lease;
 pub mod listener;
 pub mod service;
 pub mod session;
@@ -51,6 +53,30 @@ pub async fn serve(
     config: &config::Config,
     shutdown: CancellationToken,
 ) {
-    let service = Arc::new(service::Service::new(backend, config.attach_timeout));
+    let mut service = service::Service::new(backend, config.attach_timeout);
+    if let Some(key) = &config.pool.broker_key {
+        service = service.with_broker_key(key.clone());
+    }
+    let service = Arc::new(service);
+    if let Some(b) = &config.pool.broker {
+        let id = config.pool.advertise.clone().unwrap_or_else(|| {
+            listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.listen.clone())
+        });
+        let mut labels = config.pool.labels.clone();
+        if labels.node.is_empty() {
+            labels.node = id.clone();
+        }
+        let agent = broker::Agent { broker: b.clone(), server_id: id, labels, key: config.pool.broker_key.clone() };
+        let (svc, stop) = (service.clone(), shutdown.clone());
+        let spawned = std::thread::Builder::new().name("rgpu-broker-agent".into()).spawn(move || {
+            match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => tokio::task::LocalSet::new().block_on(&rt, agent.run(svc, stop)),
+                Err(e) => tracing::error!("cannot start the broker agent: {e}"),
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the broker agent: {e}");
+        }
+    }
     listener::run(listener, service, config.max_connections, shutdown).await
 }

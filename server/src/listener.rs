@@ -167,7 +167,9 @@ async fn attach(
             return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
         }
     };
-    let backend = match service.backend.open_session(None) {
+    // A lease's token may cap the session's memory.
+    let limit = service.leases.admission(id).and_then(|a| a.memory_limit);
+    let backend = match service.backend.open_session(limit) {
         Ok(b) => b,
         Err(e) => {
             service.sessions.detach(id);
@@ -195,6 +197,7 @@ async fn attach(
             let _held = (permit, guard);
             crate::session::serve(id, transport, state);
             svc.sessions.detach(id);
+            svc.leases.unbind(id);
             info!(session = format_args!("{id:#x}"), "session ended; its resources are freed");
         });
     if let Err(e) = spawned {

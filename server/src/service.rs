@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
+use crate::lease::Leases;
 use crate::session::registry::Registry;
 
 pub struct Service {
@@ -14,6 +15,8 @@ pub struct Service {
     pub attach_timeout: Duration,
     /// Reported by `hello`.
     pub server_name: String,
+    /// Lease-token admission (open to all without a broker key).
+    pub leases: Leases,
 }
 
 impl Service {
@@ -23,6 +26,14 @@ impl Service {
             sessions: Registry::default(),
             attach_timeout,
             server_name: format!("rgpu-server {}", env!("CARGO_PKG_VERSION")),
+            leases: Leases::new(None, Vec::new()),
         }
+    }
+
+    /// Admits sessions by lease tokens signed with `key`.
+    pub fn with_broker_key(mut self, key: Vec<u8>) -> Self {
+        let gpus = self.backend.devices().iter().map(|d| d.uuid).collect();
+        self.leases = Leases::new(Some(key), gpus);
+        self
     }
 }

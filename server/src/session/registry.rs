@@ -87,6 +87,23 @@ impl Registry {
         self.lock().active.remove(&id);
     }
 
+    /// Closes one session (its lease ended): a pending one is dropped, an
+    /// active one's connection is shut, which ends its thread. `true` if
+    /// there was such a session.
+    pub fn close(&self, id: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.pending.remove(&id).is_some() {
+            return true;
+        }
+        match inner.active.get(&id) {
+            Some(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Refuses new sessions and closes every active connection, which makes
     /// each session thread end and free what it held.
     pub fn close_all(&self) {

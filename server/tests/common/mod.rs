@@ -40,6 +40,7 @@ impl TestServer {
             sim: SimConfig { devices, memory, compute_capability: (9, 0), seed: None },
             attach_timeout,
             max_connections: 64,
+            pool: Default::default(),
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));

@@ -1,0 +1,156 @@
+//! The server's side of the pool broker: registers this server's GPUs with
+//! their place in the fabric, heartbeats, and applies each reply to the
+//! lease table ([`crate::lease`]), closing sessions of ended leases.
+//! Reconnects with backoff when the broker is away; leases keep running
+//! until the deadline last heard of.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::broker_capnp::broker;
+use rgpu_protocol::token::sign_bytes;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::service::Service;
+
+/// Topology and partitions this server announces.
+#[derive(Debug, Clone, Default)]
+pub struct Labels {
+    pub node: String,
+    pub leaf: String,
+    pub spine: String,
+    pub partitions: Vec<String>,
+}
+
+pub struct Agent {
+    pub broker: String,
+    /// Our id at the broker: the address clients reach us on.
+    pub server_id: String,
+    pub labels: Labels,
+    pub key: Option<Vec<u8>>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Agent {
+    fn proof(&self) -> Vec<u8> {
+        match &self.key {
+            Some(k) => sign_bytes(k, format!("rgpu-register:{}", self.server_id).as_bytes()),
+            None => Vec::new(),
+        }
+    }
+
+    /// Runs until `shutdown`. Must run inside a `LocalSet`.
+    pub async fn run(self, service: Arc<Service>, shutdown: CancellationToken) {
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            let r = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = self.session(&service) => r,
+            };
+            if let Err(e) = r {
+                warn!(broker = %self.broker, "broker connection: {e}; retrying in {} ms", backoff.as_millis());
+            }
+            // Sessions whose deadline passed while the broker is away.
+            close(&service, service.leases.expired(now_ms()));
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    async fn session(&self, service: &Arc<Service>) -> Result<(), String> {
+        let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&self.broker))
+            .await
+            .map_err(|_| "connect timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+        let network = twoparty::VatNetwork::new(
+            futures::io::BufReader::new(reader),
+            futures::io::BufWriter::new(writer),
+            rpc_twoparty_capnp::Side::Client,
+            Default::default(),
+        );
+        let mut rpc = RpcSystem::new(Box::new(network), None);
+        let client: broker::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+        let driver = tokio::task::spawn_local(rpc);
+        let r = self.talk(&client, service).await;
+        driver.abort();
+        r
+    }
+
+    async fn register(&self, client: &broker::Client, service: &Service) -> Result<u64, String> {
+        let devices = service.backend.devices();
+        let mut req = client.register_request();
+        {
+            let mut s = req.get().init_server();
+            s.set_id(&self.server_id);
+            s.set_node(&self.labels.node);
+            s.set_leaf(&self.labels.leaf);
+            s.set_spine(&self.labels.spine);
+            let mut p = s.reborrow().init_partitions(self.labels.partitions.len() as u32);
+            for (i, x) in self.labels.partitions.iter().enumerate() {
+                p.set(i as u32, x);
+            }
+            let mut gs = s.init_gpus(devices.len() as u32);
+            for (i, d) in devices.iter().enumerate() {
+                let mut g = gs.reborrow().get(i as u32);
+                g.set_uuid(&d.uuid);
+                g.set_ordinal(d.ordinal);
+                g.set_model(&d.name);
+                g.set_memory(d.total_mem);
+                g.set_sms(d.attributes.iter().find(|a| a.0 == 16).map_or(0, |a| a.1.max(0) as u32));
+                g.set_healthy(true);
+            }
+        }
+        req.get().set_proof(&self.proof());
+        let reply = req.send().promise.await.map_err(|e| e.to_string())?;
+        let hb = reply.get().map_err(|e| e.to_string())?.get_heartbeat_ms();
+        info!(broker = %self.broker, id = %self.server_id, gpus = devices.len(), "registered with the broker");
+        Ok(u64::from(hb).max(50))
+    }
+
+    async fn talk(&self, client: &broker::Client, service: &Arc<Service>) -> Result<(), String> {
+        let mut every = Duration::from_millis(self.register(client, service).await?);
+        loop {
+            let mut req = client.heartbeat_request();
+            req.get().set_server_id(&self.server_id);
+            req.get().set_proof(&self.proof());
+            let reply = tokio::time::timeout(every * 3, req.send().promise)
+                .await
+                .map_err(|_| "heartbeat unanswered".to_string())?
+                .map_err(|e| e.to_string())?;
+            let r = reply.get().map_err(|e| e.to_string())?;
+            if !r.get_known() {
+                every = Duration::from_millis(self.register(client, service).await?);
+                continue;
+            }
+            let mut live = HashMap::new();
+            for l in r.get_leases().map_err(|e| e.to_string())?.iter() {
+                live.insert(l.get_id(), (l.get_generation(), l.get_deadline_ms()));
+            }
+            let n = live.len();
+            let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
+            debug!(live = n, closing = closing.len(), "heartbeat");
+            close(service, closing);
+            tokio::time::sleep(every).await;
+        }
+    }
+}
+
+fn close(service: &Service, sessions: Vec<u64>) {
+    for s in sessions {
+        if service.sessions.close(s) {
+            info!(session = format_args!("{s:#x}"), "lease ended: session closed");
+        }
+    }
+}

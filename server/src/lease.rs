@@ -1,0 +1,183 @@
+//! Lease admission on the GPU server, when a broker key is configured:
+//! `openSession` needs a token the broker signed, unexpired, for one of
+//! this server's GPUs, and not fenced off. The broker's heartbeat replies
+//! tell which leases are live and the generation floor; sessions of leases
+//! that ended (released, expired, revoked) are closed.
+//!
+//! Fencing rule: a token for lease L with generation g is admitted if L is
+//! in the last live list with generation g; or if L is not listed and g is
+//! above the floor (granted since the last heartbeat). A listed lease with
+//! another generation, or an unlisted one at or below the floor, is stale.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use rgpu_protocol::token::{Claims, TokenError};
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum AdmitError {
+    #[error("this server only admits sessions with a lease token from the broker (set RGPU_TOKEN, or use `rgpu run --gpus N`)")]
+    NoToken,
+    #[error(transparent)]
+    Token(#[from] TokenError),
+    #[error("the token is for GPUs this server does not have")]
+    NotOurGpu,
+    #[error("stale lease generation {got} for lease {lease:016x} (live generation {live})")]
+    StaleGeneration { lease: u64, got: u64, live: u64 },
+    #[error("lease {0:016x} has ended (released, expired or revoked); take a new lease")]
+    Ended(u64),
+}
+
+/// What an admitted session may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub lease: u64,
+    pub generation: u64,
+    /// Bytes; None: whole GPUs.
+    pub memory_limit: Option<u64>,
+    pub deadline_ms: u64,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// From the last heartbeat reply: lease id -> (generation, deadline).
+    live: HashMap<u64, (u64, u64)>,
+    floor: u64,
+    /// Session id -> its admission.
+    sessions: HashMap<u64, Admission>,
+}
+
+pub struct Leases {
+    key: Option<Vec<u8>>,
+    gpus: Vec<[u8; 16]>,
+    inner: Mutex<Inner>,
+}
+
+impl Leases {
+    /// Without a key every session is admitted, as before the broker.
+    pub fn new(key: Option<Vec<u8>>, gpus: Vec<[u8; 16]>) -> Self {
+        Leases { key, gpus, inner: Mutex::default() }
+    }
+
+    pub fn enforced(&self) -> bool {
+        self.key.is_some()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checks a token; Ok(None) when no key is configured.
+    pub fn admit(&self, token: &[u8], now_ms: u64) -> Result<Option<Admission>, AdmitError> {
+        let Some(key) = &self.key else { return Ok(None) };
+        if token.is_empty() {
+            return Err(AdmitError::NoToken);
+        }
+        let c = Claims::verify(token, key, now_ms)?;
+        if !c.gpus.iter().any(|g| self.gpus.contains(g)) {
+            return Err(AdmitError::NotOurGpu);
+        }
+        let inner = self.lock();
+        let mut deadline = c.deadline_ms;
+        match inner.live.get(&c.lease_id) {
+            Some(&(live, _)) if live != c.generation => {
+                return Err(AdmitError::StaleGeneration { lease: c.lease_id, got: c.generation, live })
+            }
+            Some(&(_, d)) => deadline = deadline.max(d),
+            None if c.generation <= inner.floor => return Err(AdmitError::Ended(c.lease_id)),
+            None => {}
+        }
+        Ok(Some(Admission {
+            lease: c.lease_id,
+            generation: c.generation,
+            memory_limit: Some(c.memory_limit).filter(|&m| m > 0),
+            deadline_ms: deadline,
+        }))
+    }
+
+    pub fn bind(&self, session: u64, a: Admission) {
+        self.lock().sessions.insert(session, a);
+    }
+
+    pub fn admission(&self, session: u64) -> Option<Admission> {
+        self.lock().sessions.get(&session).copied()
+    }
+
+    pub fn unbind(&self, session: u64) {
+        self.lock().sessions.remove(&session);
+    }
+
+    /// A heartbeat reply: returns the sessions to close.
+    pub fn update(&self, live: HashMap<u64, (u64, u64)>, floor: u64, now_ms: u64) -> Vec<u64> {
+        let mut inner = self.lock();
+        inner.live = live;
+        inner.floor = floor;
+        let Inner { live, floor, sessions } = &mut *inner;
+        let mut close = Vec::new();
+        for (&sid, a) in sessions.iter_mut() {
+            match live.get(&a.lease) {
+                Some(&(g, d)) if g == a.generation => a.deadline_ms = a.deadline_ms.max(d),
+                Some(_) => close.push(sid),
+                None if a.generation <= *floor => close.push(sid),
+                None => {}
+            }
+            if a.deadline_ms <= now_ms {
+                close.push(sid);
+            }
+        }
+        close.sort_unstable();
+        close.dedup();
+        for s in &close {
+            sessions.remove(s);
+        }
+        close
+    }
+
+    /// Sessions whose last known deadline passed (the broker may be
+    /// unreachable; a lease never outlives what the server last heard).
+    pub fn expired(&self, now_ms: u64) -> Vec<u64> {
+        let mut inner = self.lock();
+        let close: Vec<u64> = inner.sessions.iter().filter(|(_, a)| a.deadline_ms <= now_ms).map(|(&s, _)| s).collect();
+        for s in &close {
+            inner.sessions.remove(s);
+        }
+        close
+    }
+
+    /// Closes the sessions of every lease (this server drains for shutdown).
+    pub fn sessions(&self) -> usize {
+        self.lock().sessions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+
+    fn token(lease: u64, generation: u64, gpu: u8) -> Vec<u8> {
+        Claims { lease_id: lease, generation, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[gpu; 16]] }
+            .sign(KEY)
+    }
+
+    #[test]
+    fn admission_and_fencing() {
+        let l = Leases::new(Some(KEY.to_vec()), vec![[1; 16]]);
+        assert_eq!(l.admit(&[], 0), Err(AdmitError::NoToken));
+        assert_eq!(l.admit(&token(5, 3, 2), 0), Err(AdmitError::NotOurGpu));
+        let a = l.admit(&token(5, 3, 1), 0).unwrap().unwrap();
+        assert_eq!(a.memory_limit, None);
+        l.bind(77, a);
+        // Heartbeat: lease 5 live at generation 3; nothing to close.
+        assert!(l.update(HashMap::from([(5, (3, 2000))]), 9, 10).is_empty());
+        assert!(matches!(l.admit(&token(5, 2, 1), 0), Err(AdmitError::StaleGeneration { .. })));
+        assert_eq!(l.admit(&token(6, 8, 1), 0), Err(AdmitError::Ended(6)), "released before: replay refused");
+        assert!(l.admit(&token(7, 10, 1), 0).is_ok(), "granted since the heartbeat");
+        // Lease 5 released: its session closes.
+        assert_eq!(l.update(HashMap::new(), 10, 20), vec![77]);
+        assert!(matches!(l.admit(&token(5, 3, 1), 30), Err(AdmitError::Ended(5))));
+        assert!(Leases::new(None, vec![]).admit(&[], 0).unwrap().is_none());
+    }
+}
