@@ -105,6 +105,53 @@ pub trait Policy: Send + Sync {
     fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64;
     /// A unit with at least `demand.gpus` free whole GPUs.
     fn score_unit(&self, unit: &Unit, demand: &Demand) -> i64;
+
+    /// Called once per [`place_in`] before any scoring: a policy that learns
+    /// the distribution of requests (as fragmentation measures need) does it
+    /// here. Default: nothing.
+    fn observe(&self, _demand: &Demand, _cx: &Context) {}
+    /// [`Policy::score_gpu`] with the caller's context and indices (GPU `gi`
+    /// of `servers`' `si`). Default: `score_gpu`.
+    fn score_gpu_in(&self, _cx: &Context, _si: usize, server: &Server, gi: usize, demand: &Demand) -> i64 {
+        self.score_gpu(server, &server.gpus[gi], demand)
+    }
+    /// [`Policy::score_unit`] with the caller's context and the unit's
+    /// servers (`members`, indices into `servers`). Default: `score_unit`.
+    fn score_unit_in(&self, _cx: &Context, _servers: &[Server], _members: &[usize], unit: &Unit, demand: &Demand) -> i64 {
+        self.score_unit(unit, demand)
+    }
+}
+
+/// Host resources (CPU, memory) beside the GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Host {
+    pub cpu_milli: u64,
+    /// Bytes.
+    pub memory: u64,
+}
+
+impl Host {
+    pub fn holds(&self, need: &Host) -> bool {
+        need.cpu_milli <= self.cpu_milli && need.memory <= self.memory
+    }
+}
+
+/// What a caller knows beyond the servers and the demand. The broker does not
+/// track host resources and passes the default (empty); an offline driver
+/// (the trace simulator) does, and placement then also requires them to fit.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Context<'a> {
+    /// Free host resources per server, same indices as `servers`; empty: not tracked.
+    pub hosts: &'a [Host],
+    /// Host resources the demand needs on the server it lands on.
+    pub need: Host,
+}
+
+impl Context<'_> {
+    /// Can server `si`'s host take the demand's host needs?
+    pub fn host_fits(&self, si: usize) -> bool {
+        self.hosts.get(si).is_none_or(|h| h.holds(&self.need))
+    }
 }
 
 /// Packs fractions onto shared GPUs (best fit by memory left), then onto the
@@ -149,10 +196,23 @@ pub fn place(
     eligible: &dyn Fn(&Server) -> bool,
     policy: &dyn Policy,
 ) -> Result<Vec<Slot>, NoPlace> {
+    place_in(servers, demand, eligible, policy, &Context::default())
+}
+
+/// [`place`] with the caller's [`Context`]: servers whose host cannot take
+/// `cx.need` are busy.
+pub fn place_in(
+    servers: &[Server],
+    demand: &Demand,
+    eligible: &dyn Fn(&Server) -> bool,
+    policy: &dyn Policy,
+    cx: &Context,
+) -> Result<Vec<Slot>, NoPlace> {
+    policy.observe(demand, cx);
     if demand.is_fraction() {
-        place_fraction(servers, demand, eligible, policy)
+        place_fraction(servers, demand, eligible, policy, cx)
     } else {
-        place_whole(servers, demand, eligible, policy)
+        place_whole(servers, demand, eligible, policy, cx)
     }
 }
 
@@ -165,6 +225,7 @@ fn place_fraction(
     d: &Demand,
     eligible: &dyn Fn(&Server) -> bool,
     policy: &dyn Policy,
+    cx: &Context,
 ) -> Result<Vec<Slot>, NoPlace> {
     let mut best: Option<(i64, Slot)> = None;
     let mut could_ever = false;
@@ -177,10 +238,10 @@ fn place_fraction(
                 continue;
             }
             could_ever = true;
-            if !s.schedulable() || !g.fits_fraction(d.memory, d.compute_milli) {
+            if !s.schedulable() || !g.fits_fraction(d.memory, d.compute_milli) || !cx.host_fits(si) {
                 continue;
             }
-            let score = policy.score_gpu(s, g, d);
+            let score = policy.score_gpu_in(cx, si, s, gi, d);
             if best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, (si, gi)));
             }
@@ -229,6 +290,7 @@ fn place_whole(
     d: &Demand,
     eligible: &dyn Fn(&Server) -> bool,
     policy: &dyn Policy,
+    cx: &Context,
 ) -> Result<Vec<Slot>, NoPlace> {
     let n = d.gpus;
     // Per eligible server: (index, free, all).
@@ -244,7 +306,7 @@ fn place_whole(
         if d.scope_required && d.scope != Scope::Any {
             *biggest.entry((d.scope, s.unit_key(d.scope))).or_default() += all;
         }
-        if free > 0 {
+        if free > 0 && cx.host_fits(si) {
             cand.push((si, free, all));
         }
     }
@@ -270,7 +332,7 @@ fn place_whole(
                     continue;
                 }
                 let u = Unit { scope: level, free_whole: free, gpus: all, servers: 1 };
-                let score = policy.score_unit(&u, d);
+                let score = policy.score_unit_in(cx, servers, &[si], &u, d);
                 if best.is_none_or(|(b, _)| score > b) {
                     best = Some((score, si));
                 }
@@ -292,11 +354,11 @@ fn place_whole(
                 u.2.push(si);
             }
             let mut best: Option<(i64, usize)> = None;
-            for (i, (_, u, _)) in units.iter().enumerate() {
+            for (i, (_, u, members)) in units.iter().enumerate() {
                 if u.free_whole < n {
                     continue;
                 }
-                let score = policy.score_unit(u, d);
+                let score = policy.score_unit_in(cx, servers, members, u, d);
                 if best.is_none_or(|(b, _)| score > b) {
                     best = Some((score, i));
                 }
@@ -425,6 +487,21 @@ mod tests {
         assert_eq!(place(&s, &node2, &all, &FragmentationAware), Err(NoPlace::Busy));
         let node5 = Demand { gpus: 5, scope: Scope::Node, scope_required: true, ..Demand::default() };
         assert!(matches!(place(&s, &node5, &all, &FragmentationAware), Err(NoPlace::Impossible(_))));
+    }
+
+    #[test]
+    fn host_context_makes_servers_busy() {
+        let s = vec![server("a", "n1", "l1", 2), server("b", "n2", "l1", 2)];
+        let hosts = [Host { cpu_milli: 1000, memory: 1 << 30 }, Host { cpu_milli: 8000, memory: 8 << 30 }];
+        let cx = Context { hosts: &hosts, need: Host { cpu_milli: 4000, memory: 2 << 30 } };
+        let frac = Demand { memory: 1 << 30, ..Demand::default() };
+        assert_eq!(place_in(&s, &frac, &all, &FragmentationAware, &cx), Ok(vec![(1, 0)]));
+        let whole = Demand { gpus: 2, ..Demand::default() };
+        assert_eq!(place_in(&s, &whole, &all, &FragmentationAware, &cx), Ok(vec![(1, 0), (1, 1)]));
+        let none = [Host::default(), Host::default()];
+        let cx = Context { hosts: &none, ..cx };
+        assert_eq!(place_in(&s, &frac, &all, &FragmentationAware, &cx), Err(NoPlace::Busy));
+        assert_eq!(place_in(&s, &whole, &all, &FragmentationAware, &cx), Err(NoPlace::Busy));
     }
 
     #[test]
