@@ -8,6 +8,7 @@ mod commands;
 mod driver;
 mod frames;
 mod paths;
+mod pool;
 mod server_process;
 
 use clap::{Parser, Subcommand};
@@ -24,6 +25,14 @@ enum Command {
     Run(commands::run::Args),
     Demo(commands::demo::Args),
     Bench(commands::bench::Args),
+    Lease(commands::lease::Args),
+    Renew(commands::renew::Args),
+    Release(commands::release::Args),
+    Leases(commands::leases::Args),
+    Servers(commands::servers::Args),
+    Drain(commands::drain::Args),
+    Undrain(commands::undrain::Args),
+    Status(commands::status::Args),
 }
 
 fn main() {
@@ -35,6 +44,14 @@ fn main() {
         Command::Run(a) => commands::run::exec(a),
         Command::Demo(a) => commands::demo::exec(a),
         Command::Bench(a) => commands::bench::exec(a),
+        Command::Lease(a) => commands::lease::exec(a),
+        Command::Renew(a) => commands::renew::exec(a),
+        Command::Release(a) => commands::release::exec(a),
+        Command::Leases(a) => commands::leases::exec(a),
+        Command::Servers(a) => commands::servers::exec(a),
+        Command::Drain(a) => commands::drain::exec(a),
+        Command::Undrain(a) => commands::undrain::exec(a),
+        Command::Status(a) => commands::status::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

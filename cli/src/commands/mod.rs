@@ -1,3 +1,11 @@
 pub mod bench;
 pub mod demo;
+pub mod drain;
+pub mod lease;
+pub mod leases;
+pub mod release;
+pub mod renew;
 pub mod run;
+pub mod servers;
+pub mod status;
+pub mod undrain;

@@ -1,39 +1,119 @@
-//! `rgpu run --server ADDR[,ADDR...] -- PROGRAM [ARGS...]`
+//! `rgpu run --server ADDR[,ADDR...] -- PROGRAM [ARGS...]`, or with a lease:
+//! `rgpu run --gpus N [--memory 20GiB] [--same leaf] -- PROGRAM`.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use rgpu_pool_broker::client::BrokerClient;
 
 use crate::paths;
+use crate::pool::{self, BrokerArgs, LeaseArgs};
 
-/// Run a program with rgpu's libcuda.so.1, its CUDA calls going to the servers.
+/// Run a program with rgpu's libcuda.so.1, its CUDA calls going to the
+/// servers; with --gpus/--memory/--compute, on GPUs leased from the broker
+/// (renewed while it runs, released when it exits or on Ctrl-C).
 #[derive(clap::Args)]
 pub struct Args {
     /// GPU servers, host:port, comma-separated; each server's devices become
     /// CUDA devices in this order. Default: $RGPU_SERVERS.
     #[arg(long, value_delimiter = ',', env = "RGPU_SERVERS")]
     server: Vec<String>,
+    #[command(flatten)]
+    broker: BrokerArgs,
+    #[command(flatten)]
+    lease: LeaseArgs,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, required = true)]
     program: Vec<String>,
 }
 
+const RUN_TTL_MS: u64 = 60_000;
+
 pub fn exec(a: Args) -> Result<i32> {
-    if a.server.is_empty() {
-        bail!("no server given: use --server HOST:PORT or set RGPU_SERVERS");
+    let leased = a.lease.gpus.is_some() || a.lease.memory.is_some() || a.lease.compute.is_some();
+    if !leased {
+        if a.server.is_empty() {
+            bail!("no server given: use --server HOST:PORT (or RGPU_SERVERS), or lease from the broker with --gpus N");
+        }
+        return run_program(&a.program, &[("RGPU_SERVERS".into(), a.server.join(","))]);
     }
+    let client = a.broker.connect()?;
+    let spec = a.lease.spec(RUN_TTL_MS);
+    let lease = client.lease(&spec)?;
+    let id = lease.id_u64();
+    eprintln!(
+        "rgpu: lease {} ({} GPU(s) on {}) for {}",
+        lease.id,
+        lease.gpus.len(),
+        lease.servers().join(","),
+        a.program[0]
+    );
+    // Ctrl-C goes to the program (same process group); we stay to release.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let renewer = {
+        let (done, addr, ttl) = (done.clone(), a.broker.broker.clone(), spec.ttl_ms.max(3000));
+        std::thread::spawn(move || renew_loop(&addr, id, ttl, &done))
+    };
+    let result = run_program(&a.program, &pool::lease_env(&lease));
+    done.store(true, Ordering::Release);
+    let _ = renewer.join();
+    match client.release(id) {
+        Ok(_) => eprintln!("rgpu: lease {} released", lease.id),
+        Err(e) => eprintln!("rgpu: could not release lease {}: {e} (it expires by itself)", lease.id),
+    }
+    result
+}
+
+/// Renews every third of the TTL until `done`; says so once if the lease
+/// is lost or revoked.
+fn renew_loop(addr: &str, id: u64, ttl_ms: u64, done: &AtomicBool) {
+    let every = Duration::from_millis(ttl_ms / 3);
+    let mut client: Option<BrokerClient> = None;
+    let mut waited = Duration::ZERO;
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        waited += Duration::from_millis(100);
+        if waited < every {
+            continue;
+        }
+        waited = Duration::ZERO;
+        if client.is_none() {
+            client = BrokerClient::connect(addr).ok();
+        }
+        let Some(c) = &client else { continue };
+        match c.renew(id, ttl_ms) {
+            Ok(_) => {}
+            Err(e) if e.kind().is_some() => {
+                eprintln!("rgpu: lease {id:016x} cannot be renewed: {e}");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!("renew failed: {e}; retrying");
+                client = None;
+            }
+        }
+    }
+}
+
+fn run_program(program: &[String], env: &[(String, String)]) -> Result<i32> {
     let dir = paths::driver_dir()?;
     let mut ld = dir.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
         ld.push(":");
         ld.push(old);
     }
-    let status = Command::new(&a.program[0])
-        .args(&a.program[1..])
-        .env("LD_LIBRARY_PATH", ld)
-        .env("RGPU_SERVERS", a.server.join(","))
-        .status()
-        .with_context(|| format!("cannot run {}", a.program[0]))?;
+    let mut cmd = Command::new(&program[0]);
+    cmd.args(&program[1..]).env("LD_LIBRARY_PATH", ld);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let status = cmd.status().with_context(|| format!("cannot run {}", program[0]))?;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }

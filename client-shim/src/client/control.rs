@@ -5,6 +5,7 @@ use std::time::Duration;
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
 use futures::AsyncReadExt;
 use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::token::Claims;
 use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
 use tokio::io::AsyncWriteExt;
 
@@ -95,7 +96,7 @@ async fn open_async(addr: &str, client_name: &str) -> Result<Hello, ClientError>
 
         let reply = server.list_devices_request().send().promise.await.map_err(|e| rpc_err(addr, e))?;
         let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
-        let mut devices = Vec::with_capacity(list.len() as usize);
+        let mut devices: Vec<RemoteDevice> = Vec::with_capacity(list.len() as usize);
         for d in list.iter() {
             let uuid_bytes = d.get_uuid().map_err(|e| rpc_err(addr, e))?;
             let mut uuid = [0u8; 16];
@@ -114,8 +115,23 @@ async fn open_async(addr: &str, client_name: &str) -> Result<Hello, ClientError>
             });
         }
 
+        // A lease token (RGPU_TOKEN) admits this process on a pooled server
+        // and says which of its GPUs are ours: only those become devices.
+        let token = pick_token(&lease_tokens(), &devices);
+        if let Some((_, claims)) = &token {
+            let ours: Vec<RemoteDevice> =
+                devices.iter().filter(|d| claims.gpus.contains(&d.uuid)).cloned().collect();
+            if !ours.is_empty() {
+                devices = ours;
+            }
+            if claims.memory_limit > 0 {
+                for d in &mut devices {
+                    d.total_mem = d.total_mem.min(claims.memory_limit);
+                }
+            }
+        }
         let mut req = server.open_session_request();
-        req.get().set_token(&[]);
+        req.get().set_token(token.as_ref().map_or(&[][..], |(t, _)| t.as_slice()));
         req.get().set_client_name(client_name);
         let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
         let s = reply.get().map_err(|e| rpc_err(addr, e))?;
@@ -125,4 +141,36 @@ async fn open_async(addr: &str, client_name: &str) -> Result<Hello, ClientError>
     .await;
     driver.abort();
     result
+}
+
+/// Tokens from `RGPU_TOKEN`: hex, several separated by commas (one per
+/// lease, as `rgpu run` sets it).
+fn lease_tokens() -> Vec<Vec<u8>> {
+    let v = std::env::var("RGPU_TOKEN").unwrap_or_default();
+    v.split(',').filter(|s| !s.trim().is_empty()).filter_map(rgpu_protocol::token::from_hex).collect()
+}
+
+/// The token for this server: the first whose GPUs it has; else, if there
+/// is exactly one token, that one (the server will say why it refuses it).
+fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, Claims)> {
+    let decoded: Vec<(Vec<u8>, Claims)> = tokens
+        .iter()
+        .filter_map(|t| Claims::decode_unverified(t).ok().map(|c| (t.clone(), c)))
+        .collect();
+    if let Some(hit) = decoded.iter().find(|(_, c)| devices.iter().any(|d| c.gpus.contains(&d.uuid))) {
+        return Some(hit.clone());
+    }
+    if tokens.len() == 1 {
+        let t = tokens[0].clone();
+        let c = Claims::decode_unverified(&t).unwrap_or(Claims {
+            lease_id: 0,
+            generation: 0,
+            deadline_ms: 0,
+            memory_limit: 0,
+            tenant: String::new(),
+            gpus: Vec::new(),
+        });
+        return Some((t, c));
+    }
+    None
 }

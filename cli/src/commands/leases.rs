@@ -1,0 +1,27 @@
+//! `rgpu leases [--tenant T] [--json]`
+
+use anyhow::Result;
+
+use crate::pool::{self, BrokerArgs};
+
+/// List live leases.
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    broker: BrokerArgs,
+    /// Only this tenant's leases.
+    #[arg(long)]
+    tenant: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn exec(a: Args) -> Result<i32> {
+    let leases = a.broker.connect()?.leases(a.tenant.as_deref().unwrap_or(""))?;
+    if a.json {
+        pool::json(&leases)?;
+    } else {
+        pool::lease_table(&leases);
+    }
+    Ok(0)
+}

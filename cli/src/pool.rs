@@ -1,0 +1,187 @@
+//! What the broker subcommands share: the broker address, `--json`, the
+//! lease request flags, and human-readable tables (stdout), status lines
+//! (stderr).
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use rgpu_pool_broker::client::{BrokerClient, LeaseSpec, LeaseView, ServerView};
+use rgpu_pool_broker::config::{parse_duration_ms, parse_size};
+use rgpu_pool_broker::placement::Scope;
+
+pub const DEFAULT_BROKER: &str = "127.0.0.1:7770";
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct BrokerArgs {
+    /// The pool broker, host:port.
+    #[arg(long, env = "RGPU_BROKER", default_value = DEFAULT_BROKER, value_name = "ADDR")]
+    pub broker: String,
+}
+
+impl BrokerArgs {
+    pub fn connect(&self) -> Result<BrokerClient> {
+        BrokerClient::connect(&self.broker).with_context(|| {
+            format!("is rgpu-broker running at {}? (set --broker or RGPU_BROKER)", self.broker)
+        })
+    }
+}
+
+/// What to lease.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LeaseArgs {
+    /// Whole GPUs. With --memory or --compute: a fraction of one GPU instead.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// A fraction of one GPU: this much of its memory (e.g. 20GiB).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// A fraction of one GPU: this share of its compute, in thousandths (1..1000).
+    #[arg(long, value_name = "MILLI")]
+    pub compute: Option<u32>,
+    /// Allowed GPU model (repeatable; case-insensitive).
+    #[arg(long = "model", value_name = "MODEL")]
+    pub models: Vec<String>,
+    /// Keep the GPUs within one node, leaf switch or spine.
+    #[arg(long, value_name = "node|leaf|spine", value_parser = parse_scope)]
+    pub same: Option<Scope>,
+    /// Fail rather than spread wider than --same.
+    #[arg(long, requires = "same")]
+    pub strict: bool,
+    /// Tenant to lease for.
+    #[arg(long, env = "RGPU_TENANT", value_name = "NAME")]
+    pub tenant: Option<String>,
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub priority: i32,
+    /// Lease time to live; renewals extend it (e.g. 90s, 10m).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+    pub ttl: Option<u64>,
+    /// Wait this long in the queue if nothing is free now (e.g. 30s).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration_ms)]
+    pub wait: Option<u64>,
+    /// Idempotency key: retrying with the same key returns the same lease.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+}
+
+fn parse_scope(s: &str) -> Result<Scope, String> {
+    Scope::parse(s).ok_or_else(|| format!("invalid scope {s:?}: expected node, leaf, spine or any"))
+}
+
+impl LeaseArgs {
+    pub fn spec(&self, default_ttl_ms: u64) -> LeaseSpec {
+        let fraction = self.memory.is_some() || self.compute.is_some();
+        let gpus = match (self.gpus, fraction) {
+            (Some(1), true) | (None, true) => 0,
+            (Some(n), _) => n,
+            (None, false) => 1,
+        };
+        LeaseSpec {
+            tenant: self.tenant.clone().unwrap_or_else(default_tenant),
+            gpus,
+            memory: self.memory.unwrap_or(0),
+            compute_milli: self.compute.unwrap_or(0),
+            models: self.models.clone(),
+            scope: self.same.unwrap_or_default(),
+            scope_required: self.strict,
+            priority: self.priority,
+            ttl_ms: self.ttl.unwrap_or(default_ttl_ms),
+            wait_ms: self.wait.unwrap_or(0),
+            key: self.key.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// $USER, else "default".
+pub fn default_tenant() -> String {
+    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "default".into())
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// "in 59s", "3s ago".
+pub fn relative(ms: u64) -> String {
+    let now = now_ms();
+    let (d, future) = if ms >= now { (ms - now, true) } else { (now - ms, false) };
+    let s = d / 1000;
+    let t = if s >= 3600 { format!("{}h{:02}m", s / 3600, s % 3600 / 60) } else if s >= 60 { format!("{}m{:02}s", s / 60, s % 60) } else { format!("{s}s") };
+    if future { format!("in {t}") } else { format!("{t} ago") }
+}
+
+pub fn gib(b: u64) -> String {
+    format!("{:.1}GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+pub fn json<T: serde::Serialize>(v: &T) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+pub fn print_lease(l: &LeaseView) {
+    println!("lease     {}", l.id);
+    println!("tenant    {}   generation {}   state {}", l.tenant, l.generation, l.state);
+    println!("expires   {} (renew with `rgpu renew {}`)", relative(l.deadline_ms), l.id);
+    if l.memory_limit > 0 {
+        println!("share     {} of memory, compute {}/1000 of one GPU", gib(l.memory_limit), l.compute_milli);
+    }
+    for g in &l.gpus {
+        println!("gpu       {} #{} {} ({}) uuid {}", g.server, g.ordinal, g.model, gib(g.memory), g.uuid);
+    }
+}
+
+/// The environment that points the shim at a lease.
+pub fn lease_env(l: &LeaseView) -> Vec<(String, String)> {
+    let mut v = vec![("RGPU_SERVERS".to_string(), l.servers().join(","))];
+    if !l.token.is_empty() {
+        v.push(("RGPU_TOKEN".to_string(), l.token.clone()));
+    }
+    v
+}
+
+pub fn lease_table(leases: &[LeaseView]) {
+    println!("{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  SERVERS", "LEASE", "TENANT", "GPUS", "STATE", "MEMORY", "EXPIRES");
+    for l in leases {
+        let mem = if l.memory_limit > 0 { gib(l.memory_limit) } else { "whole".into() };
+        println!(
+            "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {}",
+            l.id,
+            l.tenant,
+            l.gpus.len(),
+            l.state,
+            mem,
+            relative(l.deadline_ms),
+            l.servers().join(",")
+        );
+    }
+}
+
+pub fn server_table(servers: &[ServerView]) {
+    println!(
+        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  DRAIN",
+        "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS"
+    );
+    for s in servers {
+        let drain = if !s.draining {
+            "-".to_string()
+        } else if s.drain_deadline_ms == 0 {
+            format!("draining, {} lease(s) left", s.leases)
+        } else {
+            format!("draining, {} lease(s) left, deadline {}", s.leases, relative(s.drain_deadline_ms))
+        };
+        println!(
+            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {}",
+            s.id,
+            s.node,
+            s.leaf,
+            s.spine,
+            s.state,
+            s.gpus_free,
+            s.gpus,
+            s.leases,
+            format!("{}/{}", gib(s.memory_used), gib(s.memory)),
+            s.partitions.join(","),
+            drain
+        );
+    }
+}
