@@ -1,0 +1,373 @@
+//! The pre-decoded form a kernel runs in: one flat instruction array per
+//! kernel (device functions inlined), operands resolved to register
+//! indices or constants, addresses of symbols already known.
+
+/// A source operand: a register (index into the warp's register file) or a
+/// constant (immediates and symbol addresses, resolved at load time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Src {
+    R(u32),
+    C(u64),
+}
+
+/// Where a load or store goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Space {
+    /// Device memory (`.global` and `.const`: module constants live in device memory).
+    Global,
+    /// The block's shared memory; addresses are offsets in it.
+    Shared,
+    /// The thread's local memory (stack, local arrays, call parameters).
+    Local,
+    /// The kernel's parameter buffer; addresses are offsets in it.
+    KParam,
+    /// A generic address: the windows below say which space it is in.
+    Generic,
+}
+
+/// Generic-address windows for the non-global spaces. They sit below every
+/// device address (the sim's start at 0x7f00_0000_0000) and below bit 48,
+/// where the client's per-server pointer tag lives.
+pub const SHARED_WINDOW: u64 = 0x0000_1000_0000_0000;
+pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
+pub const KPARAM_WINDOW: u64 = 0x0000_3000_0000_0000;
+/// Size of each window.
+pub const WINDOW_SIZE: u64 = 0x0000_1000_0000_0000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum I2 {
+    Add,
+    Sub,
+    AddSat,
+    SubSat,
+    MulLo,
+    MulHi,
+    /// Result twice as wide as the sources.
+    MulWide,
+    Mul24Lo,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum I1 {
+    Neg,
+    Abs,
+    Not,
+    /// `not.pred`/`cnot`: 0 -> 1, else 0.
+    CNot,
+    Popc,
+    Clz,
+    Brev,
+    Bfind,
+    BfindShift,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum I3 {
+    MadLo,
+    MadHi,
+    MadWide,
+    Mad24Lo,
+    /// bfe a, pos, len.
+    Bfe,
+    /// prmt a, b, selector.
+    Prmt,
+    Sad,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FT {
+    F16,
+    BF16,
+    F32,
+    F64,
+    F16x2,
+    BF16x2,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F2 {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    Copysign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum F1 {
+    Neg,
+    Abs,
+    Sqrt,
+    Rsqrt,
+    Rcp,
+    Ex2,
+    Lg2,
+    Sin,
+    Cos,
+    Tanh,
+    /// cvt.rni-style rounding within a float type (cvt.rni.f32.f32 etc.).
+    RoundEven,
+    Trunc,
+    Floor,
+    Ceil,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FMod {
+    pub ftz: bool,
+    pub sat: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+/// The operand type of a comparison.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmpTy {
+    Int { bits: u8, signed: bool },
+    Float(FT),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoolOp {
+    And,
+    Or,
+    Xor,
+}
+
+/// A scalar type as `cvt` sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CvtTy {
+    Int { bits: u8, signed: bool },
+    Float(FT),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rnd {
+    /// No rounding modifier.
+    None,
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+    Rna,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    And,
+    Or,
+    Xor,
+    Exch,
+    Cas,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomTy {
+    U32,
+    S32,
+    U64,
+    S64,
+    F32,
+    F64,
+    B32,
+    B64,
+}
+
+impl AtomTy {
+    pub fn size(self) -> u8 {
+        match self {
+            AtomTy::U32 | AtomTy::S32 | AtomTy::F32 | AtomTy::B32 => 4,
+            _ => 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BarRed {
+    Popc,
+    And,
+    Or,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockKind {
+    Clock,
+    Clock64,
+    GlobalTimer,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Nop,
+    Mov { bits: u8, d: u32, a: Src },
+    /// `mov.b64 d, {a, b}`: parts from least significant.
+    Pack { d: u32, parts: Vec<Src>, pbits: u8 },
+    Unpack { ds: Vec<Option<u32>>, a: Src, pbits: u8 },
+    I2 { f: I2, bits: u8, signed: bool, d: u32, a: Src, b: Src },
+    I1 { f: I1, bits: u8, signed: bool, d: u32, a: Src },
+    I3 { f: I3, bits: u8, signed: bool, d: u32, a: Src, b: Src, c: Src },
+    Bfi { bits: u8, d: u32, a: Src, b: Src, c: Src, e: Src },
+    F2 { f: F2, t: FT, m: FMod, d: u32, a: Src, b: Src },
+    F1 { f: F1, t: FT, m: FMod, d: u32, a: Src },
+    Fma { t: FT, m: FMod, d: u32, a: Src, b: Src, c: Src },
+    Setp { cmp: Cmp, t: CmpTy, d: Option<u32>, d2: Option<u32>, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
+    /// `set`: d is all ones (or 1.0f) when true.
+    Set { cmp: Cmp, t: CmpTy, float_dst: bool, d: u32, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
+    Selp { d: u32, a: Src, b: Src, p: Src },
+    Cvt { to: CvtTy, from: CvtTy, rnd: Rnd, sat: bool, ftz: bool, d: u32, a: Src },
+    /// Converts between a space's own addresses and generic ones.
+    Cvta { to_generic: bool, sp: Space, d: u32, a: Src },
+    Ld { sp: Space, size: u8, sext: bool, ds: Vec<Option<u32>>, base: Src, off: i64 },
+    St { sp: Space, size: u8, vals: Vec<Src>, base: Src, off: i64 },
+    Atom { sp: Space, op: AtomOp, t: AtomTy, d: Option<u32>, base: Src, off: i64, b: Src, c: Option<Src> },
+    Bra { target: u32 },
+    Exit,
+    Bar { red: Option<(BarRed, u32, Src, bool)> },
+    Shfl { mode: ShflMode, d: u32, dp: Option<u32>, a: Src, b: Src, c: Src },
+    Vote { mode: VoteMode, d: u32, p: Src, neg: bool },
+    Match { all: bool, bits: u8, d: u32, dp: Option<u32>, a: Src },
+    Activemask { d: u32 },
+    /// vprintf(fmt, args); the return value (arguments consumed) goes to `ret`.
+    Printf { fmt: Src, args: Src, ret: Option<(Space, u64)> },
+    Clock { d: u32, kind: ClockKind },
+    Trap,
+}
+
+#[derive(Debug, Clone)]
+pub struct Inst {
+    /// `@p` / `@!p`: register and negation.
+    pub guard: Option<(u32, bool)>,
+    pub op: Op,
+    /// Source line, for error messages.
+    pub line: u32,
+}
+
+/// Special registers: fixed register indices, filled in per warp.
+pub mod special {
+    pub const TID_X: u32 = 0;
+    pub const TID_Y: u32 = 1;
+    pub const TID_Z: u32 = 2;
+    pub const LANEID: u32 = 3;
+    pub const WARPID: u32 = 4;
+    pub const NTID_X: u32 = 5;
+    pub const NTID_Y: u32 = 6;
+    pub const NTID_Z: u32 = 7;
+    pub const CTAID_X: u32 = 8;
+    pub const CTAID_Y: u32 = 9;
+    pub const CTAID_Z: u32 = 10;
+    pub const NCTAID_X: u32 = 11;
+    pub const NCTAID_Y: u32 = 12;
+    pub const NCTAID_Z: u32 = 13;
+    pub const LANEMASK_EQ: u32 = 14;
+    pub const LANEMASK_LT: u32 = 15;
+    pub const LANEMASK_LE: u32 = 16;
+    pub const LANEMASK_GT: u32 = 17;
+    pub const LANEMASK_GE: u32 = 18;
+    pub const NWARPID: u32 = 19;
+    pub const SMID: u32 = 20;
+    pub const NSMID: u32 = 21;
+    pub const GRIDID: u32 = 22;
+    pub const DYN_SMEM: u32 = 23;
+    pub const TOTAL_SMEM: u32 = 24;
+    pub const COUNT: u32 = 25;
+
+    pub fn lookup(name: &str) -> Option<u32> {
+        Some(match name {
+            "%tid.x" => TID_X,
+            "%tid.y" => TID_Y,
+            "%tid.z" => TID_Z,
+            "%laneid" => LANEID,
+            "%warpid" => WARPID,
+            "%ntid.x" => NTID_X,
+            "%ntid.y" => NTID_Y,
+            "%ntid.z" => NTID_Z,
+            "%ctaid.x" => CTAID_X,
+            "%ctaid.y" => CTAID_Y,
+            "%ctaid.z" => CTAID_Z,
+            "%nctaid.x" => NCTAID_X,
+            "%nctaid.y" => NCTAID_Y,
+            "%nctaid.z" => NCTAID_Z,
+            "%lanemask_eq" => LANEMASK_EQ,
+            "%lanemask_lt" => LANEMASK_LT,
+            "%lanemask_le" => LANEMASK_LE,
+            "%lanemask_gt" => LANEMASK_GT,
+            "%lanemask_ge" => LANEMASK_GE,
+            "%nwarpid" => NWARPID,
+            "%smid" => SMID,
+            "%nsmid" => NSMID,
+            "%gridid" => GRIDID,
+            "%dynamic_smem_size" => DYN_SMEM,
+            "%total_smem_size" => TOTAL_SMEM,
+            _ => return None,
+        })
+    }
+}
+
+/// One kernel, ready to run.
+#[derive(Debug, Clone)]
+pub struct Program {
+    pub name: String,
+    pub insts: Vec<Inst>,
+    /// Registers per thread, special registers included.
+    pub nregs: u32,
+    /// Bytes of local memory per thread.
+    pub local_size: u64,
+    /// Bytes of static shared memory; dynamic shared memory starts at
+    /// `dyn_shared_offset`.
+    pub shared_static: u64,
+    pub dyn_shared_offset: u64,
+    /// Size of the kernel's parameter buffer.
+    pub param_size: u64,
+}

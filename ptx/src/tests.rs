@@ -1,0 +1,311 @@
+//! Instruction-family tests: small kernels run on [`HostMemory`] and
+//! compared with results computed here.
+
+use super::*;
+use std::time::Duration;
+
+const BASE: u64 = 0x7f00_0000_0000;
+
+fn cfg(grid: u32, block: u32) -> LaunchConfig {
+    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(10), printf_limit: 1 << 20 }
+}
+
+/// Wraps `body` in a kernel taking one pointer (`%rd1`, already converted
+/// to a global address) and with `%r<64>`, `%rd<64>`, `%f<64>`, `%fd<64>`,
+/// `%p<16>`, `%rs<16>` declared; `%r0` is the global thread index.
+fn kernel(body: &str) -> String {
+    format!(
+        ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 k_param_0)\n{{\n\
+         .reg .pred %p<16>;\n.reg .b16 %rs<16>;\n.reg .b32 %r<64>;\n.reg .b64 %rd<64>;\n.reg .f32 %f<64>;\n.reg .f64 %fd<64>;\n\
+         ld.param.u64 %rd1, [k_param_0];\ncvta.to.global.u64 %rd1, %rd1;\n\
+         mov.u32 %r60, %ctaid.x;\nmov.u32 %r61, %ntid.x;\nmov.u32 %r62, %tid.x;\nmad.lo.s32 %r0, %r60, %r61, %r62;\n\
+         {body}\nret;\n}}\n"
+    )
+}
+
+/// Runs kernel text `src` over a buffer of `words` u32 initialised by
+/// `init`, returns the buffer.
+fn run_words(src: &str, c: LaunchConfig, init: &[u32]) -> Result<Vec<u32>, ExecError> {
+    let m = Module::parse(src).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let p = m.lower("k", &|_| None).unwrap_or_else(|e| panic!("{e}\n{src}"));
+    let mut mem = HostMemory::new(BASE, 1 << 20);
+    let buf = mem.alloc(init.len() as u64 * 4).unwrap();
+    let bytes: Vec<u8> = init.iter().flat_map(|w| w.to_le_bytes()).collect();
+    mem.write(buf, &bytes);
+    launch(&p, &c, &buf.to_le_bytes(), &mem)?;
+    let out = mem.read(buf, init.len() * 4).unwrap();
+    Ok(out.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+/// Each thread stores `%r1` to word `%r0`.
+fn per_thread(body: &str, n: u32) -> Vec<u32> {
+    let src = kernel(&format!("{body}\nmul.wide.s32 %rd2, %r0, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r1;"));
+    run_words(&src, cfg(1, n), &vec![0; n as usize]).unwrap()
+}
+
+#[test]
+fn integer_arithmetic() {
+    let r = per_thread("mul.lo.s32 %r2, %r0, -3;\nadd.s32 %r1, %r2, 7;", 4);
+    assert_eq!(r, vec![7, 4, 1, (-2i32) as u32]);
+    let r = per_thread("mov.u32 %r2, 100;\ndiv.s32 %r3, %r2, %r0;\nrem.u32 %r4, %r2, 7;\nadd.s32 %r1, %r3, %r4;", 4);
+    assert_eq!(r[1], 100 + 2);
+    assert_eq!(r[3], 33 + 2);
+    let r = per_thread("mul.hi.u32 %r1, %r0, -1;", 4);
+    assert_eq!(r, vec![0, 0, 1, 2]);
+    let r = per_thread("mul.wide.s32 %rd5, %r0, -2147483648;\nshr.s64 %rd6, %rd5, 32;\ncvt.u32.u64 %r1, %rd6;", 3);
+    assert_eq!(r, vec![0, u32::MAX, u32::MAX]);
+    let r = per_thread("min.s32 %r2, %r0, 2;\nmax.u32 %r3, %r0, 1;\nabs.s32 %r4, -5;\nadd.s32 %r5, %r2, %r3;\nmad.lo.s32 %r1, %r4, 10, %r5;", 4);
+    assert_eq!(r, vec![51, 52, 54, 55]);
+    let r = per_thread("add.sat.s32 %r1, %r0, 2147483646;", 3);
+    assert_eq!(r, vec![2147483646, 2147483647, 2147483647]);
+}
+
+#[test]
+fn bit_operations() {
+    let r = per_thread("shl.b32 %r2, 1, %r0;\npopc.b32 %r3, %r2;\nclz.b32 %r4, %r2;\nadd.s32 %r1, %r3, %r4;", 3);
+    assert_eq!(r, vec![32, 31, 30]);
+    let r = per_thread("brev.b32 %r1, %r0;", 2);
+    assert_eq!(r, vec![0, 0x8000_0000]);
+    let r = per_thread("bfe.u32 %r1, 0xabcd1234, 8, 8;", 1);
+    assert_eq!(r, vec![0x12]);
+    let r = per_thread("bfe.s32 %r1, 0x0000f000, 12, 4;", 1);
+    assert_eq!(r, vec![u32::MAX]);
+    let r = per_thread("bfi.b32 %r1, 0xf, 0x12345678, 4, 4;", 1);
+    assert_eq!(r, vec![0x123456f8]);
+    let r = per_thread("prmt.b32 %r1, 0x33221100, 0x77665544, 0x7531;", 1);
+    assert_eq!(r, vec![0x77553311]);
+    let r = per_thread("shr.s32 %r1, -64, 40;", 1);
+    assert_eq!(r, vec![u32::MAX]);
+    let r = per_thread("shr.u32 %r1, -64, 40;", 1);
+    assert_eq!(r, vec![0]);
+    let r = per_thread("bfind.u32 %r1, 0x00010000;", 1);
+    assert_eq!(r, vec![16]);
+    let r = per_thread("and.b32 %r2, %r0, 1;\nxor.b32 %r3, %r2, 3;\nor.b32 %r4, %r3, 8;\nnot.b32 %r5, %r4;\ncnot.b32 %r6, %r2;\nadd.s32 %r1, %r5, %r6;", 2);
+    assert_eq!(r, vec![!11u32 + 1, !10u32]);
+}
+
+#[test]
+fn float_arithmetic_and_conversions() {
+    let f = |body: &str, n| per_thread(body, n).into_iter().map(f32::from_bits).collect::<Vec<_>>();
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\nmul.f32 %f2, %f1, 0f3FC00000;\nadd.f32 %f3, %f2, 0f3F800000;\nfma.rn.f32 %f4, %f3, %f3, %f1;\nmov.b32 %r1, %f4;", 3);
+    assert_eq!(r, vec![1.0, 7.25, 18.0]);
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\nsqrt.rn.f32 %f2, %f1;\nmov.b32 %r1, %f2;", 3);
+    assert_eq!(r[2], 2f32.sqrt());
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\ndiv.rn.f32 %f2, 0f3F800000, %f1;\nmov.b32 %r1, %f2;", 2);
+    assert_eq!(r, vec![f32::INFINITY, 1.0]);
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\nex2.approx.ftz.f32 %f2, %f1;\nlg2.approx.f32 %f3, %f2;\nadd.f32 %f4, %f3, %f2;\nmov.b32 %r1, %f4;", 3);
+    assert_eq!(r, vec![1.0, 3.0, 6.0]);
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\nsin.approx.f32 %f2, %f1;\ncos.approx.f32 %f3, %f1;\nmul.f32 %f4, %f2, %f2;\nfma.rn.f32 %f5, %f3, %f3, %f4;\nmov.b32 %r1, %f5;", 3);
+    for x in r {
+        assert!((x - 1.0).abs() < 1e-6);
+    }
+    let r = f("cvt.rn.f32.s32 %f1, %r0;\nadd.f32 %f2, %f1, 0fBF800000;\nmin.f32 %f3, %f2, 0f00000000;\nmax.f32 %f4, %f3, 0fBF000000;\nabs.f32 %f5, %f4;\nneg.f32 %f6, %f5;\nmov.b32 %r1, %f6;", 3);
+    assert_eq!(r, vec![-0.5, -0.0, -0.0]);
+    let r = per_thread("cvt.rn.f32.s32 %f1, %r0;\nmul.f32 %f2, %f1, 0f3FC00000;\ncvt.rni.s32.f32 %r1, %f2;", 4);
+    assert_eq!(r, vec![0, 2, 3, 4], "round half to even");
+    let r = per_thread("cvt.rn.f32.s32 %f1, %r0;\nmul.f32 %f2, %f1, 0fC1200000;\ncvt.rzi.u32.f32 %r1, %f2;", 2);
+    assert_eq!(r, vec![0, 0], "negative saturates to 0");
+    let r = per_thread("cvt.rn.f64.s32 %fd1, %r0;\nsqrt.rn.f64 %fd2, %fd1;\ndiv.rn.f64 %fd3, %fd2, 0d4008000000000000;\nmul.f64 %fd4, %fd3, 0d408F400000000000;\ncvt.rzi.s32.f64 %r1, %fd4;", 5);
+    assert_eq!(r, vec![0, 333, 471, 577, 666]);
+    let r = per_thread("cvt.rn.f32.s32 %f1, %r0;\nmul.f32 %f2, %f1, 0f3FC00000;\ncvt.rn.f16.f32 %rs1, %f2;\nadd.f16 %rs2, %rs1, %rs1;\ncvt.f32.f16 %f3, %rs2;\ncvt.rzi.s32.f32 %r1, %f3;", 3);
+    assert_eq!(r, vec![0, 3, 6]);
+    let r = per_thread("mov.b32 %f1, 0f3F000000;\nsetp.gt.f32 %p1, %f1, 0f7FFFFFFF;\nsetp.gtu.f32 %p2, %f1, 0f7FFFFFFF;\nselp.u32 %r2, 1, 0, %p1;\nselp.u32 %r3, 2, 0, %p2;\nadd.s32 %r1, %r2, %r3;", 1);
+    assert_eq!(r, vec![2], "ordered vs unordered comparisons with NaN");
+    let r = per_thread("mov.b32 %f1, 0fC0000000;\ncvt.sat.f32.f32 %f2, %f1;\nadd.sat.f32 %f3, %f1, 0f40400000;\nadd.f32 %f4, %f2, %f3;\nmov.b32 %r1, %f4;", 1);
+    assert_eq!(f32::from_bits(r[0]), 1.0);
+}
+
+#[test]
+fn predicates_set_and_selp() {
+    let r = per_thread("setp.lt.s32 %p1, %r0, 2;\nsetp.ne.and.s32 %p2, %r0, 0, %p1;\nselp.b32 %r1, 10, 20, %p2;", 4);
+    assert_eq!(r, vec![20, 10, 20, 20]);
+    let r = per_thread("set.ge.u32.s32 %r1, %r0, 1;", 2);
+    assert_eq!(r, vec![0, u32::MAX]);
+    let r = per_thread("setp.eq.s32 %p1|%p2, %r0, 1;\nnot.pred %p3, %p2;\nselp.b32 %r1, 5, 6, %p3;", 2);
+    assert_eq!(r, vec![6, 5]);
+}
+
+#[test]
+fn divergent_branches_reconverge() {
+    // Odd lanes take a longer path; all lanes then ballot together.
+    let body = "and.b32 %r2, %r0, 1;\nsetp.eq.s32 %p1, %r2, 0;\nmov.u32 %r3, 0;\n@%p1 bra $EVEN;\nadd.s32 %r3, %r3, 100;\nbra.uni $JOIN;\n$EVEN:\nadd.s32 %r3, %r3, 1;\n$JOIN:\nsetp.ne.s32 %p2, %r3, 0;\nvote.sync.ballot.b32 %r4, %p2, -1;\nadd.s32 %r1, %r3, %r4;";
+    let r = per_thread(body, 32);
+    for (i, v) in r.iter().enumerate() {
+        let own = if i % 2 == 0 { 1 } else { 100 };
+        assert_eq!(*v, own - 1, "lane {i}: own value plus a full ballot (all ones)");
+    }
+    // A loop whose trip count depends on the lane.
+    let body = "mov.u32 %r1, 0;\nmov.u32 %r2, 0;\n$LOOP:\nsetp.ge.u32 %p1, %r2, %r0;\n@%p1 bra $DONE;\nadd.s32 %r1, %r1, %r2;\nadd.s32 %r2, %r2, 1;\nbra.uni $LOOP;\n$DONE:\nactivemask.b32 %r5;\nsetp.ne.s32 %p2, %r5, -1;\n@%p2 mov.u32 %r1, 999999;";
+    let r = per_thread(body, 32);
+    for (i, v) in r.iter().enumerate() {
+        let i = i as u32;
+        assert_eq!(*v, i * i.saturating_sub(1) / 2, "lane {i}");
+    }
+}
+
+#[test]
+fn warp_collectives() {
+    let r = per_thread("shfl.sync.down.b32 %r1|%p1, %r0, 1, 31, -1;", 32);
+    assert_eq!(r[0], 1);
+    assert_eq!(r[31], 31, "out of range keeps its own value");
+    let r = per_thread("shfl.sync.bfly.b32 %r1, %r0, 3, 31, -1;", 32);
+    assert_eq!(r[5], 6);
+    let r = per_thread("shfl.sync.idx.b32 %r1, %r0, 7, 31, -1;", 32);
+    assert!(r.iter().all(|&v| v == 7));
+    let r = per_thread("shfl.sync.up.b32 %r1, %r0, 2, 0, -1;", 32);
+    assert_eq!(&r[..4], &[0, 1, 0, 1]);
+    // Segmented shuffle: width 8 (c = ((32-8)<<8) | 31 for idx).
+    let r = per_thread("shfl.sync.idx.b32 %r1, %r0, 0, 6175, -1;", 32);
+    assert_eq!(r[13], 8);
+    let r = per_thread("setp.lt.u32 %p1, %r0, 4;\nvote.sync.all.pred %p2, %p1, -1;\nvote.sync.any.pred %p3, %p1, -1;\nselp.u32 %r2, 1, 0, %p2;\nselp.u32 %r3, 2, 0, %p3;\nadd.s32 %r1, %r2, %r3;", 32);
+    assert_eq!(r[0], 2);
+    let r = per_thread("shr.u32 %r2, %r0, 3;\nmatch.any.sync.b32 %r1, %r2, -1;", 32);
+    assert_eq!(r[9], 0xff00);
+    let r = per_thread("mov.u32 %r1, %laneid;\nmov.u32 %r2, %lanemask_lt;\npopc.b32 %r3, %r2;\nsub.s32 %r1, %r1, %r3;", 32);
+    assert!(r.iter().all(|&v| v == 0));
+}
+
+#[test]
+fn shared_memory_barriers_and_atomics() {
+    // Reverse a block's values through shared memory, with a barrier.
+    let src = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 p)\n{\n.reg .pred %p<2>;\n.reg .b32 %r<16>;\n.reg .b64 %rd<16>;\n.shared .align 4 .b8 s[1024];\n.shared .align 4 .u32 cnt;\n\
+        ld.param.u64 %rd1, [p];\nmov.u32 %r1, %tid.x;\nmov.u32 %r2, %ntid.x;\nmov.u32 %r9, %ctaid.x;\nmad.lo.s32 %r10, %r9, %r2, %r1;\nmul.wide.u32 %rd2, %r10, 4;\nadd.s64 %rd3, %rd1, %rd2;\n\
+        ld.global.u32 %r3, [%rd3];\nmov.u32 %r4, s;\nshl.b32 %r5, %r1, 2;\nadd.s32 %r6, %r4, %r5;\nst.shared.u32 [%r6], %r3;\nbar.sync 0;\n\
+        sub.s32 %r7, %r2, %r1;\nsub.s32 %r7, %r7, 1;\nshl.b32 %r7, %r7, 2;\nadd.s32 %r8, %r4, %r7;\nld.shared.u32 %r11, [%r8];\nst.global.u32 [%rd3], %r11;\n\
+        atom.shared.add.u32 %r12, [cnt], 1;\nbar.sync 0;\nld.shared.u32 %r13, [cnt];\nsetp.ne.s32 %p1, %r13, 256;\n@%p1 trap;\nret;\n}\n";
+    let init: Vec<u32> = (0..512).collect();
+    let r = run_words(src, cfg(2, 256), &init).unwrap();
+    for b in 0..2 {
+        for t in 0..256 {
+            assert_eq!(r[b * 256 + t], (b * 256 + 255 - t) as u32);
+        }
+    }
+    // Global atomics from many blocks in parallel.
+    let src = kernel("atom.global.add.u32 %r1, [%rd1], 1;\natom.global.max.s32 %r2, [%rd1+4], %r0;\nred.global.add.u64 [%rd1+8], 2;\natom.global.cas.b32 %r3, [%rd1+16], 0, %r0;\natom.global.inc.u32 %r4, [%rd1+20], 9;\natom.global.exch.b32 %r5, [%rd1+24], 3;\ncvt.rn.f32.s32 %f1, 1;\natom.global.add.f32 %f2, [%rd1+28], %f1;");
+    let r = run_words(&src, cfg(64, 128), &[0; 8]).unwrap();
+    assert_eq!(r[0], 64 * 128);
+    assert_eq!(r[1], 64 * 128 - 1);
+    assert_eq!(r[2] as u64 | (r[3] as u64) << 32, 2 * 64 * 128);
+    assert_eq!(r[5], (64 * 128) % 10);
+    assert_eq!(r[6], 3);
+    assert_eq!(f32::from_bits(r[7]), (64 * 128) as f32);
+}
+
+#[test]
+fn bar_red_counts_the_block() {
+    let r = per_thread("and.b32 %r2, %r0, 3;\nsetp.eq.s32 %p1, %r2, 0;\nbar.red.popc.u32 %r1, 0, %p1;", 128);
+    assert!(r.iter().all(|&v| v == 32));
+}
+
+#[test]
+fn illegal_address_names_block_and_thread() {
+    let src = kernel("setp.eq.s32 %p1, %r0, 37;\n@!%p1 bra $END;\nst.global.u32 [%rd1+4096], %r0;\n$END:");
+    let e = run_words(&src, cfg(4, 32), &[0; 4]).unwrap_err();
+    assert!(matches!(e.fault, Fault::IllegalAddress { .. }), "{e}");
+    assert_eq!(e.block, [1, 0, 0]);
+    assert_eq!(e.thread, [5, 0, 0]);
+    let src = kernel("ld.global.u32 %r1, [%rd1+2];");
+    let e = run_words(&src, cfg(1, 1), &[0; 4]).unwrap_err();
+    assert!(matches!(e.fault, Fault::Misaligned { .. }), "{e}");
+}
+
+#[test]
+fn time_limit_ends_an_endless_kernel() {
+    let src = kernel("$L:\nadd.s32 %r1, %r1, 1;\nbra.uni $L;");
+    let mut c = cfg(2, 32);
+    c.time_limit = Duration::from_millis(200);
+    let e = run_words(&src, c, &[0]).unwrap_err();
+    assert_eq!(e.fault, Fault::Timeout);
+}
+
+#[test]
+fn unknown_instructions_are_refused_at_lowering() {
+    let src = kernel("addc.cc.u32 %r1, %r1, 1;");
+    let m = Module::parse(&src).unwrap();
+    let e = m.lower("k", &|_| None).unwrap_err();
+    assert!(matches!(&e, PtxError::Unsupported { what, .. } if what == "addc.cc.u32"), "{e}");
+    let src = kernel("add.rz.f32 %f1, %f1, %f1;");
+    assert!(Module::parse(&src).unwrap().lower("k", &|_| None).is_err());
+}
+
+#[test]
+fn device_functions_local_memory_and_printf() {
+    let src = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+.extern .func (.param .b32 func_retval0) vprintf (.param .b64 a, .param .b64 b);
+.global .align 1 .b8 $str[12] = {116, 61, 37, 100, 32, 37, 46, 49, 102, 10, 0};
+.func (.param .b32 ret) sq(.param .b32 x)
+{
+  .reg .b32 %r<4>;
+  ld.param.u32 %r1, [x];
+  mul.lo.s32 %r2, %r1, %r1;
+  st.param.b32 [ret], %r2;
+  ret;
+}
+.visible .entry k(.param .u64 p)
+{
+  .local .align 8 .b8 __local_depot0[16];
+  .reg .b64 %SP;
+  .reg .b64 %SPL;
+  .reg .b32 %r<8>;
+  .reg .b64 %rd<8>;
+  mov.u64 %SPL, __local_depot0;
+  cvta.local.u64 %SP, %SPL;
+  ld.param.u64 %rd1, [p];
+  mov.u32 %r1, %tid.x;
+  {
+  .param .b32 param0;
+  st.param.b32 [param0], %r1;
+  .param .b32 retval0;
+  call.uni (retval0), sq, (param0);
+  ld.param.b32 %r2, [retval0];
+  }
+  mul.wide.u32 %rd2, %r1, 4;
+  add.s64 %rd3, %rd1, %rd2;
+  st.global.u32 [%rd3], %r2;
+  st.local.u32 [%SPL], %r2;
+  mov.u64 %rd4, 4609434218613702656;
+  st.local.u64 [%SPL+8], %rd4;
+  mov.u64 %rd5, $str;
+  cvta.global.u64 %rd6, %rd5;
+  {
+  .param .b64 param0;
+  st.param.b64 [param0], %rd6;
+  .param .b64 param1;
+  st.param.b64 [param1], %SP;
+  .param .b32 retval0;
+  call.uni (retval0), vprintf, (param0, param1);
+  }
+  ret;
+}
+"#;
+    let m = Module::parse(src).unwrap();
+    let mut mem = HostMemory::new(BASE, 1 << 20);
+    let s = mem.alloc(12).unwrap();
+    mem.write(s, b"t=%d %.1f\n\0");
+    let buf = mem.alloc(16).unwrap();
+    let p = m.lower("k", &|n| (n == "$str").then_some(s)).unwrap();
+    let out = launch(&p, &cfg(1, 4), &buf.to_le_bytes(), &mem).unwrap();
+    let r = mem.read(buf, 16).unwrap();
+    assert_eq!(r.chunks(4).map(|c| c[0]).collect::<Vec<_>>(), vec![0, 1, 4, 9]);
+    assert_eq!(String::from_utf8(out.printf).unwrap(), "t=0 1.5\nt=1 1.5\nt=4 1.5\nt=9 1.5\n");
+}
+
+#[test]
+fn tagged_pointers_reach_the_same_memory() {
+    let src = kernel("or.b64 %rd4, %rd1, 0x0001000000000000;\nst.global.u32 [%rd4], 77;");
+    let r = run_words(&src, cfg(1, 1), &[0]).unwrap();
+    assert_eq!(r, vec![77]);
+}
+
+#[test]
+fn multi_dimensional_ids() {
+    let src = kernel("mov.u32 %r2, %tid.y;\nmov.u32 %r3, %ctaid.y;\nmov.u32 %r4, %ntid.x;\nmov.u32 %r5, %nctaid.y;\nmov.u32 %r6, %tid.x;\nmad.lo.s32 %r7, %r3, 2, %r2;\nmad.lo.s32 %r8, %r7, %r4, %r6;\nmul.wide.u32 %rd2, %r8, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r5;");
+    let mut c = cfg(1, 3);
+    c.grid = [1, 4, 1];
+    c.block = [3, 2, 1];
+    let r = run_words(&src, c, &[0; 24]).unwrap();
+    assert!(r.iter().all(|&v| v == 4), "{r:?}");
+}
