@@ -10,6 +10,7 @@
 //! - [`client`]: the client library the `rgpu` CLI uses.
 pub mod inventory;
 pub mod placement;
+pub mod policies;
 pub mod state;
 pub mod client;
 pub mod config;

@@ -1,0 +1,722 @@
+//! Placement policies beyond the first one in [`crate::placement`], all
+//! through the same [`Policy`] trait the broker calls:
+//!
+//! - [`RandomFit`]: a random server that fits (baseline);
+//! - [`BestFit`]: the server left with the least CPU and GPU (baseline, the
+//!   formula of the FGD paper's simulator);
+//! - [`Fgd`]: Fragmentation Gradient Descent (Weng et al., USENIX ATC '23):
+//!   place where the expected fragmentation of the node, measured against the
+//!   distribution of requests ([`Workload`]), grows least. With
+//!   [`Tie::Pack`] it is rgpu's policy ([`Fgd::packing`]): among placements
+//!   that fragment equally, the one that leaves the node and the GPU fullest,
+//!   so free capacity stays in whole nodes and whole GPUs.
+//!
+//! Units: GPU shares are milli-GPUs (1000 = one GPU). A GPU's free share is
+//! the smaller of its free compute and its free memory as a share of its
+//! memory; a fraction takes the larger of its compute and its memory share.
+//! Host CPU counts only when the caller passes a [`Context`] with hosts
+//! (the trace simulator does; the broker does not, and CPU never limits).
+//!
+//! A [`Demand`] with no GPUs, no compute and no memory scored through
+//! [`Policy::score_unit_in`] is a host-only request (a CPU-only pod in a
+//! trace): the policies score the server by what its CPU use does.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use crate::inventory::{Gpu, Server, WHOLE_MILLI};
+use crate::placement::{Context, Demand, Policy, Unit};
+
+/// A request shape: what one kind of request takes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape {
+    /// Host CPU in milli-cores.
+    pub cpu_milli: u64,
+    /// Share of each GPU taken, 1..=1000; 0: no GPU.
+    pub gpu_milli: u32,
+    /// GPUs taken (1 for a fraction; 0 with `gpu_milli` 0).
+    pub gpus: u32,
+    /// Allowed models (case-insensitive); empty: any.
+    pub models: Vec<String>,
+}
+
+impl Shape {
+    /// The GPU part of a demand (host CPU from `cx.need`).
+    pub fn of(demand: &Demand, cx: &Context, gpu_memory: u64) -> Shape {
+        let (gpu_milli, gpus) = if host_only(demand) {
+            (0, 0)
+        } else if demand.is_fraction() {
+            (share_of(demand, gpu_memory).max(1), 1)
+        } else {
+            (WHOLE_MILLI, demand.gpus)
+        };
+        Shape { cpu_milli: cx.need.cpu_milli, gpu_milli, gpus, models: demand.models.clone() }
+    }
+}
+
+/// A host-only request (no GPU at all): see the module comment.
+pub fn host_only(d: &Demand) -> bool {
+    d.gpus == 0 && d.compute_milli == 0 && d.memory == 0
+}
+
+/// The share of one GPU with `gpu_memory` bytes a fractional demand takes.
+fn share_of(d: &Demand, gpu_memory: u64) -> u32 {
+    let mem = if gpu_memory == 0 {
+        0
+    } else {
+        (d.memory.saturating_mul(WHOLE_MILLI as u64).div_ceil(gpu_memory)).min(WHOLE_MILLI as u64) as u32
+    };
+    d.compute_milli.max(mem).min(WHOLE_MILLI)
+}
+
+/// A GPU's free share in milli-GPUs (0 when unhealthy).
+pub fn free_share(g: &Gpu) -> u32 {
+    if !g.spec.healthy {
+        return 0;
+    }
+    let mem = if g.spec.memory == 0 {
+        WHOLE_MILLI
+    } else {
+        (g.free_memory().saturating_mul(WHOLE_MILLI as u64) / g.spec.memory) as u32
+    };
+    g.free_milli().min(mem)
+}
+
+/// The distribution of request shapes a fragmentation measure weighs by.
+#[derive(Debug, Clone, Default)]
+pub struct Workload {
+    /// Shapes and their probabilities (summing to 1), most popular first.
+    pub shapes: Vec<(Shape, f64)>,
+}
+
+impl Workload {
+    /// The "typical" shapes of a list of requests, as the FGD paper's
+    /// simulator takes them: count each distinct shape, keep the most popular
+    /// until they cover `coverage` (0..=1, the paper uses 0.95) of requests,
+    /// and renormalise.
+    pub fn typical(requests: impl IntoIterator<Item = Shape>, coverage: f64) -> Workload {
+        let mut counts: HashMap<Shape, u64> = HashMap::new();
+        let mut order: Vec<Shape> = Vec::new();
+        let mut total = 0u64;
+        for s in requests {
+            total += 1;
+            let c = counts.entry(s.clone()).or_insert(0);
+            if *c == 0 {
+                order.push(s);
+            }
+            *c += 1;
+        }
+        if total == 0 {
+            return Workload::default();
+        }
+        // Most popular first; ties in first-seen order (deterministic).
+        let mut list: Vec<(Shape, u64)> = order.into_iter().map(|s| { let c = counts[&s]; (s, c) }).collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1));
+        let want = coverage.clamp(0.0, 1.0) * total as f64;
+        let mut kept = Vec::new();
+        let mut cum = 0u64;
+        for (s, c) in list {
+            if !kept.is_empty() && cum as f64 >= want {
+                break;
+            }
+            cum += c;
+            kept.push((s, c));
+        }
+        let shapes = kept.into_iter().map(|(s, c)| (s, c as f64 / cum as f64)).collect();
+        Workload { shapes }
+    }
+}
+
+/// A node as the fragmentation measure sees it: free host CPU (None: not
+/// limited) and each GPU's free share and model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeRes {
+    pub cpu_left: Option<u64>,
+    pub gpus: Vec<(u32, String)>,
+}
+
+/// `F_n(m)`: milli-GPUs free on the node that request shape `m` cannot use.
+/// If `m` cannot run on the node (too little CPU, too few GPUs with enough
+/// free share, no GPU of an allowed model) or asks no GPU, all free GPU share
+/// is fragment; otherwise the free share of GPUs with less free than `m`
+/// takes per GPU (and of GPUs of models `m` may not use).
+pub fn frag(node: &NodeRes, m: &Shape) -> u64 {
+    let entries: Vec<(u32, bool)> = node.gpus.iter().map(|(f, model)| (*f, model_ok(&m.models, model))).collect();
+    frag_of(node.cpu_left.is_none_or(|c| c >= m.cpu_milli), &entries, m)
+}
+
+fn model_ok(models: &[String], model: &str) -> bool {
+    models.is_empty() || models.iter().any(|x| x.eq_ignore_ascii_case(model))
+}
+
+/// [`frag`] on (free share, model allowed) per GPU.
+fn frag_of(cpu_ok: bool, gpus: &[(u32, bool)], m: &Shape) -> u64 {
+    let total: u64 = gpus.iter().map(|g| g.0 as u64).sum();
+    if m.gpu_milli == 0 || !cpu_ok {
+        return total;
+    }
+    let fits = gpus.iter().filter(|g| g.1 && g.0 >= m.gpu_milli).count() as u32;
+    if fits < m.gpus.max(1) {
+        return total;
+    }
+    gpus.iter().filter(|g| !g.1 || g.0 < m.gpu_milli).map(|g| g.0 as u64).sum()
+}
+
+/// `F_n(M)`: the expected fragment of the node over the workload's shapes.
+pub fn node_frag(node: &NodeRes, w: &Workload) -> f64 {
+    w.shapes.iter().map(|(s, p)| p * frag(node, s) as f64).sum()
+}
+
+/// How placements that fragment equally are told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tie {
+    /// At random (seeded), as the paper's Kubernetes-based simulator does.
+    Random(u64),
+    /// The fullest node, then the fullest GPU (rgpu's policy).
+    Pack,
+}
+
+// ---- a small fast hasher for the memo (keys are already well mixed) ----
+
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(5) ^ b as u64).wrapping_mul(0x517c_c1b7_2722_0a95);
+        }
+    }
+    fn write_u128(&mut self, v: u128) {
+        let x = (v as u64) ^ ((v >> 64) as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        self.0 = splitmix(x);
+    }
+}
+
+type Memo = HashMap<u128, f64, BuildHasherDefault<Mix>>;
+
+const MEMO_MAX: usize = 1 << 22;
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The workload in the form the memoised measure needs.
+#[derive(Debug, Default)]
+struct Tables {
+    w: Workload,
+    /// Distinct CPU needs of the shapes, ascending: a node's CPU enters the
+    /// memo key as how many of them it meets.
+    cpu_steps: Vec<u64>,
+    /// Per shape: its CPU need's rank in `cpu_steps` (1-based).
+    cpu_rank: Vec<u32>,
+    /// Interned models; per shape, whether each is allowed.
+    models: Vec<String>,
+    allowed: Vec<Vec<bool>>,
+}
+
+impl Tables {
+    fn new(w: Workload) -> Tables {
+        let mut cpu_steps: Vec<u64> = w.shapes.iter().map(|(s, _)| s.cpu_milli).collect();
+        cpu_steps.sort_unstable();
+        cpu_steps.dedup();
+        let cpu_rank = w.shapes.iter().map(|(s, _)| cpu_steps.partition_point(|&c| c <= s.cpu_milli) as u32).collect();
+        let allowed = vec![Vec::new(); w.shapes.len()];
+        Tables { w, cpu_steps, cpu_rank, models: Vec::new(), allowed }
+    }
+
+    fn model_id(&self, model: &str) -> Option<u32> {
+        self.models.iter().position(|m| m.eq_ignore_ascii_case(model)).map(|i| i as u32)
+    }
+
+    fn intern(&mut self, model: &str) -> u32 {
+        if let Some(i) = self.model_id(model) {
+            return i;
+        }
+        self.models.push(model.to_string());
+        for (i, (s, _)) in self.w.shapes.iter().enumerate() {
+            self.allowed[i].push(model_ok(&s.models, model));
+        }
+        (self.models.len() - 1) as u32
+    }
+
+    fn cpu_level(&self, cpu_left: Option<u64>) -> u32 {
+        match cpu_left {
+            None => self.cpu_steps.len() as u32,
+            Some(c) => self.cpu_steps.partition_point(|&s| s <= c) as u32,
+        }
+    }
+
+    /// F(M) of a packed key.
+    fn eval(&self, key: u128) -> f64 {
+        let level = (key & 0xff) as u32;
+        let n = ((key >> 8) & 0xf) as usize;
+        let mut free = [0u32; 8];
+        let mut model = [0usize; 8];
+        for i in 0..n {
+            let e = (key >> (12 + 14 * i)) & 0x3fff;
+            free[i] = (e & 0x3ff) as u32;
+            model[i] = (e >> 10) as usize;
+        }
+        let mut f = 0.0;
+        let mut entries = [(0u32, false); 8];
+        for (si, (s, p)) in self.w.shapes.iter().enumerate() {
+            for i in 0..n {
+                entries[i] = (free[i], self.allowed[si][model[i]]);
+            }
+            f += p * frag_of(level >= self.cpu_rank[si], &entries[..n], s) as f64;
+        }
+        f
+    }
+}
+
+/// One GPU change applied to a node when building a key: GPU index, share taken.
+type Take<'a> = &'a [(usize, u32)];
+
+/// Fragmentation Gradient Descent; see the module comment.
+pub struct Fgd {
+    name: &'static str,
+    tables: RwLock<Tables>,
+    memo: Mutex<Memo>,
+    tie: Tie,
+    epoch: AtomicU64,
+    /// Learning the workload from demands seen ([`Fgd::learning`]).
+    learn: Option<Mutex<Learner>>,
+}
+
+#[derive(Default)]
+struct Learner {
+    counts: HashMap<Shape, f64>,
+    seen: u64,
+}
+
+/// Demands between two refreshes of a learnt workload.
+const LEARN_EVERY: u64 = 64;
+
+impl Fgd {
+    /// FGD as the paper defines it: ties at random (seeded).
+    pub fn new(workload: Workload, seed: u64) -> Fgd {
+        Fgd::with(workload, Tie::Random(seed), "fgd")
+    }
+
+    /// rgpu's policy: FGD's measure, ties to the fullest node and GPU.
+    pub fn packing(workload: Workload) -> Fgd {
+        Fgd::with(workload, Tie::Pack, "fgd-pack")
+    }
+
+    /// rgpu's policy learning the workload from the demands it places (the
+    /// broker's default: it is told no distribution in advance). Counts
+    /// decay so the distribution follows the recent mix.
+    pub fn learning() -> Fgd {
+        let mut f = Fgd::with(Workload::default(), Tie::Pack, "fgd-pack");
+        f.learn = Some(Mutex::new(Learner::default()));
+        f
+    }
+
+    fn with(workload: Workload, tie: Tie, name: &'static str) -> Fgd {
+        Fgd {
+            name,
+            tables: RwLock::new(Tables::new(workload)),
+            memo: Mutex::new(Memo::default()),
+            tie,
+            epoch: AtomicU64::new(0),
+            learn: None,
+        }
+    }
+
+    /// Packs a node's state (after `take` and `cpu_used`) into a memo key;
+    /// None when it does not fit one (over 8 GPUs or 15 models).
+    fn key(&self, server: &Server, host_cpu: Option<u64>, take: Take, cpu_used: u64) -> Option<u128> {
+        if server.gpus.len() > 8 {
+            return None;
+        }
+        let mut entries = [0u32; 8];
+        let n = server.gpus.len();
+        {
+            let t = self.tables.read().unwrap_or_else(|e| e.into_inner());
+            for (i, g) in server.gpus.iter().enumerate() {
+                let mut f = free_share(g);
+                for &(gi, s) in take {
+                    if gi == i {
+                        f = f.saturating_sub(s);
+                    }
+                }
+                let id = match t.model_id(&g.spec.model) {
+                    Some(id) => id,
+                    None => {
+                        drop(t);
+                        return self.key_interning(server, host_cpu, take, cpu_used);
+                    }
+                };
+                if id >= 15 {
+                    return None;
+                }
+                entries[i] = f | (id << 10);
+            }
+            entries[..n].sort_unstable();
+            let level = t.cpu_level(host_cpu.map(|c| c.saturating_sub(cpu_used)));
+            let mut key = (level.min(255) as u128) | ((n as u128) << 8);
+            for (i, e) in entries[..n].iter().enumerate() {
+                key |= (*e as u128) << (12 + 14 * i);
+            }
+            Some(key)
+        }
+    }
+
+    fn key_interning(&self, server: &Server, host_cpu: Option<u64>, take: Take, cpu_used: u64) -> Option<u128> {
+        {
+            let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+            for g in &server.gpus {
+                t.intern(&g.spec.model);
+            }
+        }
+        self.key(server, host_cpu, take, cpu_used)
+    }
+
+    /// F(M) of the node after `take`; memoised.
+    fn f(&self, server: &Server, host_cpu: Option<u64>, take: Take, cpu_used: u64) -> f64 {
+        match self.key(server, host_cpu, take, cpu_used) {
+            Some(k) => {
+                if let Some(v) = self.memo.lock().unwrap_or_else(|e| e.into_inner()).get(&k) {
+                    return *v;
+                }
+                let v = self.tables.read().unwrap_or_else(|e| e.into_inner()).eval(k);
+                let mut m = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+                if m.len() >= MEMO_MAX {
+                    m.clear();
+                }
+                m.insert(k, v);
+                v
+            }
+            None => {
+                let node = NodeRes {
+                    cpu_left: host_cpu.map(|c| c.saturating_sub(cpu_used)),
+                    gpus: server
+                        .gpus
+                        .iter()
+                        .enumerate()
+                        .map(|(i, g)| {
+                            let t: u32 = take.iter().filter(|x| x.0 == i).map(|x| x.1).sum();
+                            (free_share(g).saturating_sub(t), g.spec.model.clone())
+                        })
+                        .collect(),
+                };
+                node_frag(&node, &self.tables.read().unwrap_or_else(|e| e.into_inner()).w)
+            }
+        }
+    }
+
+    /// Fragment growth of taking `take` and `cx.need` from server `si`.
+    fn delta(&self, cx: &Context, si: usize, server: &Server, take: Take) -> f64 {
+        let host = cx.hosts.get(si).map(|h| h.cpu_milli);
+        self.f(server, host, take, cx.need.cpu_milli) - self.f(server, host, &[], 0)
+    }
+
+    fn score(&self, delta: f64, si: usize, node_free_after: u64, gpu_free_after: u32) -> i64 {
+        let primary = (-delta * 1024.0).round() as i64;
+        let tie = match self.tie {
+            Tie::Random(seed) => (splitmix(seed ^ self.epoch.load(Ordering::Relaxed).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ si as u64) >> 40) as i64,
+            Tie::Pack => (((8191 - node_free_after.min(8191)) << 10) | (1023 - gpu_free_after.min(1023)) as u64) as i64,
+        };
+        (primary << 24) | (tie & 0xff_ffff)
+    }
+
+    fn refresh(&self, learner: &mut Learner) {
+        let total: f64 = learner.counts.values().sum();
+        if total <= 0.0 {
+            return;
+        }
+        let mut shapes: Vec<(Shape, f64)> = learner.counts.iter().map(|(s, c)| (s.clone(), c / total)).collect();
+        shapes.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.gpu_milli.cmp(&b.0.gpu_milli)));
+        // The measure costs a pass per shape: keep the popular ones.
+        let mut cum = 0.0;
+        let mut kept = Vec::new();
+        for (s, p) in shapes {
+            if cum >= 0.95 {
+                break;
+            }
+            cum += p;
+            kept.push((s, p));
+        }
+        for k in &mut kept {
+            k.1 /= cum;
+        }
+        *self.tables.write().unwrap_or_else(|e| e.into_inner()) = Tables::new(Workload { shapes: kept });
+        self.memo.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+fn node_free(server: &Server) -> u64 {
+    server.gpus.iter().map(|g| free_share(g) as u64).sum()
+}
+
+impl Policy for Fgd {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
+        // Without indices: the GPU's position in its server.
+        let gi = server.gpus.iter().position(|g| std::ptr::eq(g, gpu)).unwrap_or(0);
+        self.score_gpu_in(&Context::default(), usize::MAX, server, gi, demand)
+    }
+
+    fn score_unit(&self, unit: &Unit, demand: &Demand) -> i64 {
+        // Without the servers: the tightest unit.
+        -((unit.free_whole.saturating_sub(demand.gpus)) as i64)
+    }
+
+    fn observe(&self, demand: &Demand, cx: &Context) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+        if let Some(l) = &self.learn {
+            let mut l = l.lock().unwrap_or_else(|e| e.into_inner());
+            // Shares against a nominal GPU; memory-only fractions are rare.
+            let s = Shape::of(demand, cx, 80 << 30);
+            for c in l.counts.values_mut() {
+                *c *= 0.999;
+            }
+            *l.counts.entry(s).or_insert(0.0) += 1.0;
+            l.seen += 1;
+            if l.seen % LEARN_EVERY == 1 {
+                self.refresh(&mut l);
+            }
+        }
+    }
+
+    fn score_gpu_in(&self, cx: &Context, si: usize, server: &Server, gi: usize, demand: &Demand) -> i64 {
+        let g = &server.gpus[gi];
+        let share = share_of(demand, g.spec.memory).max(1);
+        let d = self.delta(cx, si, server, &[(gi, share)]);
+        let node_after = node_free(server).saturating_sub(share as u64);
+        self.score(d, si, node_after, free_share(g).saturating_sub(share))
+    }
+
+    fn score_unit_in(&self, cx: &Context, servers: &[Server], members: &[usize], _unit: &Unit, demand: &Demand) -> i64 {
+        let mut d = 0.0;
+        let mut after = 0u64;
+        let mut left = demand.gpus;
+        let mut first = usize::MAX;
+        // Take free GPUs as place() does: from the members with most free first.
+        let mut order: Vec<usize> = members.to_vec();
+        order.sort_by_key(|&si| (std::cmp::Reverse(servers[si].free_whole), si));
+        for si in order {
+            let s = &servers[si];
+            first = first.min(si);
+            let mut take: Vec<(usize, u32)> = Vec::new();
+            for (gi, g) in s.gpus.iter().enumerate() {
+                if left == 0 {
+                    break;
+                }
+                if g.is_free() && g.spec.healthy && g.model_allowed(&demand.models) {
+                    take.push((gi, WHOLE_MILLI));
+                    left -= 1;
+                }
+            }
+            if take.is_empty() && !host_only(demand) {
+                continue;
+            }
+            d += self.delta(cx, si, s, &take);
+            after += node_free(s).saturating_sub(take.len() as u64 * WHOLE_MILLI as u64);
+            if left == 0 {
+                break;
+            }
+        }
+        self.score(d, first, after, 0)
+    }
+}
+
+/// The node left with the least CPU and GPU, by the FGD paper simulator's
+/// best-fit formula (`1 - (0.5 cpu_left/128 cores + 0.5 gpu_left/8 GPUs)`,
+/// as a whole-number score 0..100), ties at random; within the node, the
+/// GPU left with the least free share.
+pub struct BestFit {
+    seed: u64,
+    epoch: AtomicU64,
+}
+
+impl BestFit {
+    pub fn new(seed: u64) -> BestFit {
+        BestFit { seed, epoch: AtomicU64::new(0) }
+    }
+
+    fn node_score(&self, cx: &Context, si: usize, server: &Server, gpu_take: u64) -> i64 {
+        let cpu_left = cx.hosts.get(si).map_or(0, |h| h.cpu_milli.saturating_sub(cx.need.cpu_milli)) as f64;
+        let gpu_left = node_free(server).saturating_sub(gpu_take) as f64;
+        let s = 0.5 * cpu_left / 128_000.0 + 0.5 * gpu_left / 8_000.0;
+        let q = ((1.0 - s) * 100.0) as i64;
+        let r = (splitmix(self.seed ^ self.epoch.load(Ordering::Relaxed).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ si as u64) >> 34) as i64;
+        (q << 40) | (r << 10)
+    }
+}
+
+impl Policy for BestFit {
+    fn name(&self) -> &'static str {
+        "best-fit"
+    }
+    fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
+        let gi = server.gpus.iter().position(|g| std::ptr::eq(g, gpu)).unwrap_or(0);
+        self.score_gpu_in(&Context::default(), usize::MAX, server, gi, demand)
+    }
+    fn score_unit(&self, unit: &Unit, demand: &Demand) -> i64 {
+        -((unit.free_whole.saturating_sub(demand.gpus)) as i64)
+    }
+    fn observe(&self, _demand: &Demand, _cx: &Context) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+    fn score_gpu_in(&self, cx: &Context, si: usize, server: &Server, gi: usize, demand: &Demand) -> i64 {
+        let g = &server.gpus[gi];
+        let share = share_of(demand, g.spec.memory).max(1);
+        self.node_score(cx, si, server, share as u64) | (1023 - free_share(g).saturating_sub(share).min(1023)) as i64
+    }
+    fn score_unit_in(&self, cx: &Context, servers: &[Server], members: &[usize], _unit: &Unit, demand: &Demand) -> i64 {
+        let si = members.first().copied().unwrap_or(0);
+        self.node_score(cx, si, &servers[si], demand.gpus as u64 * WHOLE_MILLI as u64)
+    }
+}
+
+/// A random node that fits (seeded); within it, the GPU left with the least
+/// free share.
+pub struct RandomFit {
+    seed: u64,
+    epoch: AtomicU64,
+}
+
+impl RandomFit {
+    pub fn new(seed: u64) -> RandomFit {
+        RandomFit { seed, epoch: AtomicU64::new(0) }
+    }
+    fn r(&self, si: usize) -> i64 {
+        (splitmix(self.seed ^ self.epoch.load(Ordering::Relaxed).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ si as u64) >> 12) as i64
+    }
+}
+
+impl Policy for RandomFit {
+    fn name(&self) -> &'static str {
+        "random"
+    }
+    fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
+        let gi = server.gpus.iter().position(|g| std::ptr::eq(g, gpu)).unwrap_or(0);
+        self.score_gpu_in(&Context::default(), usize::MAX, server, gi, demand)
+    }
+    fn score_unit(&self, _unit: &Unit, _demand: &Demand) -> i64 {
+        (splitmix(self.epoch.load(Ordering::Relaxed) ^ self.seed) >> 12) as i64
+    }
+    fn observe(&self, _demand: &Demand, _cx: &Context) {
+        self.epoch.fetch_add(1, Ordering::Relaxed);
+    }
+    fn score_gpu_in(&self, _cx: &Context, si: usize, server: &Server, gi: usize, demand: &Demand) -> i64 {
+        let g = &server.gpus[gi];
+        let share = share_of(demand, g.spec.memory).max(1);
+        (self.r(si) & !0x3ff) | (1023 - free_share(g).saturating_sub(share).min(1023)) as i64
+    }
+    fn score_unit_in(&self, _cx: &Context, _servers: &[Server], members: &[usize], _unit: &Unit, _demand: &Demand) -> i64 {
+        self.r(members.first().copied().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(cpu: u64, milli: u32, gpus: u32) -> Shape {
+        Shape { cpu_milli: cpu, gpu_milli: milli, gpus, models: Vec::new() }
+    }
+
+    fn node(cpu: Option<u64>, free: &[u32]) -> NodeRes {
+        NodeRes { cpu_left: cpu, gpus: free.iter().map(|&f| (f, "T4".to_string())).collect() }
+    }
+
+    #[test]
+    fn frag_by_hand() {
+        // Free: 1000, 500, 200, 0 (1700 in all).
+        let n = node(Some(8000), &[1000, 500, 200, 0]);
+        // A 0.3-GPU task fits (GPUs 0, 1): the 200 left on GPU 2 is fragment.
+        assert_eq!(frag(&n, &shape(4000, 300, 1)), 200);
+        // A 0.6-GPU task: only GPU 0 fits; 500 + 200 are fragment.
+        assert_eq!(frag(&n, &shape(4000, 600, 1)), 700);
+        // One whole GPU: GPU 0; 700 fragment. Two whole GPUs: cannot run: all.
+        assert_eq!(frag(&n, &shape(4000, 1000, 1)), 700);
+        assert_eq!(frag(&n, &shape(4000, 1000, 2)), 1700);
+        // Too little CPU: all free GPU is fragment.
+        assert_eq!(frag(&n, &shape(9000, 300, 1)), 1700);
+        // CPU-only task: all free GPU is fragment (it can use none).
+        assert_eq!(frag(&n, &shape(1000, 0, 0)), 1700);
+        // Model not allowed: all.
+        let v100 = Shape { models: vec!["V100".into()], ..shape(1000, 300, 1) };
+        assert_eq!(frag(&n, &v100), 1700);
+        // A full node has no fragment.
+        assert_eq!(frag(&node(Some(8000), &[0, 0]), &shape(1000, 300, 1)), 0);
+    }
+
+    #[test]
+    fn node_frag_weighs_by_popularity() {
+        let n = node(None, &[1000, 500, 200, 0]);
+        let w = Workload { shapes: vec![(shape(0, 300, 1), 0.5), (shape(0, 1000, 2), 0.25), (shape(0, 600, 1), 0.25)] };
+        // 0.5 * 200 + 0.25 * 1700 + 0.25 * 700
+        assert!((node_frag(&n, &w) - 700.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn typical_keeps_the_popular_shapes() {
+        let mut reqs = vec![shape(1, 500, 1); 6];
+        reqs.extend(vec![shape(1, 1000, 1); 3]);
+        reqs.push(shape(1, 1000, 8));
+        let w = Workload::typical(reqs, 0.85);
+        // 6 + 3 = 90% >= 85%: the 8-GPU shape is dropped; renormalised.
+        assert_eq!(w.shapes.len(), 2);
+        assert!((w.shapes[0].1 - 6.0 / 9.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fgd_memo_matches_direct_measure() {
+        use crate::inventory::{GpuSpec, ServerSpec};
+        let spec = ServerSpec {
+            id: "a".into(),
+            node: "a".into(),
+            leaf: "l".into(),
+            spine: "s".into(),
+            partitions: vec!["default".into()],
+            gpus: (0..4)
+                .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true })
+                .collect(),
+        };
+        let mut s = Server::new(spec, 0);
+        s.gpus[1].used_milli = 500;
+        s.gpus[1].used_memory = 500;
+        s.gpus[1].holders.push(1);
+        s.gpus[2].used_milli = 800;
+        s.gpus[2].used_memory = 800;
+        s.gpus[2].holders.push(2);
+        s.gpus[3].used_milli = 1000;
+        s.gpus[3].used_memory = 1000;
+        s.gpus[3].holders.push(3);
+        s.recount();
+        let w = Workload { shapes: vec![(shape(0, 300, 1), 0.5), (shape(0, 1000, 2), 0.25), (shape(0, 600, 1), 0.25)] };
+        let f = Fgd::new(w.clone(), 1);
+        let direct = node_frag(&node(None, &[1000, 500, 200, 0]), &w);
+        assert!((f.f(&s, None, &[], 0) - direct).abs() < 1e-9);
+        // Placing 0.3 on GPU 1 (500 -> 200; free 1000, 200, 200, 0):
+        // 0.5*400 + 0.25*1400 + 0.25*400 = 650.
+        let after = f.f(&s, None, &[(1, 300)], 0);
+        assert!((after - 650.0).abs() < 1e-9, "{after}");
+        // On GPU 0 (1000 -> 700; free 700, 500, 200, 0):
+        // 0.5*200 + 0.25*1400 + 0.25*700 = 625: fragments less, so FGD takes it.
+        assert!((f.f(&s, None, &[(0, 300)], 0) - 625.0).abs() < 1e-9);
+        let d = Demand { compute_milli: 300, memory: 300, ..Demand::default() };
+        let cx = Context::default();
+        assert!(f.score_gpu_in(&cx, 0, &s, 0, &d) > f.score_gpu_in(&cx, 0, &s, 1, &d));
+        // A shape both GPUs serve equally (0.1 with only 0.1 shapes in the
+        // workload: never fragments): Pack prefers the fuller GPU (GPU 2).
+        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 100, 1), 1.0)] });
+        let d = Demand { compute_milli: 100, memory: 100, ..Demand::default() };
+        assert!(p.score_gpu_in(&cx, 0, &s, 2, &d) > p.score_gpu_in(&cx, 0, &s, 0, &d));
+    }
+}
