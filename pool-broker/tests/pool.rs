@@ -1,0 +1,294 @@
+//! The pool with real processes on loopback: one rgpu-broker, three
+//! rgpu-servers (sim), leases through the client library, sessions through
+//! the shim (`rgpu demo` as the workload). Needs the workspace's binaries
+//! built (`cargo build`): rgpu-server, rgpu and libcuda.so beside rgpu-broker.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use rgpu_pool_broker::client::{BrokerClient, ClientError, LeaseSpec, LeaseView};
+use rgpu_pool_broker::placement::Scope;
+
+fn bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_rgpu-broker")).parent().unwrap().to_path_buf()
+}
+
+struct Proc {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `bin args` and waits for its "listening on ADDR" line.
+fn start(bin: &str, args: &[&str]) -> Proc {
+    let path = bin_dir().join(bin);
+    assert!(path.exists(), "{} is not built: run `cargo build` first", path.display());
+    let mut child = Command::new(&path)
+        .args(args)
+        .env("RGPU_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let name = bin.to_string();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if !sent {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                    sent = true;
+                }
+            }
+            if std::env::var_os("RGPU_TEST_LOG").is_some() {
+                eprintln!("[{name}] {line}");
+            }
+        }
+    });
+    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("process did not start listening");
+    Proc { child, addr }
+}
+
+fn free_port() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().to_string()
+}
+
+fn broker(dir: &Path, addr: &str) -> Proc {
+    let cfg = dir.join("broker.toml");
+    std::fs::write(&cfg, "[tenants.alice]\npartitions = [\"secret\"]\nmax-gpus = 1\n").unwrap();
+    start(
+        "rgpu-broker",
+        &[
+            "--listen", addr,
+            "--data-dir", dir.join("data").to_str().unwrap(),
+            "--key-file", dir.join("key").to_str().unwrap(),
+            "--create-key",
+            "--heartbeat-ms", "200",
+            "--config", cfg.to_str().unwrap(),
+        ],
+    )
+}
+
+fn server(dir: &Path, broker: &str, devices: &str, leaf: &str, partitions: &str) -> Proc {
+    start(
+        "rgpu-server",
+        &[
+            "--listen", "127.0.0.1:0",
+            "--backend", "sim",
+            "--sim-devices", devices,
+            "--sim-memory", "1GiB",
+            "--broker", broker,
+            "--broker-key-file", dir.join("key").to_str().unwrap(),
+            "--leaf", leaf,
+            "--partitions", partitions,
+        ],
+    )
+}
+
+fn spec(tenant: &str, gpus: u32) -> LeaseSpec {
+    LeaseSpec { tenant: tenant.into(), gpus, ttl_ms: 30_000, ..LeaseSpec::default() }
+}
+
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs the built-in workload through the shim with `token` on `server`.
+fn demo(server: &str, token: &str, size_mib: u32) -> Output {
+    let mut c = Command::new(bin_dir().join("rgpu"));
+    c.args(["demo", "--server", server, "--size-mib", &size_mib.to_string()])
+        .env("RGPU_SHIM", bin_dir().join("libcuda.so"))
+        .env("RGPU_TOKEN", token)
+        .stdin(Stdio::null());
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            unsafe { libc_kill(pid as i32) };
+            panic!("rgpu demo hung");
+        }
+    }
+}
+
+unsafe fn libc_kill(pid: i32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    kill(pid, 9);
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn kind(r: Result<LeaseView, ClientError>) -> String {
+    match r {
+        Ok(l) => format!("granted {}", l.id),
+        Err(e) => e.kind().unwrap_or("?").to_string(),
+    }
+}
+
+#[test]
+fn pool_with_three_servers() {
+    let dir = std::env::temp_dir().join(format!("rgpu-pool-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let baddr = free_port();
+    let mut b = broker(&dir, &baddr);
+    let s1 = server(&dir, &baddr, "2", "l1", "default");
+    let mut s2 = Some(server(&dir, &baddr, "2", "l1", "default"));
+    let s3 = server(&dir, &baddr, "1", "l2", "secret");
+    let s2addr = s2.as_ref().unwrap().addr.clone();
+    let c = BrokerClient::connect(&baddr).unwrap();
+    wait_for("3 servers registered", || c.servers().map(|s| s.len() == 3).unwrap_or(false));
+
+    // Lease, renew, release; two GPUs within one node.
+    let mut two = spec("bob", 2);
+    two.scope = Scope::Node;
+    two.scope_required = true;
+    let l = c.lease(&two).unwrap();
+    assert_eq!(l.servers().len(), 1, "{l:?}");
+    let r = c.renew(l.id_u64(), 60_000).unwrap();
+    assert!(r.deadline_ms > l.deadline_ms);
+    assert_eq!(r.generation, l.generation);
+    assert!(c.release(l.id_u64()).unwrap());
+    assert!(!c.release(l.id_u64()).unwrap(), "release is idempotent");
+    assert!(c.leases("").unwrap().is_empty());
+
+    // Expiry: not before the deadline, soon after.
+    let mut short = spec("bob", 1);
+    short.ttl_ms = 400;
+    let e = c.lease(&short).unwrap();
+    assert!(c.leases("").unwrap().iter().any(|x| x.id == e.id));
+    wait_for("expiry", || c.leases("").unwrap().is_empty());
+    assert!(c.renew(e.id_u64(), 0).unwrap_err().to_string().contains("expired"));
+
+    // Quota and partitions: alice sees only s3 ("secret"), one GPU at most.
+    assert_eq!(kind(c.lease(&spec("alice", 2))), "quota");
+    let a = c.lease(&spec("alice", 1)).unwrap();
+    assert_eq!(a.servers(), vec![s3.addr.clone()]);
+    assert_eq!(kind(c.lease(&spec("alice", 1))), "quota");
+    assert_eq!(kind(c.lease(&spec("bob", 5))), "invalid", "bob never sees s3: 4 GPUs");
+
+    // Queueing: bob fills s1+s2; a waiting request is granted on release.
+    let all = c.lease(&spec("bob", 4)).unwrap();
+    assert_eq!(kind(c.lease(&spec("bob", 1))), "unavailable");
+    let baddr2 = baddr.clone();
+    let waiter = std::thread::spawn(move || {
+        let c = BrokerClient::connect(&baddr2).unwrap();
+        let mut w = spec("bob", 1);
+        w.wait_ms = 10_000;
+        c.lease(&w)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(c.status().unwrap().queued == 1);
+    c.release(all.id_u64()).unwrap();
+    let q = waiter.join().unwrap().unwrap();
+    c.release(q.id_u64()).unwrap();
+
+    // Fractions share one GPU; the memory limit is enforced by the server.
+    let mut f = spec("bob", 0);
+    f.memory = 256 << 20;
+    let f1 = c.lease(&f).unwrap();
+    let f2 = c.lease(&f).unwrap();
+    assert_eq!(f1.gpus[0].uuid, f2.gpus[0].uuid, "two fractions on one GPU");
+    let fs = f1.servers()[0].clone();
+    let ok = demo(&fs, &f1.token, 16);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let oom = demo(&fs, &f1.token, 200);
+    assert!(!oom.status.success() && text(&oom).contains("OUT_OF_MEMORY"), "{}", text(&oom));
+
+    // A forged token is refused; a token replayed after release too.
+    let mut forged = f2.token.clone().into_bytes();
+    let i = 40;
+    forged[i] = if forged[i] == b'0' { b'1' } else { b'0' };
+    let o = demo(&fs, std::str::from_utf8(&forged).unwrap(), 16);
+    assert!(text(&o).contains("signature"), "{}", text(&o));
+    c.release(f2.id_u64()).unwrap();
+    std::thread::sleep(Duration::from_millis(600)); // a heartbeat or two
+    let o = demo(&fs, &f2.token, 16);
+    assert!(text(&o).contains("has ended"), "{}", text(&o));
+    c.release(f1.id_u64()).unwrap();
+
+    // Drain without a deadline: no new grants there, leases keep running.
+    let on1 = c.lease(&spec("bob", 2)).unwrap();
+    let drained = on1.servers()[0].clone();
+    c.drain(&drained, 0).unwrap();
+    let other = c.lease(&spec("bob", 2)).unwrap();
+    assert_ne!(other.servers()[0], drained);
+    assert!(c.renew(on1.id_u64(), 0).is_ok(), "drain without deadline keeps leases");
+    c.release(other.id_u64()).unwrap();
+    // Drain with a deadline: the lease is revoked then.
+    let d = c.lease(&spec("bob", 1)).unwrap();
+    let target = d.servers()[0].clone();
+    assert_ne!(target, drained);
+    c.drain(&target, rgpu_pool_broker::service::now_ms() + 300).unwrap();
+    wait_for("revocation", || c.renew(d.id_u64(), 0).is_err());
+    assert!(c.renew(d.id_u64(), 0).unwrap_err().to_string().contains("revoked"));
+    c.undrain(&target).unwrap();
+
+    // Broker SIGKILL and restart: leases, registrations, drains survive.
+    let before = c.leases("").unwrap();
+    let gen = c.status().unwrap().generation;
+    drop(c);
+    b.child.kill().unwrap(); // SIGKILL
+    let _ = b.child.wait();
+    b = broker(&dir, &baddr);
+    let c = BrokerClient::connect(&baddr).unwrap();
+    let after = c.leases("").unwrap();
+    assert_eq!(
+        before.iter().map(|l| (&l.id, l.generation, l.deadline_ms)).collect::<Vec<_>>(),
+        after.iter().map(|l| (&l.id, l.generation, l.deadline_ms)).collect::<Vec<_>>()
+    );
+    assert_eq!(c.status().unwrap().generation, gen);
+    let servers = c.servers().unwrap();
+    assert_eq!(servers.len(), 3);
+    assert!(servers.iter().any(|s| s.id == drained && s.draining), "drain survives");
+    c.undrain(&drained).unwrap();
+    let next = c.lease(&spec("bob", 1)).unwrap();
+    assert!(next.generation > gen, "generations never go back");
+
+    // A server SIGKILLed: its leases are lost, clients are told, nothing hangs.
+    c.release(next.id_u64()).unwrap();
+    c.release(on1.id_u64()).unwrap();
+    let mut on2 = spec("bob", 2);
+    on2.scope = Scope::Node;
+    on2.scope_required = true;
+    // Take s1's GPUs first so the next pair lands on s2.
+    let hold = c.lease(&on2).unwrap();
+    let l2 = c.lease(&on2).unwrap();
+    let victim = if l2.servers()[0] == s2addr { l2.clone() } else { hold.clone() };
+    assert_eq!(victim.servers()[0], s2addr);
+    drop(s2.take()); // kill -9 and reap
+    wait_for("server marked unreachable", || {
+        c.servers().unwrap().iter().any(|s| s.id == s2addr && s.state == "unreachable")
+    });
+    let err = c.renew(victim.id_u64(), 0).unwrap_err();
+    assert_eq!(err.kind(), Some("lost"), "{err}");
+    assert!(c.release(victim.id_u64()).unwrap());
+    drop((s1, s3, a));
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
