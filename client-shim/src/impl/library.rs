@@ -15,8 +15,9 @@ use super::{context, kernel, module};
 
 pub struct Library {
     pub image: Vec<u8>,
-    /// device -> (context, module handle)
-    pub modules: Mutex<HashMap<CUdevice, (u64, u64)>>,
+    /// context -> (its device, module handle): each context has its own
+    /// copy of the library (and of its globals), as on a real driver.
+    pub modules: Mutex<HashMap<u64, (CUdevice, u64)>>,
     /// kernel name -> kernel handle
     pub kernels: Mutex<HashMap<String, u64>>,
 }
@@ -28,18 +29,23 @@ pub fn get(h: CUlibrary) -> CuResult<(u64, Arc<Library>)> {
     Ok((h, LIBRARIES.get(h).ok_or(CuError::INVALID_HANDLE)?))
 }
 
-/// The library's module on `dev`, loading it there on first use.
+/// The library's module on `dev` in the current context (the device's
+/// primary context when the current one is on another device, or none is
+/// current), loading it there on first use.
 pub fn module_on(lib: &Library, dev: CUdevice) -> CuResult<u64> {
+    let ctx = match context::current() {
+        Ok((h, c)) if c.device == dev => h,
+        _ => super::primary_context::handle(dev)?,
+    };
     let mut mods = lib.modules.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(&(_, m)) = mods.get(&dev) {
+    if let Some(&(_, m)) = mods.get(&ctx) {
         if module::MODULES.get(m).is_some() {
             return Ok(m);
         }
     }
     let rt = runtime::get()?;
-    let ctx = super::primary_context::handle(dev)?;
     let m = module::load_image(rt, dev, ctx, &lib.image)?;
-    mods.insert(dev, (ctx, m));
+    mods.insert(ctx, (dev, m));
     Ok(m)
 }
 
@@ -50,12 +56,12 @@ pub fn current_module(lib: &Library) -> CuResult<Arc<module::Module>> {
     module::MODULES.get(m).ok_or(CuError::INVALID_HANDLE)
 }
 
-/// Forgets per-device modules whose context was torn down (they were
-/// unloaded with it); the next use loads them again.
+/// Forgets the modules of a context that was torn down (they were unloaded
+/// with it); the next use loads them again.
 pub fn forget_context(ctx: u64) {
     for h in LIBRARIES.select(|_| true) {
         if let Some(lib) = LIBRARIES.get(h) {
-            lib.modules.lock().unwrap_or_else(|e| e.into_inner()).retain(|_, (c, _)| *c != ctx);
+            lib.modules.lock().unwrap_or_else(|e| e.into_inner()).retain(|c, _| *c != ctx);
         }
     }
 }
