@@ -508,7 +508,8 @@ fn kill_group(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// A running `rgpu-server --backend sim`, killed when dropped.
+/// A running `rgpu-server` (`--backend sim`, or `cuda` over the shim for a
+/// chain), killed when dropped.
 pub struct Server {
     child: Option<Child>,
     pub addr: SocketAddr,
@@ -539,7 +540,6 @@ impl Server {
     /// Starts a server on 127.0.0.1:0 and waits (up to 30 s) until it says
     /// `listening on 127.0.0.1:PORT`.
     pub fn start(opts: ServerOpts) -> Server {
-        let bins = binaries();
         let args: Vec<String> = vec![
             "--listen".into(),
             "127.0.0.1:0".into(),
@@ -554,8 +554,29 @@ impl Server {
             "--sim-seed".into(),
             format!("rgpu-integration-{}-{}", std::process::id(), SERVER_SEQ.fetch_add(1, Ordering::Relaxed)),
         ];
+        Server::spawn(args, &[])
+    }
+
+    /// Starts `rgpu-server --backend cuda` whose CUDA driver is rgpu's own
+    /// shim, pointed at `upstream`: a program run against the returned
+    /// server goes client -> this server (cuda backend) -> `upstream`.
+    /// That runs the cuda backend on a machine without a GPU.
+    pub fn start_chain(upstream: &Server) -> Server {
+        let args: Vec<String> =
+            ["--listen", "127.0.0.1:0", "--backend", "cuda"].iter().map(|s| s.to_string()).collect();
+        let dir = shim_driver_dir();
+        let envs = [
+            ("LD_LIBRARY_PATH".to_string(), dir.display().to_string()),
+            ("RGPU_SERVERS".to_string(), upstream.addr_string()),
+        ];
+        Server::spawn(args, &envs)
+    }
+
+    fn spawn(args: Vec<String>, envs: &[(String, String)]) -> Server {
+        let bins = binaries();
         let mut child = Command::new(&bins.server)
             .args(&args)
+            .envs(envs.iter().map(|(k, v)| (k, v)))
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -625,6 +646,22 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A folder holding only `libcuda.so.1`, a link to the shim (what `rgpu run`
+/// puts first on LD_LIBRARY_PATH), private to this test process.
+pub fn shim_driver_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("rgpu-shim-driver-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+        let link = dir.join("libcuda.so.1");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&binaries().libcuda, &link)
+            .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
+        dir
+    })
+    .clone()
 }
 
 /// Finds `listening on HOST:PORT` in a log line.

@@ -1,0 +1,141 @@
+//! The cuda backend without a GPU: client -> server A (`--backend cuda`,
+//! whose libcuda.so.1 is rgpu's shim) -> server B (`--backend sim`).
+//! Every driver call the cuda backend makes goes through the shim to the
+//! sim, so the programs exercise the cuda backend end to end.
+//!
+//! One build per program (cudart 13, shared) keeps the suite short; the
+//! other variants differ only on the client side, which the direct tests
+//! cover.
+//!
+//! Launches: server A behaves as a real GPU does, so the launch programs
+//! run with `--expect-supported`. Until the sim (server B) executes PTX,
+//! A's launch fails on B with CUDA_ERROR_NOT_SUPPORTED, which the program
+//! sees at its next synchronisation, as it would see a failed kernel on a
+//! GPU: [`chain_launch`] accepts exactly that failure, and a pass.
+
+use rgpu_integration::*;
+
+/// Starts B then A, runs `program` against A and asserts it passes.
+fn chain(program: &str, variant: Variant, args: &[&str]) -> RunOutput {
+    let exe = build(program, variant);
+    let b = Server::start_default();
+    let a = Server::start_chain(&b);
+    assert!(
+        a.log().contains("backend cuda"),
+        "server A did not start the cuda backend\n{}{}",
+        a.describe(),
+        b.describe()
+    );
+    let out = run_on(&[&a], &exe, args);
+    out.assert_pass(program, &[&a, &b]);
+    out
+}
+
+macro_rules! chain_tests {
+    ($($name:ident => $args:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            chain(concat!("rt_", stringify!($name)), Variant::Cudart13Shared, &$args);
+        }
+    )*};
+}
+
+chain_tests! {
+    memory => [];
+    copy => [];
+    memset => [];
+    stream => [];
+    event => [];
+    pinned => [];
+    globals => [];
+    funcattr => [];
+    errors => [];
+}
+
+/// Runs a launch program with `--expect-supported`: it must pass, or fail
+/// only because B cannot execute the kernel yet (801 at the synchronisation
+/// after the launch) once everything before the launch passed.
+fn chain_launch(program: &str, variant: Variant) {
+    let exe = build(program, variant);
+    let b = Server::start_default();
+    let a = Server::start_chain(&b);
+    let out = run_on(&[&a], &exe, &["--expect-supported"]);
+    if out.code() == Some(0) || launch_args().contains(&"--expect-supported") {
+        out.assert_pass(program, &[&a, &b]);
+        return;
+    }
+    let fails: Vec<&str> = out.stderr.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    let unsupported = fails.len() == 1 && fails[0].contains("ynchronize() returned 801");
+    assert!(
+        !out.timed_out && unsupported,
+        "{program}: expected a pass, or 801 at the synchronisation after the launch\n{}",
+        out.describe(&[&a, &b])
+    );
+}
+
+#[test]
+fn launch() {
+    chain_launch("rt_launch", Variant::Cudart13Shared);
+}
+
+/// Device properties through the chain are B's, as A's driver (the shim)
+/// reports them: count, memory, and a UUID that stays the same.
+#[test]
+fn device() {
+    let mem = DEFAULT_SIM_MEMORY.to_string();
+    let args = ["--expect-devices", "1", "--expect-mem", mem.as_str()];
+    let exe = build("rt_device", Variant::Cudart13Shared);
+    let b = Server::start_default();
+    let a = Server::start_chain(&b);
+    let first = run_on(&[&a], &exe, &args);
+    first.assert_pass("rt_device", &[&a, &b]);
+    let second = run_on(&[&a], &exe, &args);
+    second.assert_pass("rt_device", &[&a, &b]);
+    let uuids = |o: &RunOutput| -> Vec<String> {
+        o.stdout.lines().filter(|l| l.starts_with("uuid ")).map(str::to_string).collect()
+    };
+    assert_eq!(uuids(&first).len(), 1, "{}", first.describe(&[&a, &b]));
+    assert_eq!(uuids(&first), uuids(&second));
+}
+
+#[test]
+fn cudart12_memory() {
+    chain("rt_memory", Variant::Cudart12Shared, &[]);
+}
+
+#[test]
+fn drv_api() {
+    chain("drv_api", Variant::Driver, &[]);
+}
+
+/// Module loading, globals, attributes, then a launch (see [`chain_launch`]).
+#[test]
+fn drv_module() {
+    chain_launch("drv_module", Variant::Driver);
+}
+
+/// Two devices on B: A exports both, one context per device per session.
+#[test]
+fn two_devices() {
+    let exe = build("rt_two_devices", Variant::Cudart13Shared);
+    let b = Server::start(ServerOpts { devices: 2, memory: 2 << 30 });
+    let a = Server::start_chain(&b);
+    run_on(&[&a], &exe, &[]).assert_pass("rt_two_devices", &[&a, &b]);
+}
+
+/// One server A, several sessions: a second run finds the module in A's
+/// library cache but gets fresh, initialised globals (its own context);
+/// two runs at once do not see each other's globals or memory.
+#[test]
+fn sessions_are_isolated() {
+    let exe = build("rt_globals", Variant::Cudart13Shared);
+    let b = Server::start_default();
+    let a = Server::start_chain(&b);
+    run_on(&[&a], &exe, &[]).assert_pass("rt_globals", &[&a, &b]);
+    run_on(&[&a], &exe, &[]).assert_pass("rt_globals", &[&a, &b]);
+    let addr = a.addr_string();
+    let runs: Vec<Running> = (0..2).map(|_| spawn_rgpu(&addr, &exe, &[])).collect();
+    for r in runs {
+        r.wait(run_timeout()).assert_pass("rt_globals", &[&a, &b]);
+    }
+}
