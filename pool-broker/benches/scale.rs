@@ -1,1 +1,213 @@
-fn main() {}
+//! Scale benchmark: a broker (in this process, over real loopback RPC and
+//! its durable store) with 1,000 registered servers of 10 GPUs each,
+//! heartbeating every second; many clients lease one GPU and release it,
+//! as fast as they can. Reports grants per second and the grant latency
+//! (p50, p99).
+//!
+//!   cargo bench -p rgpu-pool-broker --bench scale [-- SECONDS CONNECTIONS]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rgpu_pool_broker::config::{Args, Config};
+use rgpu_protocol::broker_capnp::broker;
+use rgpu_protocol::token::sign_bytes;
+use tokio_util::sync::CancellationToken;
+
+const SERVERS: usize = 1000;
+const GPUS: usize = 10;
+
+fn main() {
+    let argv: Vec<String> = std::env::args().filter(|a| !a.starts_with("--")).collect();
+    let secs: u64 = argv.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
+    let conns: usize = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let dir = std::env::temp_dir().join(format!("rgpu-broker-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let config = Config::load(Args {
+        listen: Some("127.0.0.1:0".into()),
+        data_dir: Some(dir.join("data")),
+        key_file: Some(dir.join("key")),
+        create_key: true,
+        threads: Some(2),
+        ..Args::default()
+    })
+    .expect("config");
+    let key = rgpu_pool_broker::config::load_key(&dir.join("key"), true).expect("key");
+    let service = rgpu_pool_broker::open_service(&config).expect("service");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let stop = CancellationToken::new();
+    let (svc, s2) = (service.clone(), stop.clone());
+    std::thread::spawn(move || rgpu_pool_broker::rpc::serve(listener, svc, 2, s2));
+
+    // Register 1,000 servers x 10 GPUs, then keep them heartbeating.
+    let t = Instant::now();
+    run_local(register_all(addr.clone(), key.clone()));
+    eprintln!("registered {SERVERS} servers / {} GPUs in {:.2} s", SERVERS * GPUS, t.elapsed().as_secs_f64());
+    let (a, k, s3) = (addr.clone(), key.clone(), stop.clone());
+    std::thread::spawn(move || run_local(heartbeats(a, k, s3)));
+
+    // Clients: `conns` connections over 2 threads, each lease+release in a loop.
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let mut threads = Vec::new();
+    for t in 0..2 {
+        let a = addr.clone();
+        let n = conns / 2 + if t == 0 { conns % 2 } else { 0 };
+        threads.push(std::thread::spawn(move || run_local(clients(a, n, deadline))));
+    }
+    let mut lat: Vec<f64> = Vec::new();
+    let mut errors = 0u64;
+    for t in threads {
+        let (l, e) = t.join().unwrap();
+        lat.extend(l);
+        errors += e;
+    }
+    stop.cancel();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    println!(
+        "scale: {SERVERS} servers, {} GPUs, {conns} client connections, {secs} s: {} grants ({:.0} grants/s, each also released), p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, errors {errors}",
+        SERVERS * GPUS,
+        lat.len(),
+        lat.len() as f64 / secs as f64,
+        pct(0.50),
+        pct(0.99),
+        lat.last().copied().unwrap_or(0.0)
+    );
+    drop(service);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn run_local<T>(f: impl std::future::Future<Output = T>) -> T {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    tokio::task::LocalSet::new().block_on(&rt, f)
+}
+
+async fn connect(addr: &str) -> broker::Client {
+    use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+    use futures::AsyncReadExt;
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.set_nodelay(true).unwrap();
+    let (r, w) = tokio_util::compat::TokioAsyncReadCompatExt::compat(s).split();
+    let net = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(r),
+        futures::io::BufWriter::new(w),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(net), None);
+    let c: broker::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    tokio::task::spawn_local(rpc);
+    c
+}
+
+fn server_id(i: usize) -> String {
+    format!("10.{}.{}.{}:7767", i / 65536, i / 256 % 256, i % 256)
+}
+
+async fn register_all(addr: String, key: Vec<u8>) {
+    let c = connect(&addr).await;
+    let mut pending = Vec::new();
+    for i in 0..SERVERS {
+        let mut req = c.register_request();
+        let id = server_id(i);
+        {
+            let mut s = req.get().init_server();
+            s.set_id(&id);
+            s.set_node(&id);
+            s.set_leaf(&format!("leaf{}", i / 8));
+            s.set_spine(&format!("spine{}", i / 128));
+            let mut gs = s.init_gpus(GPUS as u32);
+            for g in 0..GPUS {
+                let mut x = gs.reborrow().get(g as u32);
+                let mut uuid = [0u8; 16];
+                uuid[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                uuid[8] = g as u8;
+                x.set_uuid(&uuid);
+                x.set_ordinal(g as u32);
+                x.set_model("H100");
+                x.set_memory(80 << 30);
+                x.set_sms(132);
+                x.set_healthy(true);
+            }
+        }
+        req.get().set_proof(&sign_bytes(&key, format!("rgpu-register:{id}").as_bytes()));
+        pending.push(req.send().promise);
+        if pending.len() == 100 {
+            for p in pending.drain(..) {
+                p.await.unwrap();
+            }
+        }
+    }
+    for p in pending {
+        p.await.unwrap();
+    }
+}
+
+async fn heartbeats(addr: String, key: Vec<u8>, stop: CancellationToken) {
+    let c = connect(&addr).await;
+    let proofs: Vec<Vec<u8>> =
+        (0..SERVERS).map(|i| sign_bytes(&key, format!("rgpu-register:{}", server_id(i)).as_bytes())).collect();
+    while !stop.is_cancelled() {
+        let t = Instant::now();
+        let mut pending = Vec::new();
+        for (i, proof) in proofs.iter().enumerate() {
+            let mut req = c.heartbeat_request();
+            req.get().set_server_id(&server_id(i));
+            req.get().set_proof(proof);
+            pending.push(req.send().promise);
+        }
+        for p in pending {
+            let _ = p.await;
+        }
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(t.elapsed())).await;
+    }
+}
+
+async fn clients(addr: String, n: usize, deadline: Instant) -> (Vec<f64>, u64) {
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let addr = addr.clone();
+        tasks.push(tokio::task::spawn_local(async move {
+            let c = connect(&addr).await;
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let tenant = format!("bench{i}");
+            while Instant::now() < deadline {
+                let mut req = c.lease_request();
+                {
+                    let mut r = req.get().init_request();
+                    r.set_tenant(&tenant);
+                    r.set_gpus(1);
+                    r.set_ttl_ms(60_000);
+                }
+                let t = Instant::now();
+                let reply = req.send().promise.await;
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let id = match reply.as_ref().map(|r| r.get().and_then(|r| r.get_lease()).map(|l| l.get_id())) {
+                    Ok(Ok(id)) => id,
+                    _ => {
+                        errors += 1;
+                        continue;
+                    }
+                };
+                lat.push(ms);
+                let mut rel = c.release_request();
+                rel.get().set_lease_id(id);
+                if rel.send().promise.await.is_err() {
+                    errors += 1;
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await.unwrap();
+        lat.extend(l);
+        errors += e;
+    }
+    let _ = Arc::new(());
+    (lat, errors)
+}
