@@ -55,6 +55,9 @@ struct Reply {
     eventElapsedTime @5 :Float32;  # milliseconds
     moduleLoad @6 :ModuleLoaded;
   }
+  # Text kernels printed (device printf) since the previous reply, for the
+  # client to write to its stdout; empty when none.
+  output @7 :Data;
 }
 
 struct Device { device @0 :UInt32; }

@@ -356,6 +356,11 @@ impl Inner {
         }
         let buf = self.recv.prepare(h.msg_len as usize);
         self.transport.recv_exact(buf)?;
+        if let Ok(msg) = self.recv.reader() {
+            if let Ok(r) = msg.get_root::<reply::Reader>() {
+                super::output::write_reply_output(&r);
+            }
+        }
         let bulk = h.bulk_len as usize;
         match (p.dst, target) {
             (Some((dst, len)), _) => {

@@ -7,6 +7,7 @@
 
 pub mod connection;
 pub mod control;
+pub mod output;
 
 use thiserror::Error;
 

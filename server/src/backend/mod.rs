@@ -228,4 +228,10 @@ pub trait BackendSession: Send {
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult;
+
+    /// Text kernels printed (device `printf`) since the last call, for the
+    /// next reply to carry to the client.
+    fn take_output(&mut self) -> Vec<u8> {
+        Vec::new()
+    }
 }

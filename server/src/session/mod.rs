@@ -147,6 +147,9 @@ impl<T: Transport + Pending> Session<T> {
     /// Queues (or, with device bytes, sends) the reply to request `seq`.
     fn reply(&mut self, seq: u64, result: Result<ReplyBody, CuError>) -> Result<(), End> {
         let deferred = self.deferred.take().map_or(0, |e| e.code());
+        // Kernel printf output rides on the next reply (CUDA too shows it at
+        // synchronisation points).
+        let output = self.state.backend.take_output();
         let mark = self.out.len();
         let (code, body) = match result {
             Ok(b) => (0, b),
@@ -156,7 +159,7 @@ impl<T: Transport + Pending> Session<T> {
             ReplyBody::DeviceBytes { len, .. } => *len,
             _ => 0,
         };
-        self.encode(seq, code, deferred, &body, bulk_len);
+        self.encode(seq, code, deferred, &body, bulk_len, &output);
         let ReplyBody::DeviceBytes { src, len, stream } = body else {
             return Ok(());
         };
@@ -181,7 +184,7 @@ impl<T: Transport + Pending> Session<T> {
             Err(TransferError::Device(e)) if sent == 0 => {
                 // Nothing of this reply went out yet: answer the error instead.
                 self.out.truncate(mark);
-                self.encode(seq, e.code(), deferred, &ReplyBody::None, 0);
+                self.encode(seq, e.code(), deferred, &ReplyBody::None, 0, &output);
                 Ok(())
             }
             Err(TransferError::Device(e)) => Err(End::Io(io::Error::other(format!(
@@ -190,12 +193,15 @@ impl<T: Transport + Pending> Session<T> {
         }
     }
 
-    fn encode(&mut self, seq: u64, code: u32, deferred: u32, body: &ReplyBody, bulk_len: u64) {
+    fn encode(&mut self, seq: u64, code: u32, deferred: u32, body: &ReplyBody, bulk_len: u64, output: &[u8]) {
         let at = self.out.len();
         self.out.extend_from_slice(&[0u8; HEADER_LEN]);
         let n = self.enc.reply(&mut self.out, |mut r| {
             r.set_result(code);
             r.set_deferred_error(deferred);
+            if !output.is_empty() {
+                r.set_output(output);
+            }
             body.encode(r);
         });
         let h = FrameHeader::reply(seq, n, bulk_len).encode();

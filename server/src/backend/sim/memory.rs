@@ -9,8 +9,9 @@
 //!
 //! This type is the one door to the bytes: [`DeviceMemory::with_slice`] and
 //! [`DeviceMemory::with_slice_mut`] check that a range lies inside one live
-//! allocation before handing out a slice, which is also what the PTX
-//! interpreter of a later issue will use to load and store.
+//! allocation before handing out a slice. The PTX interpreter instead takes
+//! each of its session's allocations once per launch ([`DeviceMemory::region`])
+//! and bounds-checks every access against them itself.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -161,6 +162,15 @@ impl DeviceMemory {
         let st = self.lock();
         let (&o, &l) = st.live.range(..=off).next_back()?;
         (off < o + l).then_some((self.base + o, l))
+    }
+
+    /// The live allocation `[start, start + len)` containing `ptr`, with the
+    /// host address of its first byte (for the PTX interpreter, which
+    /// accesses it atomically while its session's thread waits).
+    pub fn region(&self, ptr: u64) -> Option<(u64, u64, *mut u8)> {
+        let (start, len) = self.allocation_of(ptr)?;
+        // SAFETY: the allocation lies inside the mapping.
+        Some((start, len, unsafe { self.map.as_ptr().add((start - self.base) as usize) }))
     }
 
     fn offset(&self, ptr: u64) -> CuResult<u64> {

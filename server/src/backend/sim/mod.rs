@@ -3,11 +3,13 @@
 //! Memory is real (see [`memory`]); everything else is executed inline, in
 //! arrival order, on the session's thread, which already satisfies every
 //! CUDA ordering rule: streams are bookkeeping, events are timestamps taken
-//! when the record is processed. Kernels cannot run yet: a launch checks its
-//! arguments and answers `CUDA_ERROR_NOT_SUPPORTED` until the PTX interpreter
-//! (a later issue) works on [`memory::DeviceMemory`].
+//! when the record is processed. Kernels run on the PTX interpreter
+//! (`rgpu-ptx`, see [`kernels`]): modules are decoded at load time, a launch
+//! runs the whole grid before the next request is taken, over this session's
+//! allocations in [`memory::DeviceMemory`].
 
 pub mod attributes;
+pub mod kernels;
 pub mod memory;
 
 use std::collections::{BTreeMap, HashMap};
@@ -122,7 +124,7 @@ impl Backend for SimBackend {
             events: HashMap::new(),
             modules: HashMap::new(),
             next_token: 1,
-            warned_launch: false,
+            output: Vec::new(),
         }))
     }
 }
@@ -135,8 +137,8 @@ struct SimEvent {
 struct SimModule {
     /// Device pointers of the module's globals, freed at unload.
     globals: Vec<u64>,
-    /// Per kernel: its body only returns, so a launch can be honoured.
-    empty: Vec<bool>,
+    /// Per kernel: its decoded program, or why it cannot run here.
+    programs: Vec<Result<Arc<rgpu_ptx::Program>, String>>,
 }
 
 struct SimSession {
@@ -151,7 +153,8 @@ struct SimSession {
     events: HashMap<u64, SimEvent>,
     modules: HashMap<u64, SimModule>,
     next_token: u64,
-    warned_launch: bool,
+    /// Device printf output not yet sent to the client.
+    output: Vec<u8>,
 }
 
 impl SimSession {
@@ -391,15 +394,9 @@ impl BackendSession for SimSession {
             .filter(|g| g.space == GlobalSpace::Const)
             .map(|g| g.size)
             .sum();
-        let empty: Vec<bool> = parsed.kernels.iter().map(|k| k.empty_body).collect();
-        let all_empty = empty.iter().all(|&e| e);
+        let programs = kernels::decode(parsed, &globals);
         let launch_note = if parsed.ptx.is_some() {
-            // Said at load time so the client refuses a launch at once,
-            // where the program sees the error, rather than at the next
-            // synchronisation.
-            "the rgpu sim backend does not execute kernel code yet (its PTX interpreter comes \
-             with a later release); only kernels whose body is empty can be launched"
-                .to_string()
+            String::new()
         } else {
             let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
             format!(
@@ -412,7 +409,8 @@ impl BackendSession for SimSession {
         let functions = parsed
             .kernels
             .iter()
-            .map(|k| FunctionInfo {
+            .enumerate()
+            .map(|(i, k)| FunctionInfo {
                 name: k.name.clone(),
                 params: k.params.iter().map(|p| (p.offset, p.size)).collect(),
                 max_threads_per_block: k
@@ -426,22 +424,28 @@ impl BackendSession for SimSession {
                 num_regs: k.num_regs.map_or(32, |n| n as i32),
                 ptx_version: 90,
                 binary_version: 90,
-                launch_note: if k.empty_body && parsed.ptx.is_some() {
-                    String::new()
-                } else {
-                    launch_note.clone()
+                // Said at load time so the client refuses a launch at once,
+                // where the program sees the error, rather than at the next
+                // synchronisation.
+                launch_note: match programs.get(i) {
+                    _ if parsed.ptx.is_none() => launch_note.clone(),
+                    Some(Err(why)) => why.clone(),
+                    _ => String::new(),
                 },
             })
             .collect::<Vec<_>>();
         let t = self.token();
         self.modules.insert(
             t,
-            SimModule { globals: ptrs, empty },
+            SimModule { globals: ptrs, programs },
         );
         debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
         // The module-level note explains the module as a whole; empty when
         // every kernel can be launched.
-        let launch_note = if all_empty && parsed.ptx.is_some() { String::new() } else { launch_note };
+        let launch_note = match functions.iter().find(|f| !f.launch_note.is_empty()) {
+            Some(f) if launch_note.is_empty() => format!("kernel {}: {}", f.name, f.launch_note),
+            _ => launch_note,
+        };
         Ok((ModuleToken(t), LoadedModule { functions, globals, launch_note }))
     }
 
@@ -457,22 +461,25 @@ impl BackendSession for SimSession {
         &mut self,
         module: ModuleToken,
         function: u32,
-        _dims: &LaunchDims,
+        dims: &LaunchDims,
         stream: StreamRef,
-        _params: &[u8],
+        params: &[u8],
     ) -> CuResult {
         self.check_stream(stream)?;
         let m = self.modules.get(&module.0).ok_or(CuError::INVALID_HANDLE)?;
-        let empty = *m.empty.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
-        if empty {
-            // Nothing to execute: in stream order, that is already done.
-            return Ok(());
-        }
-        if !self.warned_launch {
-            self.warned_launch = true;
-            warn!("sim backend cannot execute kernels yet: the PTX interpreter comes with a later issue");
-        }
-        Err(CuError::NOT_SUPPORTED)
+        let prog = match m.programs.get(function as usize).ok_or(CuError::INVALID_HANDLE)? {
+            Ok(p) => p.clone(),
+            Err(why) => {
+                warn!("launch refused: {why}");
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        };
+        let regions = kernels::SessionMemory::new(&self.shared.memory, self.allocs.keys().copied());
+        kernels::run(&prog, dims, params, &regions, &mut self.output)
+    }
+
+    fn take_output(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.output)
     }
 }
 

@@ -1,0 +1,160 @@
+//! Running kernels on the sim: the glue between the sim's modules and
+//! memory and the PTX interpreter (`rgpu-ptx`).
+//!
+//! At module load every kernel of the module's PTX is decoded once, with the
+//! module globals' device addresses resolved; a kernel that cannot be
+//! decoded keeps the reason, which the client gets as the kernel's launch
+//! note (so its launches fail with `CUDA_ERROR_NOT_SUPPORTED` naming the
+//! instruction). A launch runs the grid to completion on the session's
+//! thread (blocks spread over the host's cores), which keeps stream order.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use rgpu_ptx::{ExecError, Fault, GlobalMemory, LaunchConfig, Module, Program, Region};
+use tracing::{debug, warn};
+
+use super::memory::DeviceMemory;
+use crate::backend::{GlobalInfo, LaunchDims};
+use crate::cuerror::{CuError, CuResult};
+use crate::module::ModuleImage;
+
+/// Wall-clock limit of one launch; past it the launch fails with
+/// `CUDA_ERROR_LAUNCH_TIMEOUT`. Seconds, from `RGPU_SERVER_SIM_KERNEL_TIMEOUT`.
+pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(30);
+
+/// Most printf bytes kept per launch (CUDA's default printf FIFO size).
+const PRINTF_LIMIT: usize = 1 << 20;
+
+/// Below this many threads a grid runs on one host thread: starting
+/// workers would cost more than the kernel.
+const PARALLEL_THRESHOLD: u64 = 4096;
+
+fn time_limit() -> Duration {
+    static LIMIT: OnceLock<Duration> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("RGPU_SERVER_SIM_KERNEL_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .map_or(DEFAULT_TIME_LIMIT, Duration::from_secs_f64)
+    })
+}
+
+/// Decodes every kernel of `parsed` (in its order); `Err` says why a kernel
+/// cannot run on the sim.
+pub fn decode(parsed: &ModuleImage, globals: &[GlobalInfo]) -> Vec<Result<Arc<Program>, String>> {
+    let Some(text) = &parsed.ptx else {
+        return parsed.kernels.iter().map(|_| Err("the image has no PTX".to_string())).collect();
+    };
+    let module = match Module::parse(text) {
+        Ok(m) => m,
+        Err(e) => {
+            let why = format!("the rgpu sim cannot read this module's PTX: {e}");
+            warn!("{why}");
+            return parsed.kernels.iter().map(|_| Err(why.clone())).collect();
+        }
+    };
+    let addr = |name: &str| globals.iter().find(|g| g.name == name).map(|g| g.ptr);
+    parsed
+        .kernels
+        .iter()
+        .map(|k| match module.lower(&k.name, &addr) {
+            Ok(p) => {
+                debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
+                Ok(Arc::new(p))
+            }
+            Err(e) => {
+                let why = format!("the rgpu sim cannot run kernel {}: {e}", k.name);
+                warn!("{why}");
+                Err(why)
+            }
+        })
+        .collect()
+}
+
+/// The allocations one session can reach from a kernel, frozen for a launch.
+pub struct SessionMemory {
+    /// Sorted by start.
+    regions: Vec<Region>,
+}
+
+// SAFETY: the regions point into the devices' mappings, which outlive every
+// session. They are the launching session's own allocations, which cannot
+// be freed while its thread runs the launch; the interpreter accesses them
+// atomically only.
+unsafe impl Send for SessionMemory {}
+unsafe impl Sync for SessionMemory {}
+
+impl SessionMemory {
+    pub fn new(devices: &[DeviceMemory], allocs: impl Iterator<Item = u64>) -> Self {
+        let mut regions: Vec<Region> = allocs
+            .filter_map(|p| {
+                let d = devices.iter().find(|d| d.contains(p))?;
+                let (start, len, host) = d.region(p)?;
+                Some(Region { start, len, host })
+            })
+            .collect();
+        regions.sort_by_key(|r| r.start);
+        SessionMemory { regions }
+    }
+}
+
+// SAFETY: see the Send/Sync note above: every region is valid for the launch.
+unsafe impl GlobalMemory for SessionMemory {
+    fn region(&self, addr: u64) -> Option<Region> {
+        let i = self.regions.partition_point(|r| r.start <= addr);
+        let r = self.regions.get(i.checked_sub(1)?)?;
+        (addr - r.start < r.len).then_some(*r)
+    }
+}
+
+/// Runs one launch; device printf output is appended to `output`.
+pub fn run(prog: &Program, dims: &LaunchDims, params: &[u8], mem: &SessionMemory, output: &mut Vec<u8>) -> CuResult {
+    let threads = dims.grid.iter().chain(&dims.block).map(|&d| d as u64).product::<u64>();
+    let workers = if threads < PARALLEL_THRESHOLD { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    let cfg = LaunchConfig {
+        grid: dims.grid,
+        block: dims.block,
+        dyn_shared: dims.shared_mem_bytes,
+        workers,
+        time_limit: time_limit(),
+        printf_limit: PRINTF_LIMIT,
+    };
+    match rgpu_ptx::launch(prog, &cfg, params, mem) {
+        Ok(out) => {
+            output.extend_from_slice(&out.printf);
+            Ok(())
+        }
+        Err(e) => Err(launch_error(&e)),
+    }
+}
+
+/// The CUDA error for a failed launch, logged with where it happened.
+fn launch_error(e: &ExecError) -> CuError {
+    let (b, t) = (e.block, e.thread);
+    let at = format!("kernel {} block ({},{},{}) thread ({},{},{}) PTX line {}", e.kernel, b[0], b[1], b[2], t[0], t[1], t[2], e.line);
+    match &e.fault {
+        Fault::IllegalAddress { addr, space } => {
+            warn!("illegal address: {at}: {space} access at {addr:#x} is outside every allocation");
+            CuError::ILLEGAL_ADDRESS
+        }
+        Fault::Misaligned { addr } => {
+            warn!("misaligned address: {at}: access at {addr:#x}");
+            CuError::MISALIGNED_ADDRESS
+        }
+        Fault::Timeout => {
+            warn!("launch timed out after {:?}: {at} (RGPU_SERVER_SIM_KERNEL_TIMEOUT sets the limit)", time_limit());
+            CuError::LAUNCH_TIMEOUT
+        }
+        Fault::Trap => {
+            warn!("trap: {at}");
+            CuError::LAUNCH_FAILED
+        }
+        Fault::Unsupported(what) => {
+            warn!("not supported by the rgpu sim: {at}: {what}");
+            CuError::NOT_SUPPORTED
+        }
+        Fault::Aborted => CuError::LAUNCH_FAILED,
+    }
+}
