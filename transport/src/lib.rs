@@ -1,11 +1,14 @@
 //! Byte transports under the data plane.
 //!
 //! Nothing above this crate knows which transport carries its frames: the
-//! shim and the server see a [`Transport`], TCP today ([`tcp::TcpTransport`]),
-//! RDMA verbs later, behind the same trait.
+//! shim and the server see a [`Transport`]: TCP ([`tcp::TcpTransport`]) or
+//! RDMA verbs ([`rdma::RdmaTransport`], through a plugin loaded at run time),
+//! chosen per connection by [`select`].
 
 use std::io;
 
+pub mod rdma;
+pub mod select;
 pub mod tcp;
 
 /// A reliable, ordered, bidirectional byte stream to one peer.

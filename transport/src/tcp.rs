@@ -78,6 +78,19 @@ impl TcpTransport {
     pub fn stream(&self) -> &TcpStream {
         &self.stream
     }
+
+    /// The socket, for a transport that takes the connection over (RDMA
+    /// keeps it as its side channel). Fails if received bytes are still
+    /// buffered: they would be lost.
+    pub fn into_stream(self) -> io::Result<TcpStream> {
+        if self.buffered() > 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{} unexpected bytes from {} before the handover", self.buffered(), self.peer),
+            ));
+        }
+        Ok(self.stream)
+    }
 }
 
 impl Transport for TcpTransport {
