@@ -1,0 +1,249 @@
+//! `rgpu-placement-sim`: runs every policy on every workload of a trace
+//! folder (the published static experiment, then a dynamic replay) and
+//! writes CSV, SVG plots and a Markdown summary. See `docs/placement.md`.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _, Result};
+use clap::Parser;
+
+use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
+use rgpu_placement_sim::sim::{run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
+use rgpu_placement_sim::trace::{read_nodes, read_pods, workloads};
+
+#[derive(Parser, Debug)]
+#[command(about = "Trace-driven simulation of the broker's placement policies (Alibaba openb trace)")]
+struct Args {
+    /// Folder with openb_node_list_gpu_node.csv and openb_pod_list_*.csv.
+    #[arg(long, default_value = "../shared/traces/openb")]
+    traces: PathBuf,
+    /// Node list (default: <traces>/openb_node_list_gpu_node.csv).
+    #[arg(long)]
+    nodes: Option<PathBuf>,
+    /// Output folder.
+    #[arg(long, default_value = "docs/placement")]
+    out: PathBuf,
+    /// Seeds, "first..last" (inclusive) or a comma list.
+    #[arg(long, default_value = "42..51")]
+    seeds: String,
+    /// Arrived demand to stop at, percent of the cluster's GPUs.
+    #[arg(long, default_value_t = 130)]
+    max_pct: u32,
+    /// Workloads to run (names after openb_pod_list_); default all.
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
+    /// Policies: random, best-fit, fgd, ours; default all.
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Parallel runs (threads).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Skip the dynamic replay.
+    #[arg(long)]
+    no_dynamic: bool,
+}
+
+fn parse_seeds(s: &str) -> Result<Vec<u64>> {
+    if let Some((a, b)) = s.split_once("..") {
+        let (a, b): (u64, u64) = (a.trim().parse()?, b.trim().parse()?);
+        if b < a {
+            bail!("seed range {s} is empty");
+        }
+        return Ok((a..=b).collect());
+    }
+    s.split(',').map(|x| x.trim().parse::<u64>().with_context(|| format!("seed {x:?}"))).collect()
+}
+
+/// Runs `tasks` on `jobs` threads; results in task order.
+fn par<T: Send + Sync, R: Send>(jobs: usize, tasks: Vec<T>, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let n = tasks.len();
+    let next = Mutex::new(0usize);
+    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..jobs.max(1).min(n.max(1)) {
+            s.spawn(|| loop {
+                let i = {
+                    let mut g = next.lock().unwrap_or_else(|e| e.into_inner());
+                    let i = *g;
+                    *g += 1;
+                    i
+                };
+                if i >= n {
+                    break;
+                }
+                let r = f(&tasks[i]);
+                out.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+            });
+        }
+    });
+    out.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().flatten().collect()
+}
+
+fn main() -> Result<()> {
+    let a = Args::parse();
+    let started = Instant::now();
+    let seeds = parse_seeds(&a.seeds)?;
+    let kinds: Vec<Kind> = if a.policies.is_empty() {
+        Kind::ALL.to_vec()
+    } else {
+        a.policies.iter().map(|p| Kind::parse(p).with_context(|| format!("unknown policy {p:?}"))).collect::<Result<_>>()?
+    };
+    let node_path = a.nodes.clone().unwrap_or_else(|| a.traces.join("openb_node_list_gpu_node.csv"));
+    let nodes = read_nodes(&node_path)?;
+    let mut wls = workloads(&a.traces)?;
+    if !a.workloads.is_empty() {
+        wls.retain(|(n, _)| a.workloads.contains(n));
+    }
+    let loaded: Vec<(String, Vec<_>)> = wls.iter().map(|(n, p)| Ok((n.clone(), read_pods(p)?))).collect::<Result<_>>()?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let gpus: u64 = nodes.iter().map(|n| n.gpus as u64).sum();
+    eprintln!("{} nodes, {gpus} GPUs; {} workloads; {} policies; seeds {:?}; {} jobs", nodes.len(), loaded.len(), kinds.len(), seeds, a.jobs);
+
+    // ---- static: the published experiment ----
+    let t_static = Instant::now();
+    let mut tasks: Vec<(usize, Kind, u64)> = Vec::new();
+    for w in 0..loaded.len() {
+        for &k in &kinds {
+            for &s in &seeds {
+                tasks.push((w, k, s));
+            }
+        }
+    }
+    let dists: Vec<_> = loaded.iter().map(|(_, p)| workload_of(p)).collect();
+    let results = par(a.jobs, tasks.clone(), |&(w, k, s)| {
+        let t = Instant::now();
+        let pol = k.policy(&dists[w], s);
+        let r = run_static(&nodes, &loaded[w].1, pol.as_ref(), s, a.max_pct);
+        eprintln!("  {:<12} {:<16} seed {s}: {:.2}% ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.ratio_at[a.max_pct as usize], t.elapsed().as_secs_f64());
+        r
+    });
+    let static_secs = t_static.elapsed().as_secs_f64();
+    let mut csv = String::from("workload,policy,seed,arrived_pct,gpu_alloc_pct\n");
+    for ((w, k, s), r) in tasks.iter().zip(&results) {
+        for (pct, v) in r.ratio_at.iter().enumerate() {
+            let _ = writeln!(csv, "{},{},{s},{pct},{:.4}", loaded[*w].0, k.label(), 100.0 * v);
+        }
+    }
+    std::fs::write(a.out.join("static.csv"), csv)?;
+
+    let mut table = String::new();
+    let _ = writeln!(table, "| workload | random | best-fit | FGD | **rgpu (fgd-pack)** | rgpu - FGD | published random / best-fit / FGD |");
+    let _ = writeln!(table, "|---|---|---|---|---|---|---|");
+    let mut summary = String::from("workload,policy,mean_pct,stddev_pct,seeds,published_pct\n");
+    for (w, (name, _)) in loaded.iter().enumerate() {
+        let mut cells = Vec::new();
+        let mut by_kind = Vec::new();
+        let mut series = Vec::new();
+        for &k in &kinds {
+            let runs: Vec<&_> = tasks.iter().zip(&results).filter(|((tw, tk, _), _)| *tw == w && *tk == k).map(|(_, r)| r).collect();
+            let finals: Vec<f64> = runs.iter().map(|r| 100.0 * r.ratio_at[a.max_pct as usize]).collect();
+            let (m, sd) = (mean(&finals), stddev(&finals));
+            let pubv = published(name).and_then(|p| match k {
+                Kind::Random => Some(p[0]),
+                Kind::BestFit => Some(p[1]),
+                Kind::Fgd => Some(p[2]),
+                Kind::Ours => None,
+            });
+            let _ = writeln!(summary, "{name},{},{m:.3},{sd:.3},{},{}", k.label(), finals.len(), pubv.map_or(String::new(), |p| format!("{p:.2}")));
+            cells.push(format!("{m:.2} ± {sd:.2}"));
+            by_kind.push((k, m));
+            let pts: Vec<(f64, f64)> = (0..=a.max_pct as usize).map(|p| (p as f64, 100.0 * mean(&runs.iter().map(|r| r.ratio_at[p]).collect::<Vec<_>>()))).collect();
+            series.push((format!("{} ({m:.2}%)", k.label()), pts));
+        }
+        let get = |k: Kind| by_kind.iter().find(|x| x.0 == k).map(|x| x.1);
+        let diff = match (get(Kind::Ours), get(Kind::Fgd)) {
+            (Some(o), Some(f)) => format!("{:+.2}", o - f),
+            _ => "-".into(),
+        };
+        let cell = |k: Kind| kinds.iter().position(|&x| x == k).map_or("-".to_string(), |i| cells[i].clone());
+        let pubs = published(name).map_or("-".into(), |p| format!("{:.2} / {:.2} / {:.2}", p[0], p[1], p[2]));
+        let _ = writeln!(table, "| {name} | {} | {} | {} | **{}** | {diff} | {pubs} |", cell(Kind::Random), cell(Kind::BestFit), cell(Kind::Fgd), cell(Kind::Ours));
+        let svg = svg_plot(
+            &format!("openb {name}: GPU allocation vs arrived demand (mean of {} seeds)", seeds.len()),
+            "arrived GPU demand (% of cluster GPUs)",
+            "GPU allocation ratio (%)",
+            &series,
+            (0.0, a.max_pct as f64),
+            (0.0, 100.0),
+            &format!("{} GPU nodes, {gpus} GPUs; synthetic topology: {NODES_PER_LEAF} GPU nodes per leaf in trace order", nodes.len()),
+        );
+        std::fs::write(a.out.join(format!("static_{name}.svg")), svg)?;
+    }
+    std::fs::write(a.out.join("static_summary.csv"), summary)?;
+
+    // ---- dynamic replay ----
+    let mut dyn_table = String::new();
+    let mut dyn_secs = 0.0;
+    if !a.no_dynamic {
+        let t_dyn = Instant::now();
+        let dtasks: Vec<(usize, Kind)> = (0..loaded.len()).flat_map(|w| kinds.iter().map(move |&k| (w, k))).collect();
+        let dres: Vec<DynamicRun> = par(a.jobs, dtasks.clone(), |&(w, k)| {
+            let t = Instant::now();
+            let pol = k.policy(&dists[w], seeds[0]);
+            let r = run_dynamic(&nodes, &loaded[w].1, pol.as_ref(), 400);
+            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, p99 delay {}s ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, r.delay_p99, t.elapsed().as_secs_f64());
+            r
+        });
+        dyn_secs = t_dyn.elapsed().as_secs_f64();
+        let mut csv = String::from("workload,policy,time_s,gpu_alloc_pct\n");
+        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | GPU pods | started | waited | delay p50 | delay p99 | rejected (never fit) | gave up waiting |");
+        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|");
+        for ((w, k), r) in dtasks.iter().zip(&dres) {
+            for (t, v) in &r.timeline {
+                let _ = writeln!(csv, "{},{},{t},{:.4}", loaded[*w].0, k.label(), 100.0 * v);
+            }
+            let _ = writeln!(
+                dyn_table,
+                "| {} | {} | {:.2}% | {} | {} | {} | {} s | {} s | {} | {} |",
+                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.rejected, r.abandoned
+            );
+        }
+        std::fs::write(a.out.join("dynamic.csv"), csv)?;
+        for (w, (name, _)) in loaded.iter().enumerate() {
+            let series: Vec<(String, Vec<(f64, f64)>)> = dtasks
+                .iter()
+                .zip(&dres)
+                .filter(|((tw, _), _)| *tw == w)
+                .map(|((_, k), r)| (format!("{} (mean {:.2}%)", k.label(), 100.0 * r.mean_ratio), r.timeline.iter().map(|&(t, v)| (t as f64 / 86400.0, 100.0 * v)).collect()))
+                .collect();
+            let days = series.iter().flat_map(|s| s.1.last()).map(|p| p.0).fold(1.0, f64::max).ceil();
+            let svg = svg_plot(
+                &format!("openb {name}: dynamic replay, GPU allocation over time"),
+                "time since first creation (days)",
+                "GPU allocation ratio (%)",
+                &series,
+                (0.0, days.max(1.0)),
+                (0.0, 100.0),
+                "pods start at creation or when they fit (FIFO with backfill), run their traced duration",
+            );
+            std::fs::write(a.out.join(format!("dynamic_{name}.svg")), svg)?;
+        }
+    }
+
+    let total = started.elapsed().as_secs_f64();
+    let machine = machine();
+    let mut md = String::new();
+    let _ = writeln!(md, "# Placement simulation results\n");
+    let _ = writeln!(md, "GPU allocation ratio (%) at {}% arrived demand, mean ± stddev over seeds {:?}; {} GPU nodes, {gpus} GPUs (`{}`); synthetic topology: {NODES_PER_LEAF} GPU nodes per leaf switch in trace order.\n", a.max_pct, seeds, nodes.len(), node_path.display());
+    md.push_str(&table);
+    if !a.no_dynamic {
+        let _ = writeln!(md, "\n## Dynamic replay (creation and deletion times)\n");
+        md.push_str(&dyn_table);
+    }
+    let _ = writeln!(md, "\nStatic runs took {static_secs:.0} s, the dynamic replay {dyn_secs:.0} s, in all {total:.0} s with {} job(s) on {machine}.", a.jobs);
+    std::fs::write(a.out.join("summary.md"), &md)?;
+    print!("{md}");
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)).map(|s| s.trim().to_string()))
+        .unwrap_or_else(|| "an unknown CPU".into());
+    let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{cpu} ({n} hardware threads available)")
+}

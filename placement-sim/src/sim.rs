@@ -1,0 +1,435 @@
+//! The cluster and the two replays. Every GPU pod is a lease request placed
+//! by the broker's own `placement::place_in` with a broker `Policy`; the
+//! simulator only applies the slots it returns (as the broker's state
+//! machine does) and keeps host CPU and memory, which the broker does not
+//! track. CPU-only pods are not GPU leases: the simulator places them on the
+//! node the same policy scores best for a host-only request.
+
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::cmp::Reverse;
+
+use rgpu_pool_broker::inventory::{GpuSpec, Server, ServerSpec};
+use rgpu_pool_broker::placement::{place_in, Context, Demand, Host, NoPlace, Policy, Scope, Slot, Unit};
+use rgpu_pool_broker::policies::{BestFit, Fgd, RandomFit, Shape, Workload};
+
+use crate::trace::{Node, Pod};
+
+/// Synthetic topology: this many GPU nodes per leaf switch, in trace order.
+pub const NODES_PER_LEAF: usize = 8;
+/// Every simulated GPU has this much memory, so a fraction's memory share
+/// (`gpu_milli` of it) is exactly its compute share: the trace gives no
+/// per-GPU memory, and the paper's model is compute shares only.
+pub const GPU_MEMORY: u64 = 1000 << 20;
+
+/// The policies compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Random,
+    BestFit,
+    Fgd,
+    Ours,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 4] = [Kind::Random, Kind::BestFit, Kind::Fgd, Kind::Ours];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::Random => "random",
+            Kind::BestFit => "best-fit",
+            Kind::Fgd => "fgd",
+            Kind::Ours => "rgpu (fgd-pack)",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        Some(match s {
+            "random" => Kind::Random,
+            "best-fit" | "bestfit" => Kind::BestFit,
+            "fgd" => Kind::Fgd,
+            "ours" | "rgpu" | "fgd-pack" => Kind::Ours,
+            _ => return None,
+        })
+    }
+
+    /// A fresh policy for one run; `workload` is the trace file's
+    /// distribution of requests (FGD's measure weighs by it).
+    pub fn policy(self, workload: &Workload, seed: u64) -> Box<dyn Policy> {
+        match self {
+            Kind::Random => Box::new(RandomFit::new(seed)),
+            Kind::BestFit => Box::new(BestFit::new(seed)),
+            Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
+            Kind::Ours => Box::new(Fgd::packing(workload.clone())),
+        }
+    }
+}
+
+/// The typical request shapes of a pod list, as the paper's simulator takes
+/// them (CPU-only pods included, top shapes covering 95% of pods).
+pub fn workload_of(pods: &[Pod]) -> Workload {
+    Workload::typical(pods.iter().map(shape_of), 0.95)
+}
+
+fn shape_of(p: &Pod) -> Shape {
+    Shape {
+        cpu_milli: p.cpu_milli,
+        gpu_milli: p.gpu_milli,
+        gpus: p.num_gpu,
+        models: p.models.clone(),
+    }
+}
+
+fn demand_of(p: &Pod) -> Demand {
+    if p.num_gpu == 0 {
+        // Host-only (see `policies::host_only`).
+        return Demand::default();
+    }
+    if p.num_gpu == 1 && p.gpu_milli < 1000 {
+        Demand {
+            gpus: 0,
+            memory: p.gpu_milli as u64 * (GPU_MEMORY / 1000),
+            compute_milli: p.gpu_milli,
+            models: p.models.clone(),
+            scope: Scope::Node,
+            scope_required: true,
+        }
+    } else {
+        Demand { gpus: p.num_gpu, models: p.models.clone(), scope: Scope::Node, scope_required: true, ..Demand::default() }
+    }
+}
+
+fn need_of(p: &Pod) -> Host {
+    Host { cpu_milli: p.cpu_milli, memory: p.memory_mib << 20 }
+}
+
+/// Where a pod went: its node and, for GPU pods, its slots.
+#[derive(Debug, Clone)]
+pub struct Placed {
+    pub server: usize,
+    pub slots: Vec<Slot>,
+}
+
+/// Servers (one per GPU node) and their free host resources.
+pub struct Cluster {
+    pub servers: Vec<Server>,
+    pub hosts: Vec<Host>,
+    pub capacity_milli: u64,
+    pub used_milli: u64,
+}
+
+impl Cluster {
+    pub fn new(nodes: &[Node]) -> Cluster {
+        let servers: Vec<Server> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let spec = ServerSpec {
+                    id: n.name.clone(),
+                    node: n.name.clone(),
+                    leaf: format!("leaf-{:04}", i / NODES_PER_LEAF),
+                    spine: "spine-0".into(),
+                    partitions: vec!["default".into()],
+                    gpus: (0..n.gpus)
+                        .map(|g| {
+                            let mut uuid = [0u8; 16];
+                            uuid[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                            uuid[8..12].copy_from_slice(&g.to_le_bytes());
+                            GpuSpec { uuid, ordinal: g, model: n.model.clone(), memory: GPU_MEMORY, sms: 0, healthy: true }
+                        })
+                        .collect(),
+                };
+                Server::new(spec, 0)
+            })
+            .collect();
+        let hosts = nodes.iter().map(|n| Host { cpu_milli: n.cpu_milli, memory: n.memory_mib << 20 }).collect();
+        let capacity_milli = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+        Cluster { servers, hosts, capacity_milli, used_milli: 0 }
+    }
+
+    pub fn allocation_ratio(&self) -> f64 {
+        if self.capacity_milli == 0 {
+            0.0
+        } else {
+            self.used_milli as f64 / self.capacity_milli as f64
+        }
+    }
+
+    /// Places `pod` with `policy`; None when it does not fit now (or ever).
+    pub fn place(&mut self, pod: &Pod, id: u64, policy: &dyn Policy) -> Result<Placed, NoPlace> {
+        let need = need_of(pod);
+        let d = demand_of(pod);
+        let placed = {
+            let cx = Context { hosts: &self.hosts, need };
+            if pod.num_gpu == 0 {
+                place_host_only(&self.servers, &d, policy, &cx)?
+            } else {
+                let slots = place_in(&self.servers, &d, &|_| true, policy, &cx)?;
+                let server = slots.first().map(|s| s.0).ok_or(NoPlace::Busy)?;
+                Placed { server, slots }
+            }
+        };
+        self.apply(pod, id, &placed, &d, true);
+        Ok(placed)
+    }
+
+    /// Takes (or with `take` false, returns) what `pod` holds at `placed`.
+    pub fn apply(&mut self, pod: &Pod, id: u64, placed: &Placed, d: &Demand, take: bool) {
+        let need = need_of(pod);
+        let h = &mut self.hosts[placed.server];
+        if take {
+            h.cpu_milli -= need.cpu_milli;
+            h.memory -= need.memory;
+        } else {
+            h.cpu_milli += need.cpu_milli;
+            h.memory += need.memory;
+        }
+        for &(si, gi) in &placed.slots {
+            let g = &mut self.servers[si].gpus[gi];
+            let (m, c) = d.take_from(g);
+            if take {
+                g.used_memory += m;
+                g.used_milli += c;
+                g.holders.push(id);
+                self.used_milli += c as u64;
+            } else {
+                g.used_memory -= m;
+                g.used_milli -= c;
+                g.holders.retain(|&x| x != id);
+                self.used_milli -= c as u64;
+            }
+            self.servers[si].recount();
+        }
+    }
+
+    pub fn release(&mut self, pod: &Pod, id: u64, placed: &Placed) {
+        self.apply(pod, id, placed, &demand_of(pod), false);
+    }
+
+    /// Could `pod` fit on server `si` now (host and GPUs)?
+    pub fn fits_on(&self, pod: &Pod, si: usize) -> bool {
+        if !self.hosts[si].holds(&need_of(pod)) {
+            return false;
+        }
+        let s = &self.servers[si];
+        let ok = |g: &rgpu_pool_broker::inventory::Gpu| g.model_allowed(&pod.models);
+        match pod.num_gpu {
+            0 => true,
+            1 if pod.gpu_milli < 1000 => s.gpus.iter().any(|g| ok(g) && g.free_milli() >= pod.gpu_milli),
+            n => s.gpus.iter().filter(|g| ok(g) && g.is_free()).count() as u32 >= n,
+        }
+    }
+}
+
+/// A CPU-only pod: the node whose host fits, scored by the policy as a
+/// host-only request (ties: the earlier node).
+fn place_host_only(servers: &[Server], d: &Demand, policy: &dyn Policy, cx: &Context) -> Result<Placed, NoPlace> {
+    policy.observe(d, cx);
+    let mut best: Option<(i64, usize)> = None;
+    let mut could_ever = false;
+    for (si, s) in servers.iter().enumerate() {
+        could_ever = true;
+        if !cx.host_fits(si) {
+            continue;
+        }
+        let u = Unit { scope: Scope::Node, free_whole: s.free_whole, gpus: s.gpus.len() as u32, servers: 1 };
+        let score = policy.score_unit_in(cx, servers, &[si], &u, d);
+        if best.is_none_or(|(b, _)| score > b) {
+            best = Some((score, si));
+        }
+    }
+    match best {
+        Some((_, si)) => Ok(Placed { server: si, slots: Vec::new() }),
+        None if could_ever => Err(NoPlace::Busy),
+        None => Err(NoPlace::Impossible("no nodes".into())),
+    }
+}
+
+/// A small seeded generator (splitmix64); the runs must not depend on a
+/// crate's algorithm changing.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64 * n as f64) as usize
+    }
+}
+
+/// The published sampling: pods drawn with replacement until their GPU
+/// demand reaches `ratio` x the cluster's GPUs, kept in trace order.
+pub fn sample(pods: &[Pod], capacity_milli: u64, ratio: f64, seed: u64) -> Vec<usize> {
+    let want = (capacity_milli as f64 * ratio).ceil() as u64;
+    let mut rng = Rng::new(seed);
+    let mut picked = Vec::new();
+    let mut total = 0u64;
+    if pods.iter().all(|p| p.gpu_demand() == 0) {
+        return picked;
+    }
+    while total < want {
+        let i = rng.below(pods.len());
+        total += pods[i].gpu_demand();
+        picked.push(i);
+    }
+    picked.sort_unstable();
+    picked
+}
+
+/// One static run: allocation ratio (0..1) at each whole percent of arrived
+/// demand, 0..=`max_pct`.
+#[derive(Debug, Clone)]
+pub struct StaticRun {
+    pub ratio_at: Vec<f64>,
+    pub placed: usize,
+    pub failed: usize,
+}
+
+pub fn run_static(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, seed: u64, max_pct: u32) -> StaticRun {
+    let mut c = Cluster::new(nodes);
+    let order = sample(pods, c.capacity_milli, max_pct as f64 / 100.0, seed);
+    let mut ratio_at = vec![0.0; max_pct as usize + 1];
+    let mut next_pct = 1usize;
+    let mut arrived = 0u64;
+    let (mut placed, mut failed) = (0, 0);
+    for (id, &i) in order.iter().enumerate() {
+        let p = &pods[i];
+        match c.place(p, id as u64, policy) {
+            Ok(_) => placed += 1,
+            Err(_) => failed += 1,
+        }
+        arrived += p.gpu_demand();
+        while next_pct <= max_pct as usize && arrived * 100 >= c.capacity_milli * next_pct as u64 {
+            ratio_at[next_pct] = c.allocation_ratio();
+            next_pct += 1;
+        }
+    }
+    for r in ratio_at.iter_mut().skip(next_pct) {
+        *r = c.allocation_ratio();
+    }
+    StaticRun { ratio_at, placed, failed }
+}
+
+/// The dynamic replay's results.
+#[derive(Debug, Clone, Default)]
+pub struct DynamicRun {
+    /// (time in seconds from the first creation, allocation ratio).
+    pub timeline: Vec<(u64, f64)>,
+    /// Time-weighted mean allocation ratio over the trace.
+    pub mean_ratio: f64,
+    pub gpu_pods: usize,
+    pub started: usize,
+    /// Queueing delay (start - creation), seconds, of GPU pods that started.
+    pub delay_p50: u64,
+    pub delay_p99: u64,
+    pub delayed: usize,
+    /// Could never fit (larger than any node).
+    pub rejected: usize,
+    /// Still queued when their trace deletion time passed (gave up).
+    pub abandoned: usize,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Ev {
+    // Ends before arrivals at the same second.
+    End(usize),
+    Arrive(usize),
+}
+
+/// Replays `pods` with their creation and deletion times: a pod that does not
+/// fit waits (FIFO, any waiting pod that fits starts: backfill) and runs for
+/// its traced duration once started; one that waits past its traced deletion
+/// time gives up. `points` timeline samples.
+pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: usize) -> DynamicRun {
+    let mut c = Cluster::new(nodes);
+    let t0 = pods.iter().map(|p| p.creation).min().unwrap_or(0);
+    let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(t0);
+    let mut heap: BinaryHeap<Reverse<(u64, Ev)>> = pods.iter().enumerate().map(|(i, p)| Reverse((p.creation, Ev::Arrive(i)))).collect();
+    let dur = |p: &Pod| p.deletion.unwrap_or(t_end).saturating_sub(p.scheduled.unwrap_or(p.creation).max(p.creation));
+    let mut placed: HashMap<usize, Placed> = HashMap::new();
+    let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut r = DynamicRun { gpu_pods: pods.iter().filter(|p| p.num_gpu > 0).count(), ..DynamicRun::default() };
+    let mut delays: Vec<u64> = Vec::new();
+    let step = ((t_end - t0) / points.max(1) as u64).max(1);
+    let mut next_sample = t0;
+    let (mut last_t, mut area) = (t0, 0.0);
+    let start = |c: &mut Cluster, i: usize, now: u64, heap: &mut BinaryHeap<Reverse<(u64, Ev)>>, placed: &mut HashMap<usize, Placed>| -> Result<(), NoPlace> {
+        let pl = c.place(&pods[i], i as u64, policy)?;
+        placed.insert(i, pl);
+        heap.push(Reverse((now + dur(&pods[i]), Ev::End(i))));
+        Ok(())
+    };
+    while let Some(Reverse((now, ev))) = heap.pop() {
+        area += c.allocation_ratio() * (now - last_t) as f64;
+        last_t = now;
+        while next_sample <= now {
+            r.timeline.push((next_sample - t0, c.allocation_ratio()));
+            next_sample += step;
+        }
+        match ev {
+            Ev::Arrive(i) => match start(&mut c, i, now, &mut heap, &mut placed) {
+                Ok(()) => {
+                    if pods[i].num_gpu > 0 {
+                        r.started += 1;
+                        delays.push(0);
+                    }
+                }
+                Err(NoPlace::Impossible(_)) => r.rejected += 1,
+                Err(NoPlace::Busy) => {
+                    if nodes.iter().any(|n| fits_empty(n, &pods[i])) {
+                        queue.push_back(i);
+                    } else {
+                        r.rejected += 1;
+                    }
+                }
+            },
+            Ev::End(i) => {
+                let Some(pl) = placed.remove(&i) else { continue };
+                c.release(&pods[i], i as u64, &pl);
+                let freed = pl.server;
+                // Only the freed node can take a waiting pod now.
+                let mut k = 0;
+                while k < queue.len() {
+                    let q = queue[k];
+                    if pods[q].deletion.is_some_and(|d| d < now) {
+                        queue.remove(k);
+                        r.abandoned += 1;
+                        continue;
+                    }
+                    if c.fits_on(&pods[q], freed) && start(&mut c, q, now, &mut heap, &mut placed).is_ok() {
+                        queue.remove(k);
+                        if pods[q].num_gpu > 0 {
+                            r.started += 1;
+                            delays.push(now - pods[q].creation);
+                        }
+                        continue;
+                    }
+                    k += 1;
+                }
+            }
+        }
+    }
+    r.abandoned += queue.len();
+    r.mean_ratio = if last_t > t0 { area / (last_t - t0) as f64 } else { c.allocation_ratio() };
+    r.delayed = delays.iter().filter(|&&d| d > 0).count();
+    delays.sort_unstable();
+    let pct = |q: f64| if delays.is_empty() { 0 } else { delays[((delays.len() - 1) as f64 * q).round() as usize] };
+    r.delay_p50 = pct(0.50);
+    r.delay_p99 = pct(0.99);
+    r
+}
+
+/// Would `pod` fit on `node` with nothing else on it?
+pub fn fits_empty(node: &Node, pod: &Pod) -> bool {
+    let model_ok = pod.models.is_empty() || pod.models.iter().any(|m| m.eq_ignore_ascii_case(&node.model));
+    pod.cpu_milli <= node.cpu_milli
+        && pod.memory_mib <= node.memory_mib
+        && (pod.num_gpu == 0 || (model_ok && pod.num_gpu <= node.gpus))
+}

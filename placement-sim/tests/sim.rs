@@ -1,0 +1,112 @@
+//! Fast checks of the simulator on small crafted traces (CI runs these; the
+//! full openb simulation is too heavy for CI).
+
+use std::path::PathBuf;
+
+use rgpu_placement_sim::sim::{run_dynamic, run_static, sample, workload_of, Kind};
+use rgpu_placement_sim::trace::{read_nodes, read_pods, Node, Pod, TraceError};
+
+fn node(name: &str, gpus: u32) -> Node {
+    Node { name: name.into(), cpu_milli: 64_000, memory_mib: 262_144, gpus, model: "T4".into() }
+}
+
+fn pod(i: usize, num_gpu: u32, milli: u32) -> Pod {
+    Pod {
+        name: format!("p{i}"),
+        cpu_milli: 1000,
+        memory_mib: 1024,
+        num_gpu,
+        gpu_milli: if num_gpu == 1 { milli } else if num_gpu > 1 { 1000 } else { 0 },
+        models: Vec::new(),
+        creation: i as u64 * 10,
+        deletion: Some(i as u64 * 10 + 100),
+        scheduled: Some(i as u64 * 10),
+    }
+}
+
+/// Fractions of 0.6 and whole 8-GPU pods: spreading 0.6s over nodes
+/// (random) leaves no node free for the 8-GPU pods; packing keeps some.
+fn crafted() -> (Vec<Node>, Vec<Pod>) {
+    let nodes: Vec<Node> = (0..16).map(|i| node(&format!("n{i}"), 8)).collect();
+    let mut pods = Vec::new();
+    for i in 0..400 {
+        pods.push(if i % 4 == 3 { pod(i, 8, 1000) } else { pod(i, 1, 600) });
+    }
+    (nodes, pods)
+}
+
+#[test]
+fn sampling_reaches_the_demand_in_trace_order() {
+    let (nodes, pods) = crafted();
+    let cap: u64 = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+    let s = sample(&pods, cap, 1.3, 42);
+    assert!(s.windows(2).all(|w| w[0] <= w[1]));
+    let total: u64 = s.iter().map(|&i| pods[i].gpu_demand()).sum();
+    assert!(total >= cap * 13 / 10);
+    assert_eq!(s, sample(&pods, cap, 1.3, 42), "seeded");
+}
+
+#[test]
+fn policies_rank_as_expected_on_a_crafted_trace() {
+    let (nodes, pods) = crafted();
+    let w = workload_of(&pods);
+    let at = |k: Kind| {
+        let runs: Vec<f64> = (42..47).map(|s| run_static(&nodes, &pods, k.policy(&w, s).as_ref(), s, 130).ratio_at[130]).collect();
+        runs.iter().sum::<f64>() / runs.len() as f64
+    };
+    let (random, best, fgd, ours) = (at(Kind::Random), at(Kind::BestFit), at(Kind::Fgd), at(Kind::Ours));
+    assert!(best > random, "best-fit {best} > random {random}");
+    assert!(fgd > random, "fgd {fgd} > random {random}");
+    assert!(ours >= fgd - 1e-9, "ours {ours} >= fgd {fgd}");
+    assert!(ours <= 1.0 && random > 0.0);
+}
+
+#[test]
+fn dynamic_replay_releases_and_queues() {
+    let (nodes, pods) = crafted();
+    let w = workload_of(&pods);
+    let r = run_dynamic(&nodes[..2], &pods, Kind::Ours.policy(&w, 42).as_ref(), 50);
+    assert_eq!(r.gpu_pods, pods.len());
+    assert!(r.started > 0 && r.started + r.rejected + r.abandoned == r.gpu_pods, "{r:?}");
+    assert!(!r.timeline.is_empty() && r.mean_ratio > 0.0);
+}
+
+fn write(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rgpu-psim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn malformed_lines_are_errors_naming_the_line() {
+    let p = write("pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n\
+        a,1000,1024,1,500,,LS,Running,0,10,0\n\
+        b,1000,1024,1,1500,,LS,Running,0,10,0\n");
+    match read_pods(&p) {
+        Err(TraceError::Line { line: 3, .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    let p = write("nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,x,T4\n");
+    let e = read_nodes(&p).unwrap_err();
+    assert!(e.to_string().contains(":2:"), "{e}");
+}
+
+/// The real trace, when CI has `../shared` beside the clone: parse every
+/// file and run a short slice (a few seconds), not the full experiment.
+#[test]
+fn openb_trace_parses_and_a_slice_runs() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces/openb");
+    if !dir.exists() {
+        eprintln!("skipped: {} not found", dir.display());
+        return;
+    }
+    let nodes = read_nodes(&dir.join("openb_node_list_gpu_node.csv")).unwrap();
+    assert_eq!(nodes.iter().map(|n| n.gpus).sum::<u32>(), 6212);
+    let pods = read_pods(&dir.join("openb_pod_list_default.csv")).unwrap();
+    assert_eq!(pods.len(), 8152);
+    let w = workload_of(&pods);
+    let r = run_static(&nodes[..100], &pods, Kind::Ours.policy(&w, 42).as_ref(), 42, 130);
+    assert!(r.ratio_at[130] > 0.5);
+}
