@@ -493,6 +493,7 @@ fn auto_on_a_host_without_rdma_falls_back_to_tcp() {
     match crate::rdma::plugin::discover() {
         Ok(_) => assert!(auto.wants_rdma()),
         Err(why) => {
+            eprintln!("RDMA not available here: {why}");
             assert!(!auto.wants_rdma());
             assert_eq!(auto.preamble(b"RGPUDAT1"), b"RGPUDAT1");
             let e = Selector::new(Mode::Rdma, RdmaConfig::default()).err().expect("rdma requires a device");
