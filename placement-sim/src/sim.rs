@@ -59,7 +59,7 @@ impl Kind {
             Kind::Random => Box::new(RandomFit::new(seed)),
             Kind::BestFit => Box::new(BestFit::new(seed)),
             Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
-            Kind::Ours => Box::new(Fgd::packing(workload.clone())),
+            Kind::Ours => Box::new(Fgd::packing(workload.clone(), seed)),
         }
     }
 }

