@@ -12,7 +12,7 @@ use clap::Parser;
 
 use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
 use rgpu_placement_sim::sim::{run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
-use rgpu_placement_sim::trace::{read_nodes, read_pods, workloads};
+use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
 
 #[derive(Parser, Debug)]
 #[command(about = "Trace-driven simulation of the broker's placement policies (Alibaba openb trace)")]
@@ -179,7 +179,9 @@ fn main() -> Result<()> {
     let mut dyn_secs = 0.0;
     if !a.no_dynamic {
         let t_dyn = Instant::now();
-        let dtasks: Vec<(usize, Kind)> = (0..loaded.len()).flat_map(|w| kinds.iter().map(move |&k| (w, k))).collect();
+        // Files without times (multigpuN) have nothing to replay.
+        let dtasks: Vec<(usize, Kind)> =
+            (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).flat_map(|w| kinds.iter().map(move |&k| (w, k))).collect();
         let dres: Vec<DynamicRun> = par(a.jobs, dtasks.clone(), |&(w, k)| {
             let t = Instant::now();
             let pol = k.policy(&dists[w], seeds[0]);
@@ -202,7 +204,7 @@ fn main() -> Result<()> {
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;
-        for (w, (name, _)) in loaded.iter().enumerate() {
+        for (w, (name, _)) in loaded.iter().enumerate().filter(|(w, _)| dtasks.iter().any(|t| t.0 == *w)) {
             let series: Vec<(String, Vec<(f64, f64)>)> = dtasks
                 .iter()
                 .zip(&dres)

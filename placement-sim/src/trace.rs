@@ -100,6 +100,18 @@ impl Csv {
         })
     }
 
+    /// A column some files leave out (`multigpuN` has no spec or times).
+    fn opt_col(&self, name: &str) -> Option<usize> {
+        self.header.iter().position(|h| h == name)
+    }
+
+    fn opt_num_at(&self, line: usize, row: &[String], i: Option<usize>) -> Result<Option<u64>, TraceError> {
+        match i {
+            Some(i) => self.opt_num(line, row, i),
+            None => Ok(None),
+        }
+    }
+
     fn opt_num(&self, line: usize, row: &[String], i: usize) -> Result<Option<u64>, TraceError> {
         if self.field(line, row, i)?.is_empty() {
             Ok(None)
@@ -136,8 +148,9 @@ pub fn read_nodes(path: &Path) -> Result<Vec<Node>, TraceError> {
 pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {
     let c = read_csv(path)?;
     let name = c.col("name")?;
-    let (cpu, mem, ng, gm, spec) = (c.col("cpu_milli")?, c.col("memory_mib")?, c.col("num_gpu")?, c.col("gpu_milli")?, c.col("gpu_spec")?);
-    let (ct, dt, st) = (c.col("creation_time")?, c.col("deletion_time")?, c.col("scheduled_time")?);
+    let (cpu, mem, ng, gm) = (c.col("cpu_milli")?, c.col("memory_mib")?, c.col("num_gpu")?, c.col("gpu_milli")?);
+    let spec = c.opt_col("gpu_spec");
+    let (ct, dt, st) = (c.opt_col("creation_time"), c.opt_col("deletion_time"), c.opt_col("scheduled_time"));
     let mut out = Vec::with_capacity(c.rows.len());
     for (line, row) in &c.rows {
         let num_gpu = c.num(*line, row, ng)?;
@@ -155,9 +168,12 @@ pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {
             }
             _ => 1000,
         };
-        let models = c.field(*line, row, spec)?.split('|').filter(|s| !s.is_empty()).map(str::to_string).collect();
-        let creation = c.opt_num(*line, row, ct)?.unwrap_or(0);
-        let deletion = c.opt_num(*line, row, dt)?;
+        let models = match spec {
+            Some(i) => c.field(*line, row, i)?.split('|').filter(|s| !s.is_empty()).map(str::to_string).collect(),
+            None => Vec::new(),
+        };
+        let creation = c.opt_num_at(*line, row, ct)?.unwrap_or(0);
+        let deletion = c.opt_num_at(*line, row, dt)?;
         if deletion.is_some_and(|d| d < creation) {
             return Err(c.bad(*line, "deletion_time before creation_time".into()));
         }
@@ -170,7 +186,7 @@ pub fn read_pods(path: &Path) -> Result<Vec<Pod>, TraceError> {
             models,
             creation,
             deletion,
-            scheduled: c.opt_num(*line, row, st)?,
+            scheduled: c.opt_num_at(*line, row, st)?,
         });
     }
     Ok(out)
@@ -193,4 +209,9 @@ pub fn workloads(dir: &Path) -> Result<Vec<(String, PathBuf)>, TraceError> {
     }
     out.sort_by(|a, b| (a.0 != "default", &a.0).cmp(&(b.0 != "default", &b.0)));
     Ok(out)
+}
+
+/// Do the pods carry creation and deletion times (for the dynamic replay)?
+pub fn has_times(pods: &[Pod]) -> bool {
+    pods.iter().any(|p| p.deletion.is_some())
 }

@@ -93,6 +93,16 @@ fn malformed_lines_are_errors_naming_the_line() {
     assert!(e.to_string().contains(":2:"), "{e}");
 }
 
+#[test]
+fn files_without_spec_or_times_read() {
+    // multigpuN files carry only the first five columns.
+    let p = write("short.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,1024,2,1000\nb,0,0,0,0\n");
+    let pods = read_pods(&p).unwrap();
+    assert_eq!(pods[0].gpu_demand(), 2000);
+    assert!(pods[0].models.is_empty() && pods[0].deletion.is_none());
+    assert!(!rgpu_placement_sim::trace::has_times(&pods));
+}
+
 /// The real trace, when CI has `../shared` beside the clone: parse every
 /// file and run a short slice (a few seconds), not the full experiment.
 #[test]
