@@ -58,6 +58,10 @@ pub struct Args {
     /// Most connections served at once [default: 256].
     #[arg(long, env = "RGPU_SERVER_MAX_CONNECTIONS", value_name = "N")]
     pub max_connections: Option<usize>,
+    /// Data-plane transport: tcp, rdma (requires the verbs plugin and a
+    /// device) or auto (RDMA for clients that ask, when available) [default: auto].
+    #[arg(long, env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto")]
+    pub transport: Option<rgpu_transport::select::Mode>,
     /// Pool broker to register with and heartbeat (host:port).
     #[arg(long, env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
     pub broker: Option<String>,

@@ -19,6 +19,7 @@ pub mod lease;
 pub mod listener;
 pub mod service;
 pub mod session;
+pub mod transport_select;
 
 use std::sync::Arc;
 

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, SESSION_KEY_LEN};
+use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -111,8 +112,9 @@ async fn handle(
     if &preamble == CONTROL_PREAMBLE {
         crate::control::serve(sock, peer, service, shutdown).await;
         drop((permit, guard));
-    } else if &preamble == DATA_PREAMBLE {
-        attach(sock, peer, service, shutdown, permit, guard).await;
+    } else if &preamble == DATA_PREAMBLE || &preamble == RDMA_DATA_PREAMBLE {
+        let rdma = &preamble == RDMA_DATA_PREAMBLE;
+        attach(sock, peer, service, shutdown, permit, guard, rdma).await;
     } else {
         warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
     }
@@ -133,6 +135,7 @@ async fn attach(
     shutdown: CancellationToken,
     permit: OwnedSemaphorePermit,
     guard: Guard,
+    rdma: bool,
 ) {
     let mut creds = [0u8; 8 + SESSION_KEY_LEN];
     let got = tokio::select! {
@@ -195,7 +198,9 @@ async fn attach(
         .name(format!("rgpu-session-{id:x}"))
         .spawn(move || {
             let _held = (permit, guard);
-            crate::session::serve(id, transport, state);
+            if let Some(transport) = crate::transport_select::upgrade(transport, rdma) {
+                crate::session::serve(id, transport, state);
+            }
             svc.sessions.detach(id);
             svc.leases.unbind(id);
             info!(session = format_args!("{id:#x}"), "session ended; its resources are freed");

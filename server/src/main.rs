@@ -28,6 +28,7 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    rgpu_server::transport_select::init(args.transport.unwrap_or_default())?;
     let mut config = Config::load(args)?;
     // Bind first: the sim's device UUIDs default to being derived from the
     // address, so that two servers on one host never show the same device.

@@ -20,6 +20,7 @@ use std::io;
 use rgpu_protocol::data_capnp::request;
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
 use rgpu_protocol::message::{Encoder, RecvBuf};
+use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp::TcpTransport;
 use rgpu_transport::Transport;
 use tracing::{debug, warn};
@@ -36,6 +37,12 @@ pub trait Pending {
 }
 
 impl Pending for TcpTransport {
+    fn pending_input(&self) -> usize {
+        self.buffered()
+    }
+}
+
+impl Pending for DataTransport {
     fn pending_input(&self) -> usize {
         self.buffered()
     }
@@ -210,7 +217,7 @@ impl<T: Transport + Pending> Session<T> {
 }
 
 /// Runs a session on the calling thread and logs how it ended.
-pub fn serve(id: u64, transport: TcpTransport, state: SessionState) {
+pub fn serve(id: u64, transport: DataTransport, state: SessionState) {
     let peer = transport.peer().to_string();
     debug!(session = id, %peer, "session attached");
     match Session::new(id, transport, state).run() {

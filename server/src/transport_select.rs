@@ -1,0 +1,42 @@
+//! Which transport the data plane uses (`--transport tcp|rdma|auto`).
+//!
+//! Decided once at start-up ([`init`]): `rdma` fails the start if the verbs
+//! plugin or a device is missing; `auto` (the default) loads the plugin if
+//! it can and otherwise serves over TCP, saying so once in the log. Each
+//! data connection whose client asked for RDMA (its preamble) is then
+//! upgraded or, when this server cannot, refused back to TCP on the same
+//! socket ([`upgrade`]). See `docs/rdma.md`.
+
+use std::sync::OnceLock;
+
+use rgpu_transport::rdma::RdmaConfig;
+use rgpu_transport::select::{DataTransport, Mode, Selector};
+use rgpu_transport::tcp::TcpTransport;
+
+static SELECTOR: OnceLock<Selector> = OnceLock::new();
+
+/// Decides the transport for this process. Without a call (the library in
+/// tests), clients asking for RDMA are answered over TCP.
+pub fn init(mode: Mode) -> anyhow::Result<()> {
+    let s = Selector::new(mode, RdmaConfig::default())?;
+    let _ = SELECTOR.set(s);
+    Ok(())
+}
+
+fn selector() -> &'static Selector {
+    SELECTOR.get_or_init(|| Selector::with_provider(Mode::Tcp, None, RdmaConfig::default()))
+}
+
+/// Runs on the session's thread after the attach: answers an RDMA request
+/// (`asked`) and returns the data plane's transport, or None if the
+/// connection failed during the set-up.
+pub fn upgrade(t: TcpTransport, asked: bool) -> Option<DataTransport> {
+    let peer = rgpu_transport::Transport::peer(&t).to_string();
+    match selector().server_upgrade(t, asked) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(%peer, "data connection lost during RDMA set-up: {e}");
+            None
+        }
+    }
+}
