@@ -17,8 +17,9 @@ use std::time::Duration;
 use rgpu_protocol::data_capnp::{reply, request};
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN, MAX_BULK_LEN};
 use rgpu_protocol::message::{Encoder, RecvBuf};
-use rgpu_protocol::{DATA_PREAMBLE, PROTOCOL_VERSION};
-use rgpu_transport::tcp::{self, TcpTransport};
+use rgpu_protocol::PROTOCOL_VERSION;
+use rgpu_transport::select::DataTransport;
+use rgpu_transport::tcp;
 use rgpu_transport::Transport;
 
 use super::ClientError;
@@ -55,7 +56,7 @@ struct Shared {
 }
 
 struct Inner {
-    transport: TcpTransport,
+    transport: DataTransport,
     broken: Option<ClientError>,
     out: Vec<u8>,
     enc: Encoder,
@@ -89,7 +90,7 @@ impl Connection {
         let lost = |e: std::io::Error| ClientError::Unreachable { addr: addr.into(), reason: e.to_string() };
         let mut t = tcp::connect(addr, CONNECT_TIMEOUT).map_err(lost)?;
         let mut hello = Vec::with_capacity(8 + 8 + key.len());
-        hello.extend_from_slice(DATA_PREAMBLE);
+        hello.extend_from_slice(super::transport_select::preamble());
         hello.extend_from_slice(&session_id.to_le_bytes());
         hello.extend_from_slice(key);
         t.send(&[&hello]).map_err(lost)?;
@@ -106,6 +107,7 @@ impl Connection {
                 reason: format!("server refused the session (status {status})"),
             });
         }
+        let t = super::transport_select::upgrade(t).map_err(lost)?;
         let shared = Arc::new(Shared {
             batch_started: Condvar::new(),
             state: Mutex::new(Inner {
