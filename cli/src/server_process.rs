@@ -10,6 +10,8 @@ use anyhow::{bail, Context, Result};
 pub struct ServerProcess {
     child: Child,
     pub addr: String,
+    /// The backend the server says it chose ("sim", "cuda").
+    pub backend: String,
 }
 
 impl ServerProcess {
@@ -32,7 +34,14 @@ impl ServerProcess {
                 if !sent {
                     if let Some(rest) = line.split("listening on ").nth(1) {
                         let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                        let _ = tx.send(addr);
+                        // "... (backend sim, 1 device)"
+                        let backend = rest
+                            .split("(backend ")
+                            .nth(1)
+                            .and_then(|b| b.split([',', ')']).next())
+                            .unwrap_or("?")
+                            .to_string();
+                        let _ = tx.send((addr, backend));
                         sent = true;
                         continue;
                     }
@@ -45,7 +54,7 @@ impl ServerProcess {
             }
         });
         match rx.recv_timeout(Duration::from_secs(20)) {
-            Ok(addr) if !addr.is_empty() => Ok(ServerProcess { child, addr }),
+            Ok((addr, backend)) if !addr.is_empty() => Ok(ServerProcess { child, addr, backend }),
             _ => {
                 let _ = child.kill();
                 bail!("rgpu-server did not report a listening address within 20 s")

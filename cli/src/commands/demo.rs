@@ -26,11 +26,12 @@ pub struct Args {
 
 pub fn exec(a: Args) -> Result<i32> {
     let (_server, addr, origin) = match a.server {
-        Some(s) => (None, s, "given"),
+        Some(s) => (None, s, "given".to_string()),
         None => {
             let s = ServerProcess::start(&a.backend)?;
             let addr = s.addr.clone();
-            (Some(s), addr, "started by the demo")
+            let origin = format!("started by the demo, --backend {} chose {}", a.backend, s.backend);
+            (Some(s), addr, origin)
         }
     };
     // The shim reads its servers at cuInit, which runs below, before any
@@ -40,7 +41,7 @@ pub fn exec(a: Args) -> Result<i32> {
     let d = Driver::load(&shim)?;
     println!("rgpu demo");
     println!("  shim      {}", shim.display());
-    println!("  server    {addr} ({origin}, backend {})", a.backend);
+    println!("  server    {addr} ({origin})");
     d.open_device(0)?;
     print_device(&d);
     let failures = workload(&d, a.size_mib)?;
