@@ -873,13 +873,14 @@ pub fn run_program(program: &str, variant: Variant, args: &[&str]) -> RunOutput 
     out
 }
 
-/// Extra arguments for the launch programs: `--expect-supported` when
-/// RGPU_EXPECT_LAUNCH=1 (once the server can run kernels).
+/// Extra arguments for the launch programs: `--expect-supported` (the sim
+/// runs kernels on its PTX interpreter), unless RGPU_EXPECT_LAUNCH=0 asks
+/// for the old "launches are refused" behaviour.
 pub fn launch_args() -> Vec<&'static str> {
-    if env_nonempty("RGPU_EXPECT_LAUNCH").as_deref() == Some("1") {
-        vec!["--expect-supported"]
-    } else {
+    if env_nonempty("RGPU_EXPECT_LAUNCH").as_deref() == Some("0") {
         vec![]
+    } else {
+        vec!["--expect-supported"]
     }
 }
 

@@ -15,6 +15,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_globals",
     "rt_funcattr",
     "rt_launch",
+    "rt_kernels",
     "rt_errors",
     "rt_two_devices",
     "rt_killed",

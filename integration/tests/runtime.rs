@@ -65,6 +65,23 @@ fn launch(program: &str, variant: Variant) {
     run_program(program, variant, &launch_args());
 }
 
+/// rt_kernels, plus its kernel printf: both blocks' two lines, in the
+/// client's stdout, before the check that synchronised after the launch.
+fn kernels(program: &str, variant: Variant) {
+    let out = run_program(program, variant, &[]);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let sync_ok = lines.iter().position(|l| l.contains("kernel printf flushed")).expect("printf check line");
+    let hello: Vec<usize> = lines.iter().enumerate().filter(|(_, l)| l.starts_with("hello from thread")).map(|(i, _)| i).collect();
+    assert_eq!(hello.len(), 4, "expected 4 kernel printf lines:\n{}", out.stdout);
+    assert!(hello.iter().all(|&i| i < sync_ok), "kernel output after the sync's ok line:\n{}", out.stdout);
+    for b in 0..2 {
+        for t in 0..2 {
+            let want = format!("hello from thread {t} of block {b}, tag 42, pi 3.142");
+            assert!(lines.contains(&want.as_str()), "missing `{want}`:\n{}", out.stdout);
+        }
+    }
+}
+
 runtime_tests! {
     device => device;
     memory => plain;
@@ -76,5 +93,6 @@ runtime_tests! {
     globals => plain;
     funcattr => plain;
     launch => launch;
+    kernels => kernels;
     errors => plain;
 }
