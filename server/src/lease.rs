@@ -30,13 +30,16 @@ pub enum AdmitError {
 }
 
 /// What an admitted session may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Admission {
     pub lease: u64,
     pub generation: u64,
     /// Bytes; None: whole GPUs.
     pub memory_limit: Option<u64>,
     pub deadline_ms: u64,
+    /// This server's ordinals of the GPUs the token names, ascending: the
+    /// only devices the session may use (decided here, at openSession).
+    pub devices: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -50,13 +53,14 @@ struct Inner {
 
 pub struct Leases {
     key: Option<Vec<u8>>,
-    gpus: Vec<[u8; 16]>,
+    /// This server's GPUs: (UUID, ordinal).
+    gpus: Vec<([u8; 16], u32)>,
     inner: Mutex<Inner>,
 }
 
 impl Leases {
     /// Without a key every session is admitted, as before the broker.
-    pub fn new(key: Option<Vec<u8>>, gpus: Vec<[u8; 16]>) -> Self {
+    pub fn new(key: Option<Vec<u8>>, gpus: Vec<([u8; 16], u32)>) -> Self {
         Leases { key, gpus, inner: Mutex::default() }
     }
 
@@ -75,9 +79,13 @@ impl Leases {
             return Err(AdmitError::NoToken);
         }
         let c = Claims::verify(token, key, now_ms)?;
-        if !c.gpus.iter().any(|g| self.gpus.contains(g)) {
+        let mut devices: Vec<u32> =
+            self.gpus.iter().filter(|(uuid, _)| c.gpus.contains(uuid)).map(|&(_, ordinal)| ordinal).collect();
+        if devices.is_empty() {
             return Err(AdmitError::NotOurGpu);
         }
+        devices.sort_unstable();
+        devices.dedup();
         let inner = self.lock();
         let mut deadline = c.deadline_ms;
         match inner.live.get(&c.lease_id) {
@@ -93,6 +101,7 @@ impl Leases {
             generation: c.generation,
             memory_limit: Some(c.memory_limit).filter(|&m| m > 0),
             deadline_ms: deadline,
+            devices,
         }))
     }
 
@@ -101,7 +110,7 @@ impl Leases {
     }
 
     pub fn admission(&self, session: u64) -> Option<Admission> {
-        self.lock().sessions.get(&session).copied()
+        self.lock().sessions.get(&session).cloned()
     }
 
     pub fn unbind(&self, session: u64) {
@@ -164,7 +173,7 @@ mod tests {
 
     #[test]
     fn admission_and_fencing() {
-        let l = Leases::new(Some(KEY.to_vec()), vec![[1; 16]]);
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
         assert_eq!(l.admit(&[], 0), Err(AdmitError::NoToken));
         assert_eq!(l.admit(&token(5, 3, 2), 0), Err(AdmitError::NotOurGpu));
         let a = l.admit(&token(5, 3, 1), 0).unwrap().unwrap();
@@ -179,5 +188,16 @@ mod tests {
         assert_eq!(l.update(HashMap::new(), 10, 20), vec![77]);
         assert!(matches!(l.admit(&token(5, 3, 1), 30), Err(AdmitError::Ended(5))));
         assert!(Leases::new(None, vec![]).admit(&[], 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn admission_names_only_the_tokens_gpus() {
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0), ([2; 16], 1), ([3; 16], 2)]);
+        let c = |gpus: Vec<[u8; 16]>| {
+            Claims { lease_id: 9, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus }.sign(KEY)
+        };
+        assert_eq!(l.admit(&c(vec![[3; 16], [2; 16]]), 0).unwrap().unwrap().devices, vec![1, 2]);
+        // A GPU of another server in the same token gives nothing here.
+        assert_eq!(l.admit(&c(vec![[9; 16], [1; 16]]), 0).unwrap().unwrap().devices, vec![0]);
     }
 }

@@ -170,8 +170,10 @@ async fn attach(
             return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
         }
     };
-    // A lease's token may cap the session's memory.
-    let limit = service.leases.admission(id).and_then(|a| a.memory_limit);
+    // A lease's token may cap the session's memory, and restricts it to
+    // the token's GPUs.
+    let admission = service.leases.admission(id);
+    let limit = admission.as_ref().and_then(|a| a.memory_limit);
     let backend = match service.backend.open_session(limit) {
         Ok(b) => b,
         Err(e) => {
@@ -179,7 +181,10 @@ async fn attach(
             return refuse(std, e, "backend cannot open a session");
         }
     };
-    let state = SessionState::new(backend, service.backend.devices().len() as u32);
+    let mut state = SessionState::new(backend, service.backend.devices().len() as u32);
+    if let Some(a) = admission {
+        state = state.restrict(a.devices);
+    }
     let mut std = std;
     if let Err(e) = std.write_all(&status_bytes(0)) {
         service.sessions.detach(id);

@@ -32,7 +32,7 @@ impl Service {
 
     /// Admits sessions by lease tokens signed with `key`.
     pub fn with_broker_key(mut self, key: Vec<u8>) -> Self {
-        let gpus = self.backend.devices().iter().map(|d| d.uuid).collect();
+        let gpus = self.backend.devices().iter().map(|d| (d.uuid, d.ordinal)).collect();
         self.leases = Leases::new(Some(key), gpus);
         self
     }

@@ -49,6 +49,9 @@ pub struct Module {
 pub struct SessionState {
     pub backend: Box<dyn BackendSession>,
     pub device_count: u32,
+    /// With a lease: the only ordinals this session may name (the token's
+    /// GPUs); None: every device of the server.
+    pub allowed: Option<Vec<u32>>,
     pub allocs: BTreeMap<u64, Alloc>,
     pub streams: HashMap<u64, Stream>,
     pub events: HashMap<u64, Event>,
@@ -60,6 +63,7 @@ impl SessionState {
         SessionState {
             backend,
             device_count,
+            allowed: None,
             allocs: BTreeMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
@@ -67,8 +71,21 @@ impl SessionState {
         }
     }
 
+    /// Restricts the session to `devices` (a lease token's GPUs).
+    pub fn restrict(mut self, devices: Vec<u32>) -> Self {
+        self.allowed = Some(devices);
+        self
+    }
+
+    /// Every request that names a device comes through here; pointers,
+    /// streams, events and modules can only have been created on a device
+    /// that passed it, so they need no second check.
     pub fn check_device(&self, device: u32) -> CuResult {
-        if device < self.device_count {
+        let leased = match &self.allowed {
+            Some(a) => a.contains(&device),
+            None => true,
+        };
+        if device < self.device_count && leased {
             Ok(())
         } else {
             Err(CuError::INVALID_DEVICE)

@@ -34,13 +34,23 @@ impl TestServer {
     }
 
     pub fn start_with(devices: u32, memory: u64, attach_timeout: Duration) -> TestServer {
+        Self::start_pool(devices, memory, attach_timeout, Default::default())
+    }
+
+    /// As `start_with`, with pool settings (a broker key: lease tokens).
+    pub fn start_pool(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+    ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
             backend: BackendKind::Sim,
             sim: SimConfig { devices, memory, compute_capability: (9, 0), seed: None },
             attach_timeout,
             max_connections: 64,
-            pool: Default::default(),
+            pool,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
@@ -125,16 +135,30 @@ pub fn control(addr: &str) -> Hello {
 }
 
 pub fn control_with_version(addr: &str, version: u32) -> Result<Hello, capnp::Error> {
+    control_with(addr, version, Some(&[]))
+}
+
+/// hello + listDevices + openSession presenting a lease token.
+pub fn control_with_token(addr: &str, token: &[u8]) -> Result<Hello, capnp::Error> {
+    control_with(addr, PROTOCOL_VERSION, Some(token))
+}
+
+/// hello + listDevices only (no session).
+pub fn list_devices(addr: &str) -> Vec<Device> {
+    control_with(addr, PROTOCOL_VERSION, None).expect("control plane").devices
+}
+
+fn control_with(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello, capnp::Error> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        tokio::time::timeout(IO_TIMEOUT, control_async(addr, version))
+        tokio::time::timeout(IO_TIMEOUT, control_async(addr, version, token))
             .await
             .expect("control plane timed out")
     })
 }
 
-async fn control_async(addr: &str, version: u32) -> Result<Hello, capnp::Error> {
+async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello, capnp::Error> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(CONTROL_PREAMBLE).await.unwrap();
     let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
@@ -168,8 +192,12 @@ async fn control_async(addr: &str, version: u32) -> Result<Hello, capnp::Error> 
                 attributes: d.get_attributes()?.iter().map(|a| (a.get_id(), a.get_value())).collect(),
             });
         }
+        let Some(token) = token else {
+            let (session_id, key, attach_timeout_ms) = (0, Vec::new(), 0);
+            return Ok(Hello { server_version, server_name, backend, devices, session_id, key, attach_timeout_ms });
+        };
         let mut req = server.open_session_request();
-        req.get().set_token(&[]);
+        req.get().set_token(token);
         req.get().set_client_name("test");
         let reply = req.send().promise.await?;
         let s = reply.get()?;
@@ -328,9 +356,13 @@ impl DataClient {
     // --- conveniences ---------------------------------------------------
 
     pub fn alloc(&mut self, size: u64) -> Reply {
+        self.alloc_on(0, size)
+    }
+
+    pub fn alloc_on(&mut self, device: u32, size: u64) -> Reply {
         self.call(&[], |r| {
             let mut m = r.init_mem_alloc();
-            m.set_device(0);
+            m.set_device(device);
             m.set_size(size);
         })
     }
