@@ -78,6 +78,11 @@ impl Gpu {
 pub struct Drain {
     pub since: Millis,
     pub deadline: Option<Millis>,
+    /// The server drained itself to stop (SIGTERM): its next registration,
+    /// when it is back, ends the drain. An operator's drain outlives
+    /// restarts.
+    #[serde(default)]
+    pub for_shutdown: bool,
 }
 
 #[derive(Debug, Clone)]

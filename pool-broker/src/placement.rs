@@ -511,7 +511,7 @@ mod tests {
         s[0].recount();
         let d = Demand { gpus: 1, models: vec!["a100".into()], ..Demand::default() };
         assert_eq!(place(&s, &d, &all, &FragmentationAware), Ok(vec![(0, 0)]));
-        s[0].drain = Some(crate::inventory::Drain { since: 0, deadline: None });
+        s[0].drain = Some(crate::inventory::Drain { since: 0, deadline: None, for_shutdown: false });
         assert_eq!(place(&s, &d, &all, &FragmentationAware), Err(NoPlace::Busy));
         let only_b = |x: &Server| x.spec.id == "b";
         assert!(matches!(place(&s, &d, &only_b, &FragmentationAware), Err(NoPlace::Impossible(_))));

@@ -236,7 +236,7 @@ impl broker::Server for Broker {
         let p = params.get()?;
         let id = text(p.get_server_id());
         let deadline = Some(p.get_deadline_ms()).filter(|&d| d != 0);
-        self.service.drain(&id, deadline).await.map_err(fail)?;
+        self.service.drain(&id, deadline, p.get_for_shutdown()).await.map_err(fail)?;
         self.service.read(|st| {
             if let Some(s) = st.server(&id) {
                 write_server(results.get().init_server(), st, s);

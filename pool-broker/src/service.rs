@@ -185,10 +185,10 @@ impl Service {
         Ok(r)
     }
 
-    pub async fn drain(&self, id: &str, deadline: Option<Millis>) -> Result<(), BrokerError> {
+    pub async fn drain(&self, id: &str, deadline: Option<Millis>, for_shutdown: bool) -> Result<(), BrokerError> {
         let (r, rx) = {
             let mut st = self.lock();
-            let r = st.drain(id, deadline, now_ms());
+            let r = st.drain(id, deadline, for_shutdown, now_ms());
             (r, self.commit(&mut st))
         };
         Self::durable(rx).await?;

@@ -302,7 +302,12 @@ impl State {
                 let s = &mut self.servers[i];
                 s.reachable = true;
                 s.last_heartbeat = now;
-                if s.spec != spec {
+                // Back from the stop it drained itself for.
+                let restarted = s.drain.is_some_and(|d| d.for_shutdown);
+                if restarted {
+                    s.drain = None;
+                }
+                if s.spec != spec || restarted {
                     // Keep what is leased of GPUs that are still there.
                     let old: HashMap<[u8; 16], crate::inventory::Gpu> =
                         s.gpus.drain(..).map(|g| (g.spec.uuid, g)).collect();
@@ -349,11 +354,14 @@ impl State {
         Some((live, self.generation))
     }
 
-    pub fn drain(&mut self, id: &str, deadline: Option<Millis>, now: Millis) -> Result<(), BrokerError> {
+    /// Stops new grants on `id`; `for_shutdown`: the server asked, to stop
+    /// (an operator's drain already in place stays an operator's).
+    pub fn drain(&mut self, id: &str, deadline: Option<Millis>, for_shutdown: bool, now: Millis) -> Result<(), BrokerError> {
         let &i = self.index.get(id).ok_or_else(|| BrokerError::UnknownServer(id.into()))?;
         let s = &mut self.servers[i];
         let since = s.drain.map_or(now, |d| d.since);
-        s.drain = Some(Drain { since, deadline });
+        let for_shutdown = for_shutdown && s.drain.is_none_or(|d| d.for_shutdown);
+        s.drain = Some(Drain { since, deadline, for_shutdown });
         self.changes.push(Change::Server { spec: s.spec.clone(), drain: s.drain });
         self.tick(now);
         Ok(())
@@ -874,7 +882,7 @@ mod tests {
     fn drain_heartbeats_and_restore() {
         let mut s = state();
         let a = granted(s.request(req("bob", 1), 1, 0));
-        s.drain("x", Some(500), 10).unwrap();
+        s.drain("x", Some(500), false, 10).unwrap();
         assert!(matches!(s.request(req("bob", 1), 2, 10), Err(BrokerError::Unavailable(_))));
         s.tick(400);
         assert!(s.lease(a.id).is_some(), "runs until the drain deadline");
@@ -902,5 +910,22 @@ mod tests {
         assert_eq!(t.server("x").unwrap().free_whole, 1);
         assert!(s.heartbeat("nope", 0).is_none());
         let _ = Scope::Any;
+    }
+
+    #[test]
+    fn a_drain_for_shutdown_ends_when_the_server_registers_again() {
+        let mut s = state();
+        s.drain("x", Some(5_000), true, 10).unwrap();
+        assert!(matches!(s.request(req("bob", 1), 1, 10), Err(BrokerError::Unavailable(_))));
+        // The server restarted (same id, same GPUs): it takes grants again.
+        s.register(spec("x", 2, &[]), 20);
+        assert!(s.server("x").unwrap().drain.is_none());
+        granted(s.request(req("bob", 1), 2, 20));
+        // An operator's drain survives the server's restart, and a server
+        // stopping under it does not turn it into its own.
+        s.drain("x", None, false, 30).unwrap();
+        s.drain("x", Some(5_000), true, 40).unwrap();
+        s.register(spec("x", 2, &[]), 50);
+        assert!(s.server("x").unwrap().drain.is_some_and(|d| !d.for_shutdown));
     }
 }

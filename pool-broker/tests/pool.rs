@@ -133,10 +133,94 @@ fn demo(server: &str, token: &str, size_mib: u32) -> Output {
 }
 
 unsafe fn libc_kill(pid: i32) {
+    signal(pid, 9);
+}
+
+unsafe fn signal(pid: i32, sig: i32) {
     extern "C" {
         fn kill(pid: i32, sig: i32) -> i32;
     }
-    kill(pid, 9);
+    kill(pid, sig);
+}
+
+/// Waits (bounded) for `p` to exit; its wait status, or None if it did not.
+fn exited_within(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t = Instant::now();
+    loop {
+        if let Some(st) = p.child.try_wait().unwrap() {
+            return Some(st);
+        }
+        if t.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_drains_the_server_first() {
+    let dir = std::env::temp_dir().join(format!("rgpu-pool-drain-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let baddr = free_port();
+    let b = broker(&dir, &baddr);
+    let saddr = free_port();
+    let key = dir.join("key");
+    let serve = |drain_timeout: &str| {
+        start(
+            "rgpu-server",
+            &[
+                "--listen", &saddr,
+                "--backend", "sim",
+                "--sim-devices", "2",
+                "--broker", &baddr,
+                "--broker-key-file", key.to_str().unwrap(),
+                "--drain-timeout", drain_timeout,
+            ],
+        )
+    };
+    let c = BrokerClient::connect(&baddr).unwrap();
+    let up = |c: &BrokerClient| {
+        c.servers().map(|s| s.len() == 1 && s[0].state == "up" && !s[0].draining).unwrap_or(false)
+    };
+
+    // SIGTERM with a lease on the server: drained at once, alive until the
+    // lease is released, then exits cleanly.
+    let mut s = serve("20");
+    wait_for("server registered", || up(&c));
+    let l = c.lease(&spec("bob", 1)).unwrap();
+    unsafe { signal(s.child.id() as i32, 15) };
+    wait_for("server drained", || c.servers().unwrap()[0].draining);
+    assert_eq!(kind(c.lease(&spec("bob", 1))), "unavailable", "no new grants on a stopping server");
+    assert!(exited_within(&mut s, Duration::from_millis(500)).is_none(), "waits for its lease");
+    assert!(c.renew(l.id_u64(), 0).is_ok(), "the lease keeps running");
+    c.release(l.id_u64()).unwrap();
+    let st = exited_within(&mut s, Duration::from_secs(5)).expect("stops once its leases are gone");
+    assert!(st.success(), "{st:?}");
+
+    // Back at the same address: registering ends its own drain.
+    let mut s = serve("1");
+    wait_for("server back, not draining", || up(&c));
+    // The drain timeout: the lease is still held, the server stops anyway
+    // and the broker revokes the lease at the deadline.
+    let l = c.lease(&spec("bob", 1)).unwrap();
+    let t = Instant::now();
+    unsafe { signal(s.child.id() as i32, 15) };
+    let st = exited_within(&mut s, Duration::from_secs(6)).expect("stops at the drain timeout");
+    assert!(st.success(), "{st:?}");
+    assert!(t.elapsed() >= Duration::from_millis(900), "waited for the timeout: {:?}", t.elapsed());
+    wait_for("revocation", || c.renew(l.id_u64(), 0).is_err());
+
+    // --drain-timeout 0: stops at once, as without a broker.
+    let mut s = serve("0");
+    wait_for("server back again", || up(&c));
+    let _held = c.lease(&spec("bob", 1)).unwrap();
+    unsafe { signal(s.child.id() as i32, 15) };
+    let st = exited_within(&mut s, Duration::from_secs(2)).expect("stops at once");
+    assert!(st.success(), "{st:?}");
+    assert!(!c.servers().unwrap()[0].draining, "no drain asked");
+    drop((c, b));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn text(o: &Output) -> String {

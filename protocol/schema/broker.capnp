@@ -24,7 +24,9 @@ interface Broker {
   # --- operators ---
   listServers @6 () -> (servers :List(ServerStatus));
   # deadlineMs: unix milliseconds after which remaining leases are revoked (0: none).
-  drain @7 (serverId :Text, deadlineMs :UInt64) -> (server :ServerStatus);
+  # forShutdown: the server drains itself to stop; its next registration
+  # (when it is back) ends the drain.
+  drain @7 (serverId :Text, deadlineMs :UInt64, forShutdown :Bool) -> (server :ServerStatus);
   undrain @8 (serverId :Text) -> (server :ServerStatus);
   status @9 () -> (status :BrokerStatus);
 }

@@ -3,7 +3,13 @@
 //! lease table ([`crate::lease`]), closing sessions of ended leases.
 //! Reconnects with backoff when the broker is away; leases keep running
 //! until the deadline last heard of.
+//!
+//! When the server is told to stop ([`Stopping::requested`]), the agent
+//! asks the broker to drain it (no new grants; what is left at the drain
+//! timeout is revoked) and fires [`Stopping::drained`] once a heartbeat
+//! lists no lease here.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +38,20 @@ pub struct Agent {
     pub server_id: String,
     pub labels: Labels,
     pub key: Option<Vec<u8>>,
+    pub stopping: Stopping,
+    /// Unix ms at which the drain for stopping ends (set when asked).
+    drain_deadline: OnceCell<u64>,
+}
+
+/// The drain a stopping server does first.
+#[derive(Clone, Default)]
+pub struct Stopping {
+    /// Fired when the server is told to stop (SIGTERM).
+    pub requested: CancellationToken,
+    /// Fired by the agent when the broker lists no lease on this server
+    /// after the drain.
+    pub drained: CancellationToken,
+    pub timeout: Duration,
 }
 
 fn now_ms() -> u64 {
@@ -39,6 +59,23 @@ fn now_ms() -> u64 {
 }
 
 impl Agent {
+    pub fn new(broker: String, server_id: String, labels: Labels, key: Option<Vec<u8>>, stopping: Stopping) -> Self {
+        Agent { broker, server_id, labels, key, stopping, drain_deadline: OnceCell::new() }
+    }
+
+    /// Asks the broker to drain this server for its stop.
+    async fn ask_drain(&self, client: &broker::Client) -> Result<(), String> {
+        let deadline = *self.drain_deadline.get_or_init(|| now_ms() + self.stopping.timeout.as_millis() as u64);
+        let mut req = client.drain_request();
+        req.get().set_server_id(&self.server_id);
+        req.get().set_deadline_ms(deadline);
+        req.get().set_for_shutdown(true);
+        req.send().promise.await.map_err(|e| format!("drain for shutdown: {e}"))?;
+        info!(broker = %self.broker, id = %self.server_id, deadline_ms = deadline,
+            "stopping: drained at the broker (no new leases here); waiting for the leases here to end");
+        Ok(())
+    }
+
     fn proof(&self) -> Vec<u8> {
         match &self.key {
             Some(k) => sign_bytes(k, format!("rgpu-register:{}", self.server_id).as_bytes()),
@@ -121,7 +158,13 @@ impl Agent {
 
     async fn talk(&self, client: &broker::Client, service: &Arc<Service>) -> Result<(), String> {
         let mut every = Duration::from_millis(self.register(client, service).await?);
+        // Registering ends a drain for shutdown: ask again on each (re)registration.
+        let mut drain_asked = false;
         loop {
+            if !drain_asked && self.stopping.requested.is_cancelled() {
+                self.ask_drain(client).await?;
+                drain_asked = true;
+            }
             let mut req = client.heartbeat_request();
             req.get().set_server_id(&self.server_id);
             req.get().set_proof(&self.proof());
@@ -132,6 +175,7 @@ impl Agent {
             let r = reply.get().map_err(|e| e.to_string())?;
             if !r.get_known() {
                 every = Duration::from_millis(self.register(client, service).await?);
+                drain_asked = false;
                 continue;
             }
             let mut live = HashMap::new();
@@ -142,7 +186,15 @@ impl Agent {
             let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
             debug!(live = n, closing = closing.len(), "heartbeat");
             close(service, closing);
-            tokio::time::sleep(every).await;
+            if drain_asked && n == 0 {
+                self.stopping.drained.cancel();
+            }
+            // While draining, look often: the stop waits on it.
+            let pause = if drain_asked { every.min(Duration::from_millis(100)) } else { every };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = self.stopping.requested.cancelled(), if !drain_asked => {}
+            }
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::backend::sim::SimConfig;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7767";
 pub const DEFAULT_SIM_MEMORY: u64 = 16 << 30;
 pub const DEFAULT_ATTACH_TIMEOUT_MS: u32 = 30_000;
+pub const DEFAULT_DRAIN_TIMEOUT_S: u64 = 30;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -82,6 +83,11 @@ pub struct Args {
     /// Topology: the spine above the leaf [default: "spine0"].
     #[arg(long, env = "RGPU_SERVER_SPINE")]
     pub spine: Option<String>,
+    /// On SIGTERM with a broker: drain first (no new leases here) and wait
+    /// up to this many seconds for the leases on this server to end; 0
+    /// stops at once [default: 30]. A second signal stops at once.
+    #[arg(long, env = "RGPU_SERVER_DRAIN_TIMEOUT", value_name = "SECS")]
+    pub drain_timeout: Option<u64>,
     /// Partitions (tenant pools) this server serves, comma-separated [default: default].
     #[arg(long, env = "RGPU_SERVER_PARTITIONS", value_delimiter = ',')]
     pub partitions: Option<Vec<String>>,
@@ -109,6 +115,7 @@ struct FileConfig {
     leaf: Option<String>,
     spine: Option<String>,
     partitions: Option<Vec<String>>,
+    drain_timeout: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -146,6 +153,9 @@ pub struct PoolConfig {
     pub broker_key: Option<Vec<u8>>,
     pub advertise: Option<String>,
     pub labels: crate::broker::Labels,
+    /// How long a stopping server waits for its leases to end (zero: it
+    /// stops at once, as without a broker).
+    pub drain_timeout: Duration,
 }
 
 impl Config {
@@ -215,6 +225,9 @@ impl Config {
                 spine: args.spine.or(file.spine).unwrap_or_else(|| "spine0".into()),
                 partitions: args.partitions.or(file.partitions).unwrap_or_default(),
             },
+            drain_timeout: Duration::from_secs(
+                args.drain_timeout.or(file.drain_timeout).unwrap_or(DEFAULT_DRAIN_TIMEOUT_S),
+            ),
             },
         };
         if cfg.sim.devices == 0 {

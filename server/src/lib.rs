@@ -54,6 +54,47 @@ pub async fn serve(
     config: &config::Config,
     shutdown: CancellationToken,
 ) {
+    serve_draining(listener, backend, config, shutdown.clone(), shutdown).await
+}
+
+/// As [`serve`], with a gentler stop: when `stop` fires and a broker is
+/// configured, the server first has the broker drain it and waits (up to
+/// the pool's drain timeout) for the leases on it to end, then stops as if
+/// `shutdown` fired. `shutdown` stops at once.
+pub async fn serve_draining(
+    listener: TcpListener,
+    backend: Arc<dyn backend::Backend>,
+    config: &config::Config,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+) {
+    let stopping = broker::Stopping {
+        requested: CancellationToken::new(),
+        drained: CancellationToken::new(),
+        timeout: config.pool.drain_timeout,
+    };
+    let drains = config.pool.broker.is_some() && !stopping.timeout.is_zero();
+    {
+        let (stopping, shutdown) = (stopping.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = shutdown.cancelled() => return,
+            }
+            if drains {
+                tracing::info!(timeout_s = stopping.timeout.as_secs_f64(), "stopping: draining first");
+                stopping.requested.cancel();
+                tokio::select! {
+                    _ = stopping.drained.cancelled() => tracing::info!("drained: no lease left on this server"),
+                    _ = tokio::time::sleep(stopping.timeout) => {
+                        tracing::warn!("drain timeout reached: stopping with leases still on this server")
+                    }
+                    _ = shutdown.cancelled() => {}
+                }
+            }
+            shutdown.cancel();
+        });
+    }
     let mut service = service::Service::new(backend, config.attach_timeout);
     if let Some(key) = &config.pool.broker_key {
         service = service.with_broker_key(key.clone());
@@ -67,7 +108,7 @@ pub async fn serve(
         if labels.node.is_empty() {
             labels.node = id.clone();
         }
-        let agent = broker::Agent { broker: b.clone(), server_id: id, labels, key: config.pool.broker_key.clone() };
+        let agent = broker::Agent::new(b.clone(), id, labels, config.pool.broker_key.clone(), stopping);
         let (svc, stop) = (service.clone(), shutdown.clone());
         let spawned = std::thread::Builder::new().name("rgpu-broker-agent".into()).spawn(move || {
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -61,14 +61,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         for d in devices {
             info!(ordinal = d.ordinal, name = %d.name, total_mem = d.total_mem, "device");
         }
-        let shutdown = CancellationToken::new();
-        let trigger = shutdown.clone();
+        // First signal: stop (draining first, with a broker); second: now.
+        let (stop, shutdown) = (CancellationToken::new(), CancellationToken::new());
+        let (s, now) = (stop.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let mut signals = signals;
             signals.wait().await;
             info!("signal received; shutting down");
-            trigger.cancel();
+            s.cancel();
+            signals.wait().await;
+            info!("second signal: stopping now");
+            now.cancel();
         });
-        rgpu_server::serve(listener, backend, &config, shutdown).await;
+        rgpu_server::serve_draining(listener, backend, &config, stop, shutdown).await;
         Ok(())
     })
 }
@@ -84,8 +89,8 @@ impl Signals {
         Ok(Signals { int: signal(SignalKind::interrupt())?, term: signal(SignalKind::terminate())? })
     }
 
-    /// Resolves at the first SIGINT or SIGTERM.
-    async fn wait(mut self) {
+    /// Resolves at the next SIGINT or SIGTERM.
+    async fn wait(&mut self) {
         tokio::select! {
             _ = self.int.recv() => {}
             _ = self.term.recv() => {}
