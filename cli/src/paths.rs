@@ -58,9 +58,18 @@ fn link_into(dir: &Path, shim: &Path) -> std::io::Result<()> {
 
 /// The rgpu-server binary beside this executable.
 pub fn server_binary() -> Result<PathBuf> {
-    let p = exe_dir()?.join("rgpu-server");
+    beside("rgpu-server")
+}
+
+/// The rgpu-broker binary beside this executable.
+pub fn broker_binary() -> Result<PathBuf> {
+    beside("rgpu-broker")
+}
+
+fn beside(name: &str) -> Result<PathBuf> {
+    let p = exe_dir()?.join(name);
     if !p.exists() {
-        bail!("rgpu-server is not at {} (build it with `cargo build --release`)", p.display());
+        bail!("{name} is not at {} (build it with `cargo build --release`)", p.display());
     }
     Ok(p)
 }

@@ -376,3 +376,35 @@ fn pool_with_three_servers() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `rgpu demo` with no flags: its own broker and server, a lease, the
+/// workload with the lease's token; the broker's folder is gone after.
+#[test]
+fn demo_runs_on_its_own_pool() {
+    let mut c = Command::new(bin_dir().join("rgpu"));
+    c.args(["demo", "--backend", "sim", "--size-mib", "4"])
+        .env("RGPU_SHIM", bin_dir().join("libcuda.so"))
+        .env_remove("RGPU_TOKEN")
+        .env_remove("RGPU_SERVERS")
+        .stdin(Stdio::null());
+    let child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let o = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(o) => o.unwrap(),
+        Err(_) => {
+            unsafe { libc_kill(pid as i32) };
+            panic!("rgpu demo hung");
+        }
+    };
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for want in ["  broker    127.0.0.1:", "admits lease tokens only", "  lease     ", "deadline in", "  leased    ", "released", "PASS"] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    let dir = out.split("data in ").nth(1).and_then(|r| r.split(')').next()).expect("the broker's folder");
+    assert!(!Path::new(dir).exists(), "{dir} left behind");
+}

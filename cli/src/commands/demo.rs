@@ -1,56 +1,150 @@
-//! `rgpu demo`: the main job on a fresh machine. Starts a GPU server on a
-//! loopback port (a real GPU when the server finds one, else the simulated
-//! one), runs a built-in CUDA workload through the shim, checks its results
-//! and prints what ran where and how fast.
+//! `rgpu demo`: the main job on a fresh machine. Starts a pool on loopback
+//! ports: a broker (temporary data folder, fresh key) and one GPU server (a
+//! real GPU when the server finds one, else the simulated one) that admits
+//! only lease tokens; takes a lease, runs a built-in CUDA workload through
+//! the shim with the lease's token, checks its results, prints what ran
+//! where and how fast, and releases the lease. `--no-broker` (or
+//! `--server`) talks to the server directly.
 
 use std::ffi::{c_void, CString};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use rgpu_pool_broker::client::{BrokerClient, LeaseSpec, LeaseView};
 
 use crate::driver::{Driver, DEMO_PTX};
-use crate::server_process::ServerProcess;
+use crate::pool::relative;
+use crate::server_process::{BrokerProcess, ServerProcess};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Use this running server instead of starting one.
+    /// Use this running server instead of starting one (no broker; a
+    /// lease token, if the server needs one, comes from RGPU_TOKEN).
     #[arg(long)]
     server: Option<String>,
     /// Backend of the server the demo starts: auto, sim or cuda.
     #[arg(long, default_value = "auto")]
     backend: String,
+    /// Start only the server and talk to it directly, without a broker
+    /// and a lease.
+    #[arg(long)]
+    no_broker: bool,
     /// Size of the copy test, in MiB.
     #[arg(long, default_value_t = 64)]
     size_mib: usize,
 }
 
+/// The demo's own pool: a broker, a server registered with it, a lease.
+struct Pool {
+    // Dropped in this order: the lease is released first, then the server
+    // and the broker stop (and the broker's folder goes).
+    lease: LeaseView,
+    client: BrokerClient,
+    server: ServerProcess,
+    broker: BrokerProcess,
+}
+
+impl Pool {
+    fn start(backend: &str) -> Result<Pool> {
+        let broker = BrokerProcess::start().context("cannot start the demo's broker")?;
+        let key = broker.key_file();
+        let key = key.to_str().context("temporary folder name is not UTF-8")?;
+        let server = ServerProcess::start_with(
+            backend,
+            &["--broker", &broker.addr, "--broker-key-file", key, "--drain-timeout", "0"],
+        )?;
+        let client = BrokerClient::connect(&broker.addr).context("cannot reach the demo's broker")?;
+        let t = Instant::now();
+        while !client.servers().is_ok_and(|s| s.iter().any(|s| s.id == server.addr && s.state == "up")) {
+            if t.elapsed() > Duration::from_secs(10) {
+                bail!("the server at {} did not register with the broker within 10 s", server.addr);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let spec = LeaseSpec { tenant: "demo".into(), gpus: 1, ttl_ms: 10 * 60_000, ..LeaseSpec::default() };
+        let lease = client.lease(&spec).context("the demo's broker did not grant a lease")?;
+        Ok(Pool { lease, client, server, broker })
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self.client.release(self.lease.id_u64());
+    }
+}
+
 pub fn exec(a: Args) -> Result<i32> {
-    let (_server, addr, origin) = match a.server {
-        Some(s) => (None, s, "given".to_string()),
-        None => {
+    let mut pool = None;
+    let mut direct = None;
+    let (addr, origin) = match (&a.server, a.no_broker) {
+        (Some(s), _) => (s.clone(), "given".to_string()),
+        (None, true) => {
             let s = ServerProcess::start(&a.backend)?;
-            let addr = s.addr.clone();
-            let origin = format!("started by the demo, --backend {} chose {}", a.backend, s.backend);
-            (Some(s), addr, origin)
+            let r = (s.addr.clone(), format!("started by the demo, --backend {} chose {}", a.backend, s.backend));
+            direct = Some(s);
+            r
+        }
+        (None, false) => {
+            let p = Pool::start(&a.backend)?;
+            let r = (
+                p.server.addr.clone(),
+                format!("started by the demo, --backend {} chose {}; admits lease tokens only", a.backend, p.server.backend),
+            );
+            pool = Some(p);
+            r
         }
     };
-    // The shim reads its servers at cuInit, which runs below, before any
-    // other thread of ours touches the environment.
+    // The shim reads its servers and token at cuInit, which runs below,
+    // before any other thread of ours touches the environment.
     std::env::set_var("RGPU_SERVERS", &addr);
+    if let Some(p) = &pool {
+        std::env::set_var("RGPU_TOKEN", &p.lease.token);
+    }
     let shim = crate::paths::shim()?;
     let d = Driver::load(&shim)?;
     println!("rgpu demo");
     println!("  shim      {}", shim.display());
+    if let Some(p) = &pool {
+        println!("  broker    {} (started by the demo, data in {})", p.broker.addr, p.broker.dir.display());
+    }
     println!("  server    {addr} ({origin})");
+    if let Some(p) = &pool {
+        print_lease(&p.lease);
+    }
     d.open_device(0)?;
     print_device(&d);
     let failures = workload(&d, a.size_mib)?;
+    drop(direct);
+    if let Some(p) = pool.take() {
+        let id = p.lease.id.clone();
+        let released = p.client.release(p.lease.id_u64());
+        match released {
+            Ok(true) => ok(&format!("lease {id} released")),
+            Ok(false) => println!("  [--]  lease {id} had already ended"),
+            Err(e) => println!("  [--]  lease {id} not released: {e}"),
+        }
+    }
     if failures == 0 {
         println!("PASS: every check of the workload ran on the remote device and returned the right data");
         Ok(0)
     } else {
         println!("FAIL: {failures} check(s) failed");
         Ok(1)
+    }
+}
+
+fn print_lease(l: &LeaseView) {
+    let deadline = l.deadline_ms;
+    println!(
+        "  lease     {} (tenant {}, generation {}), deadline {} ({} ms since the epoch)",
+        l.id,
+        l.tenant,
+        l.generation,
+        relative(deadline),
+        deadline
+    );
+    for g in &l.gpus {
+        println!("  leased    {} #{} {} uuid {}", g.server, g.ordinal, g.model, g.uuid);
     }
 }
 
