@@ -26,6 +26,26 @@ impl BrokerArgs {
     }
 }
 
+/// The operator's credential for drain/undrain.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AdminArgs {
+    /// The broker's admin key file (or its token key file): drain and
+    /// undrain are refused without it when the broker has a key.
+    #[arg(long, env = "RGPU_ADMIN_KEY_FILE", value_name = "FILE")]
+    pub admin_key_file: Option<std::path::PathBuf>,
+}
+
+impl AdminArgs {
+    /// Connects to the broker, signing admin requests when a key is given.
+    pub fn connect(&self, broker: &BrokerArgs) -> Result<BrokerClient> {
+        let c = broker.connect()?;
+        let Some(p) = &self.admin_key_file else { return Ok(c) };
+        let bytes = std::fs::read(p).with_context(|| format!("cannot read admin key file {}", p.display()))?;
+        let key = rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("admin key file {}", p.display()))?;
+        Ok(c.with_admin_key(key))
+    }
+}
+
 /// What to lease.
 #[derive(clap::Args, Debug, Clone)]
 pub struct LeaseArgs {

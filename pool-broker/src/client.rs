@@ -7,7 +7,7 @@ use std::time::Duration;
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
 use futures::AsyncReadExt;
 use rgpu_protocol::broker_capnp::{broker, lease as lease_p, server_status, Scope as WireScope};
-use rgpu_protocol::token::to_hex;
+use rgpu_protocol::token::{self, to_hex};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -202,6 +202,8 @@ pub struct BrokerClient {
     local: tokio::task::LocalSet,
     client: broker::Client,
     pub addr: String,
+    /// Signs drain/undrain (see `AdminAuth` in broker.capnp).
+    admin_key: Option<Vec<u8>>,
 }
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -234,7 +236,21 @@ impl BrokerClient {
             tokio::task::spawn_local(rpc);
             client
         });
-        Ok(BrokerClient { rt, local, client, addr: addr.to_string() })
+        Ok(BrokerClient { rt, local, client, addr: addr.to_string(), admin_key: None })
+    }
+
+    /// Proves drain and undrain with `key` (the broker's admin key, or its
+    /// token key).
+    pub fn with_admin_key(mut self, key: Vec<u8>) -> Self {
+        self.admin_key = Some(key);
+        self
+    }
+
+    /// (issuedMs, proof) for an admin request; empty without a key.
+    fn admin_auth(&self, op: &str, server: &str, deadline_ms: u64) -> (u64, Vec<u8>) {
+        let Some(k) = &self.admin_key else { return (0, Vec::new()) };
+        let issued = crate::service::now_ms();
+        (issued, token::sign_bytes(k, &token::admin_message(op, server, deadline_ms, issued)))
     }
 
     fn run<T>(&self, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
@@ -320,6 +336,10 @@ impl BrokerClient {
         let mut req = self.client.drain_request();
         req.get().set_server_id(server);
         req.get().set_deadline_ms(deadline_ms);
+        let (issued, proof) = self.admin_auth("drain", server, deadline_ms);
+        let mut auth = req.get().init_auth();
+        auth.set_issued_ms(issued);
+        auth.set_proof(&proof);
         self.run(async {
             let reply = req.send().promise.await.map_err(from_capnp)?;
             Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
@@ -329,6 +349,10 @@ impl BrokerClient {
     pub fn undrain(&self, server: &str) -> Result<ServerView, ClientError> {
         let mut req = self.client.undrain_request();
         req.get().set_server_id(server);
+        let (issued, proof) = self.admin_auth("undrain", server, 0);
+        let mut auth = req.get().init_auth();
+        auth.set_issued_ms(issued);
+        auth.set_proof(&proof);
         self.run(async {
             let reply = req.send().promise.await.map_err(from_capnp)?;
             Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))

@@ -28,9 +28,15 @@ pub struct Args {
     /// file). Without one, tokens are empty and servers admit anyone.
     #[arg(long, env = "RGPU_BROKER_KEY_FILE", value_name = "FILE")]
     pub key_file: Option<PathBuf>,
-    /// Create the key file with a fresh random key if it does not exist.
+    /// Create the key file (and the admin key file) with a fresh random key
+    /// if it does not exist.
     #[arg(long)]
     pub create_key: bool,
+    /// File with the operators' key: `drain` and `undrain` must carry a
+    /// proof made with it (`rgpu drain --admin-key-file`), or with the
+    /// token key. Without either key, anyone may drain.
+    #[arg(long, env = "RGPU_BROKER_ADMIN_KEY_FILE", value_name = "FILE")]
+    pub admin_key_file: Option<PathBuf>,
     /// Heartbeat interval servers are told to keep, in ms [default: 1000];
     /// a server missing 3 is unreachable.
     #[arg(long, env = "RGPU_BROKER_HEARTBEAT_MS", value_name = "MS")]
@@ -52,6 +58,7 @@ struct FileConfig {
     listen: Option<String>,
     data_dir: Option<PathBuf>,
     key_file: Option<PathBuf>,
+    admin_key_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     default_ttl_ms: Option<u64>,
     threads: Option<usize>,
@@ -74,6 +81,7 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub key_file: Option<PathBuf>,
     pub create_key: bool,
+    pub admin_key_file: Option<PathBuf>,
     pub limits: Limits,
     pub threads: usize,
     pub tenants: HashMap<String, TenantPolicy>,
@@ -112,6 +120,7 @@ impl Config {
             data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("rgpu-broker-data")),
             key_file: args.key_file.or(file.key_file),
             create_key: args.create_key,
+            admin_key_file: args.admin_key_file.or(file.admin_key_file),
             limits,
             threads: args.threads.or(file.threads).unwrap_or(2).max(1),
             tenants,

@@ -35,6 +35,13 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
             None
         }
     };
+    let admin_key = match &config.admin_key_file {
+        Some(p) => Some(config::load_key(p, config.create_key)?),
+        None => None,
+    };
+    if key.is_none() && admin_key.is_none() {
+        tracing::warn!("no --key-file or --admin-key-file: anyone may drain and undrain servers");
+    }
     let store = store::Store::open(&config.data_dir)?;
     let loaded = store.load()?;
     let mut state = State::new(config.limits.clone(), config.tenants.clone(), Box::new(FragmentationAware));
@@ -42,7 +49,7 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
     state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
     tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), "state restored");
     let writer = store::spawn_writer(store).context("cannot start the store writer")?;
-    Ok(service::Service::new(state, writer, key, config.data_dir.display().to_string()))
+    Ok(service::Service::new(state, writer, key, admin_key, config.data_dir.display().to_string()))
 }
 
 /// Runs a broker until SIGINT or SIGTERM.

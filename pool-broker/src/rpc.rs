@@ -35,6 +35,14 @@ fn texts(l: capnp::Result<capnp::text_list::Reader<'_>>) -> Vec<String> {
     }
 }
 
+/// (issuedMs, proof) of an `AdminAuth`; absent: (0, empty).
+fn auth(a: capnp::Result<rgpu_protocol::broker_capnp::admin_auth::Reader<'_>>) -> Result<(u64, Vec<u8>), capnp::Error> {
+    if let Ok(a) = a {
+        return Ok((a.get_issued_ms(), a.get_proof()?.to_vec()));
+    }
+    Ok((0, Vec::new()))
+}
+
 fn fail(e: BrokerError) -> capnp::Error {
     capnp::Error::failed(e.to_string())
 }
@@ -235,6 +243,10 @@ impl broker::Server for Broker {
     async fn drain(self: Rc<Self>, params: broker::DrainParams, mut results: broker::DrainResults) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let id = text(p.get_server_id());
+        let (issued, proof) = auth(p.get_auth())?;
+        self.service
+            .check_admin("drain", &id, p.get_deadline_ms(), issued, &proof, crate::service::now_ms())
+            .map_err(fail)?;
         let deadline = Some(p.get_deadline_ms()).filter(|&d| d != 0);
         self.service.drain(&id, deadline, p.get_for_shutdown()).await.map_err(fail)?;
         self.service.read(|st| {
@@ -250,7 +262,10 @@ impl broker::Server for Broker {
         params: broker::UndrainParams,
         mut results: broker::UndrainResults,
     ) -> Result<(), capnp::Error> {
-        let id = text(params.get()?.get_server_id());
+        let p = params.get()?;
+        let id = text(p.get_server_id());
+        let (issued, proof) = auth(p.get_auth())?;
+        self.service.check_admin("undrain", &id, 0, issued, &proof, crate::service::now_ms()).map_err(fail)?;
         self.service.undrain(&id).await.map_err(fail)?;
         self.service.read(|st| {
             if let Some(s) = st.server(&id) {

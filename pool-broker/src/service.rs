@@ -23,6 +23,11 @@ pub struct Service {
     state: Mutex<State>,
     writer: mpsc::Sender<Job>,
     key: Option<Vec<u8>>,
+    /// The operators' key for drain/undrain (the token key works too).
+    admin_key: Option<Vec<u8>>,
+    /// Admin proofs already used, with their issue time (pruned after the
+    /// window), so that none is replayed.
+    seen_admin: Mutex<HashMap<Vec<u8>, Millis>>,
     waiters: Waiters,
     pub started: Millis,
     pub data_dir: String,
@@ -31,16 +36,69 @@ pub struct Service {
 /// What `register`/`heartbeat` prove: HMAC over this and the server id.
 pub const REGISTER_CONTEXT: &str = "rgpu-register:";
 
+/// How far an admin request's issue time may be from the broker's clock.
+pub const ADMIN_WINDOW_MS: u64 = 5 * 60_000;
+
 impl Service {
-    pub fn new(state: State, writer: mpsc::Sender<Job>, key: Option<Vec<u8>>, data_dir: String) -> Arc<Service> {
+    /// `key` signs tokens; `admin_key` (or `key`) proves drain/undrain.
+    pub fn new(
+        state: State,
+        writer: mpsc::Sender<Job>,
+        key: Option<Vec<u8>>,
+        admin_key: Option<Vec<u8>>,
+        data_dir: String,
+    ) -> Arc<Service> {
         Arc::new(Service {
             state: Mutex::new(state),
             writer,
             key,
+            admin_key,
+            seen_admin: Mutex::default(),
             waiters: Arc::default(),
             started: now_ms(),
             data_dir,
         })
+    }
+
+    /// Checks an admin request's credential (see `AdminAuth` in
+    /// broker.capnp): a proof under the admin key or the token key, issued
+    /// within [`ADMIN_WINDOW_MS`] of now, not seen before. Open when the
+    /// broker has neither key.
+    pub fn check_admin(
+        &self,
+        op: &str,
+        server_id: &str,
+        deadline_ms: u64,
+        issued_ms: u64,
+        proof: &[u8],
+        now: Millis,
+    ) -> Result<(), BrokerError> {
+        let keys: Vec<&Vec<u8>> = self.admin_key.iter().chain(self.key.iter()).collect();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        if proof.is_empty() {
+            return Err(BrokerError::Auth(format!(
+                "{op} needs an admin credential (rgpu {op} --admin-key-file FILE, or RGPU_ADMIN_KEY_FILE)"
+            )));
+        }
+        if issued_ms.abs_diff(now) > ADMIN_WINDOW_MS {
+            return Err(BrokerError::Auth(format!(
+                "{op} request issued {} s from the broker's clock (at most {} s allowed)",
+                issued_ms.abs_diff(now) / 1000,
+                ADMIN_WINDOW_MS / 1000
+            )));
+        }
+        let msg = token::admin_message(op, server_id, deadline_ms, issued_ms);
+        if !keys.iter().any(|k| token::verify_bytes(k, &msg, proof)) {
+            return Err(BrokerError::Auth(format!("{op} refused: the admin credential does not match the broker's keys")));
+        }
+        let mut seen = self.seen_admin.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|_, &mut t| t.abs_diff(now) <= ADMIN_WINDOW_MS);
+        if seen.insert(proof.to_vec(), issued_ms).is_some() {
+            return Err(BrokerError::Auth(format!("{op} refused: this admin credential was used before")));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -241,5 +299,48 @@ fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError
             }
             Event::Ended { id, why } => tracing::info!(lease = format_args!("{id:#x}"), ?why, "lease ended"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::FragmentationAware;
+    use crate::state::Limits;
+
+    fn service(key: Option<&[u8]>, admin: Option<&[u8]>) -> Arc<Service> {
+        let state = State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        let (writer, _) = mpsc::channel();
+        Service::new(state, writer, key.map(<[u8]>::to_vec), admin.map(<[u8]>::to_vec), String::new())
+    }
+
+    fn proof(key: &[u8], op: &str, server: &str, deadline: u64, issued: u64) -> Vec<u8> {
+        token::sign_bytes(key, &token::admin_message(op, server, deadline, issued))
+    }
+
+    #[test]
+    fn admin_requests_need_a_fresh_proof_under_a_broker_key() {
+        let (key, admin) = (&[1u8; 32][..], &[2u8; 32][..]);
+        let s = service(Some(key), Some(admin));
+        let now = 1_000_000;
+        let is_auth = |r: Result<(), BrokerError>| matches!(r, Err(BrokerError::Auth(_)));
+        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &[], now)), "no credential");
+        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &proof(&[3; 32], "drain", "a:1", 0, now), now)));
+        // Bound to the operation, the server and the deadline.
+        let p = proof(admin, "drain", "a:1", 0, now);
+        assert!(is_auth(s.check_admin("undrain", "a:1", 0, now, &p, now)));
+        assert!(is_auth(s.check_admin("drain", "b:1", 0, now, &p, now)));
+        assert!(is_auth(s.check_admin("drain", "a:1", 9, now, &p, now)));
+        assert!(s.check_admin("drain", "a:1", 0, now, &p, now).is_ok());
+        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &p, now + 1)), "replayed");
+        // The token key (the GPU servers' own drain) works too.
+        assert!(s.check_admin("drain", "a:1", 5, now, &proof(key, "drain", "a:1", 5, now), now).is_ok());
+        // Issued too long ago, or too far ahead.
+        let old = now - ADMIN_WINDOW_MS - 1;
+        assert!(is_auth(s.check_admin("undrain", "a:1", 0, old, &proof(admin, "undrain", "a:1", 0, old), now)));
+        let ahead = now + ADMIN_WINDOW_MS + 1;
+        assert!(is_auth(s.check_admin("undrain", "a:1", 0, ahead, &proof(admin, "undrain", "a:1", 0, ahead), now)));
+        // A broker with no key at all is open.
+        assert!(service(None, None).check_admin("drain", "a:1", 0, 0, &[], now).is_ok());
     }
 }

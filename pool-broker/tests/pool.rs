@@ -75,6 +75,7 @@ fn broker(dir: &Path, addr: &str) -> Proc {
             "--listen", addr,
             "--data-dir", dir.join("data").to_str().unwrap(),
             "--key-file", dir.join("key").to_str().unwrap(),
+            "--admin-key-file", dir.join("admin.key").to_str().unwrap(),
             "--create-key",
             "--heartbeat-ms", "200",
             "--config", cfg.to_str().unwrap(),
@@ -96,6 +97,12 @@ fn server(dir: &Path, broker: &str, devices: &str, leaf: &str, partitions: &str)
             "--partitions", partitions,
         ],
     )
+}
+
+/// A client that proves drain/undrain with the key file `name` in `dir`.
+fn admin(addr: &str, dir: &Path, name: &str) -> BrokerClient {
+    let key = rgpu_protocol::token::parse_key(&std::fs::read(dir.join(name)).unwrap()).unwrap();
+    BrokerClient::connect(addr).unwrap().with_admin_key(key)
 }
 
 fn spec(tenant: &str, gpus: u32) -> LeaseSpec {
@@ -245,7 +252,7 @@ fn pool_with_three_servers() {
     let mut s2 = Some(server(&dir, &baddr, "2", "l1", "default"));
     let s3 = server(&dir, &baddr, "1", "l2", "secret");
     let s2addr = s2.as_ref().unwrap().addr.clone();
-    let c = BrokerClient::connect(&baddr).unwrap();
+    let c = admin(&baddr, &dir, "admin.key");
     wait_for("3 servers registered", || c.servers().map(|s| s.len() == 3).unwrap_or(false));
 
     // Lease, renew, release; two GPUs within one node.
@@ -319,6 +326,15 @@ fn pool_with_three_servers() {
     // Drain without a deadline: no new grants there, leases keep running.
     let on1 = c.lease(&spec("bob", 2)).unwrap();
     let drained = on1.servers()[0].clone();
+    // Drain and undrain need the admin credential.
+    let anyone = BrokerClient::connect(&baddr).unwrap();
+    let refused = anyone.drain(&drained, 0).unwrap_err();
+    assert_eq!(refused.kind(), Some("auth"), "{refused}");
+    assert_eq!(anyone.undrain(&drained).unwrap_err().kind(), Some("auth"));
+    std::fs::write(dir.join("wrong.key"), format!("{}\n", "ab".repeat(32))).unwrap();
+    let wrong = admin(&baddr, &dir, "wrong.key").drain(&drained, 0).unwrap_err();
+    assert_eq!(wrong.kind(), Some("auth"), "{wrong}");
+    assert!(!c.servers().unwrap().iter().any(|s| s.draining), "nothing drained by the refused requests");
     c.drain(&drained, 0).unwrap();
     let other = c.lease(&spec("bob", 2)).unwrap();
     assert_ne!(other.servers()[0], drained);
@@ -340,7 +356,7 @@ fn pool_with_three_servers() {
     b.child.kill().unwrap(); // SIGKILL
     let _ = b.child.wait();
     b = broker(&dir, &baddr);
-    let c = BrokerClient::connect(&baddr).unwrap();
+    let c = admin(&baddr, &dir, "admin.key");
     let after = c.leases("").unwrap();
     assert_eq!(
         before.iter().map(|l| (&l.id, l.generation, l.deadline_ms)).collect::<Vec<_>>(),

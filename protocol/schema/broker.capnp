@@ -26,9 +26,21 @@ interface Broker {
   # deadlineMs: unix milliseconds after which remaining leases are revoked (0: none).
   # forShutdown: the server drains itself to stop; its next registration
   # (when it is back) ends the drain.
-  drain @7 (serverId :Text, deadlineMs :UInt64, forShutdown :Bool) -> (server :ServerStatus);
-  undrain @8 (serverId :Text) -> (server :ServerStatus);
+  # drain and undrain need `auth` when the broker has a key: see AdminAuth.
+  drain @7 (serverId :Text, deadlineMs :UInt64, forShutdown :Bool, auth :AdminAuth) -> (server :ServerStatus);
+  undrain @8 (serverId :Text, auth :AdminAuth) -> (server :ServerStatus);
   status @9 () -> (status :BrokerStatus);
+}
+
+# An operator's credential for one request: HMAC-SHA256 under the broker's
+# admin key (or its token key, which GPU servers hold) of
+# "rgpu-admin:" ++ op ++ ":" ++ serverId ++ ":" ++ deadlineMs ++ ":" ++
+# issuedMs (decimal; op "drain" or "undrain", deadlineMs 0 for undrain).
+# The broker refuses one issued more than 5 minutes from its clock, or seen
+# before.
+struct AdminAuth {
+  issuedMs @0 :UInt64;
+  proof @1 :Data;
 }
 
 struct ServerInfo {

@@ -70,6 +70,13 @@ impl Agent {
         req.get().set_server_id(&self.server_id);
         req.get().set_deadline_ms(deadline);
         req.get().set_for_shutdown(true);
+        if let Some(k) = &self.key {
+            let issued = now_ms();
+            let msg = rgpu_protocol::token::admin_message("drain", &self.server_id, deadline, issued);
+            let mut auth = req.get().init_auth();
+            auth.set_issued_ms(issued);
+            auth.set_proof(&sign_bytes(k, &msg));
+        }
         req.send().promise.await.map_err(|e| format!("drain for shutdown: {e}"))?;
         info!(broker = %self.broker, id = %self.server_id, deadline_ms = deadline,
             "stopping: drained at the broker (no new leases here); waiting for the leases here to end");

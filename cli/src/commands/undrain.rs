@@ -2,20 +2,22 @@
 
 use anyhow::Result;
 
-use crate::pool::{self, BrokerArgs};
+use crate::pool::{self, AdminArgs, BrokerArgs};
 
 /// Put a drained server back in service.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     broker: BrokerArgs,
+    #[command(flatten)]
+    admin: AdminArgs,
     server: String,
     #[arg(long)]
     json: bool,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
-    let s = a.broker.connect()?.undrain(&a.server)?;
+    let s = a.admin.connect(&a.broker)?.undrain(&a.server)?;
     if a.json {
         pool::json(&s)?;
     } else {
