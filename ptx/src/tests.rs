@@ -309,3 +309,16 @@ fn multi_dimensional_ids() {
     let r = run_words(&src, c, &[0; 24]).unwrap();
     assert!(r.iter().all(|&v| v == 4), "{r:?}");
 }
+
+#[test]
+fn only_a_kernel_that_returns_at_once_does_nothing() {
+    let lower = |body: &str| {
+        let src = format!(".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u32 n)\n{{\n{body}\n}}\n");
+        Module::parse(&src).unwrap().lower("k", &|_| None).unwrap()
+    };
+    assert!(lower("ret;").does_nothing());
+    assert!(lower(".reg .b32 %r<2>;\nret;").does_nothing());
+    assert!(!lower(".reg .b32 %r<2>;\nmov.u32 %r1, %tid.x;\nret;").does_nothing());
+    // A guarded return is not an unconditional one.
+    assert!(!lower(".reg .pred %p<2>;\nsetp.eq.u32 %p1, 1, 1;\n@%p1 ret;\nret;").does_nothing());
+}

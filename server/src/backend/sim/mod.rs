@@ -120,6 +120,7 @@ impl Backend for SimBackend {
             limit: memory_limit,
             client_bytes: HashMap::new(),
             allocs: BTreeMap::new(),
+            launch_memory: None,
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
@@ -149,6 +150,9 @@ struct SimSession {
     client_bytes: HashMap<u64, u64>,
     /// Every allocation this session made (its own and its modules' globals).
     allocs: BTreeMap<u64, ()>,
+    /// What kernels may touch: `allocs` as memory regions, rebuilt after an
+    /// allocation or a free rather than at every launch.
+    launch_memory: Option<Arc<kernels::SessionMemory>>,
     streams: HashMap<u64, u32>,
     events: HashMap<u64, SimEvent>,
     modules: HashMap<u64, SimModule>,
@@ -180,11 +184,13 @@ impl SimSession {
     fn alloc_owned(&mut self, device: u32, size: u64) -> CuResult<u64> {
         let p = self.shared.device(device)?.alloc(size)?;
         self.allocs.insert(p, ());
+        self.launch_memory = None;
         Ok(p)
     }
 
     fn free_owned(&mut self, ptr: u64) -> CuResult {
         self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
+        self.launch_memory = None;
         self.shared.device_of(ptr)?.free(ptr)
     }
 }
@@ -474,7 +480,18 @@ impl BackendSession for SimSession {
                 return Err(CuError::NOT_SUPPORTED);
             }
         };
-        let regions = kernels::SessionMemory::new(&self.shared.memory, self.allocs.keys().copied());
+        if prog.does_nothing() {
+            // Parameters and dimensions were checked; there is nothing to run.
+            return Ok(());
+        }
+        let regions = match &self.launch_memory {
+            Some(r) => r.clone(),
+            None => {
+                let r = Arc::new(kernels::SessionMemory::new(&self.shared.memory, self.allocs.keys().copied()));
+                self.launch_memory = Some(r.clone());
+                r
+            }
+        };
         kernels::run(&prog, dims, params, &regions, &mut self.output)
     }
 
