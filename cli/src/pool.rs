@@ -178,8 +178,8 @@ pub fn lease_table(leases: &[LeaseView]) {
 
 pub fn server_table(servers: &[ServerView]) {
     println!(
-        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  DRAIN",
-        "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS"
+        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  {:<10}  DRAIN",
+        "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS", "TRANSPORTS"
     );
     for s in servers {
         let drain = if !s.draining {
@@ -190,7 +190,7 @@ pub fn server_table(servers: &[ServerView]) {
             format!("draining, {} lease(s) left, deadline {}", s.leases, relative(s.drain_deadline_ms))
         };
         println!(
-            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {}",
+            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {:<10}  {}",
             s.id,
             s.node,
             s.leaf,
@@ -201,6 +201,8 @@ pub fn server_table(servers: &[ServerView]) {
             s.leases,
             format!("{}/{}", gib(s.memory_used), gib(s.memory)),
             s.partitions.join(","),
+            // A server that does not say serves TCP only.
+            if s.transports.is_empty() { "tcp".to_string() } else { s.transports.join(",") },
             drain
         );
     }

@@ -137,6 +137,7 @@ impl Cluster {
                             GpuSpec { uuid, ordinal: g, model: n.model.clone(), memory: GPU_MEMORY, sms: 0, healthy: true }
                         })
                         .collect(),
+                    transports: Vec::new(),
                 };
                 Server::new(spec, 0)
             })

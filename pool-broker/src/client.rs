@@ -101,6 +101,8 @@ pub struct ServerView {
     pub spine: String,
     pub partitions: Vec<String>,
     pub models: Vec<String>,
+    /// Data-plane transports the server offers ("tcp", "rdma").
+    pub transports: Vec<String>,
     pub state: String,
     pub draining: bool,
     pub drain_deadline_ms: u64,
@@ -184,6 +186,7 @@ fn read_server(s: server_status::Reader<'_>) -> ServerView {
         spine: text(s.get_spine()),
         partitions: list(s.get_partitions()),
         models: list(s.get_models()),
+        transports: list(s.get_transports()),
         state: text(s.get_state()),
         draining: s.get_draining(),
         drain_deadline_ms: s.get_drain_deadline_ms(),

@@ -30,6 +30,10 @@ pub struct ServerSpec {
     /// registered (`["default"]` when the server names none).
     pub partitions: Vec<String>,
     pub gpus: Vec<GpuSpec>,
+    /// Data-plane transports the server offers ("tcp", "rdma"); empty
+    /// from a server that does not say (TCP only).
+    #[serde(default)]
+    pub transports: Vec<String>,
 }
 
 /// Compute shares are in thousandths of a GPU.

@@ -421,6 +421,7 @@ mod tests {
                     healthy: true,
                 })
                 .collect(),
+            transports: Vec::new(),
         };
         Server::new(spec, 0)
     }

@@ -703,6 +703,7 @@ mod tests {
             gpus: (0..4)
                 .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true })
                 .collect(),
+            transports: Vec::new(),
         };
         let mut s = Server::new(spec, 0);
         s.gpus[1].used_milli = 500;

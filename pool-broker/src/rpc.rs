@@ -91,6 +91,10 @@ fn write_server(mut b: server_status::Builder<'_>, st: &State, s: &Server) {
     for (i, x) in s.spec.partitions.iter().enumerate() {
         p.set(i as u32, x);
     }
+    let mut t = b.reborrow().init_transports(s.spec.transports.len() as u32);
+    for (i, x) in s.spec.transports.iter().enumerate() {
+        t.set(i as u32, x);
+    }
     let mut models: Vec<&str> = s.gpus.iter().map(|g| g.spec.model.as_str()).collect();
     models.dedup();
     let mut m = b.init_models(models.len() as u32);
@@ -127,6 +131,7 @@ impl broker::Server for Broker {
             spine: text(s.get_spine()),
             partitions: texts(s.get_partitions()),
             gpus,
+            transports: texts(s.get_transports()),
         };
         let proof = p.get_proof()?.to_vec();
         let hb = self.service.register(spec, &proof).await.map_err(fail)?;

@@ -769,6 +769,7 @@ mod tests {
                     healthy: true,
                 })
                 .collect(),
+            transports: Vec::new(),
         }
     }
 

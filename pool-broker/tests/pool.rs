@@ -254,6 +254,12 @@ fn pool_with_three_servers() {
     let s2addr = s2.as_ref().unwrap().addr.clone();
     let c = admin(&baddr, &dir, "admin.key");
     wait_for("3 servers registered", || c.servers().map(|s| s.len() == 3).unwrap_or(false));
+    // Each says which data-plane transports it serves (TCP always; RDMA
+    // only with the verbs plugin and a device).
+    for s in c.servers().unwrap() {
+        assert!(s.transports.iter().any(|t| t == "tcp"), "{s:?}");
+        assert!(s.transports.iter().all(|t| t == "tcp" || t == "rdma"), "{s:?}");
+    }
 
     // Lease, renew, release; two GPUs within one node.
     let mut two = spec("bob", 2);
@@ -365,6 +371,7 @@ fn pool_with_three_servers() {
     assert_eq!(c.status().unwrap().generation, gen);
     let servers = c.servers().unwrap();
     assert_eq!(servers.len(), 3);
+    assert!(servers.iter().all(|s| s.transports.iter().any(|t| t == "tcp")), "transports survive: {servers:?}");
     assert!(servers.iter().any(|s| s.id == drained && s.draining), "drain survives");
     c.undrain(&drained).unwrap();
     let next = c.lease(&spec("bob", 1)).unwrap();

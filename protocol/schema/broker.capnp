@@ -50,6 +50,7 @@ struct ServerInfo {
   spine @3 :Text;
   partitions @4 :List(Text);
   gpus @5 :List(GpuInfo);
+  transports @6 :List(Text);  # data-plane transports it serves: "tcp", and "rdma" when it can
 }
 
 struct GpuInfo {
@@ -126,6 +127,7 @@ struct ServerStatus {
   leases @12 :UInt32;
   lastHeartbeatMs @13 :UInt64;
   models @14 :List(Text);
+  transports @15 :List(Text); # as the server registered them (empty: an older server, TCP)
 }
 
 struct BrokerStatus {

@@ -145,6 +145,11 @@ impl Agent {
             for (i, x) in self.labels.partitions.iter().enumerate() {
                 p.set(i as u32, x);
             }
+            let transports = crate::transport_select::offered();
+            let mut t = s.reborrow().init_transports(transports.len() as u32);
+            for (i, x) in transports.iter().enumerate() {
+                t.set(i as u32, x);
+            }
             let mut gs = s.init_gpus(devices.len() as u32);
             for (i, d) in devices.iter().enumerate() {
                 let mut g = gs.reborrow().get(i as u32);

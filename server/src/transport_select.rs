@@ -27,6 +27,16 @@ fn selector() -> &'static Selector {
     SELECTOR.get_or_init(|| Selector::with_provider(Mode::Tcp, None, RdmaConfig::default()))
 }
 
+/// The data-plane transports this server offers, as registered with the
+/// broker: "tcp" always, "rdma" when it can upgrade connections.
+pub fn offered() -> Vec<&'static str> {
+    let mut v = vec!["tcp"];
+    if selector().wants_rdma() {
+        v.push("rdma");
+    }
+    v
+}
+
 /// Runs on the session's thread after the attach: answers an RDMA request
 /// (`asked`) and returns the data plane's transport, or None if the
 /// connection failed during the set-up.
@@ -38,5 +48,14 @@ pub fn upgrade(t: TcpTransport, asked: bool) -> Option<DataTransport> {
             tracing::warn!(%peer, "data connection lost during RDMA set-up: {e}");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn without_rdma_only_tcp_is_offered() {
+        // No `init` in unit tests: the TCP-only selector.
+        assert_eq!(super::offered(), vec!["tcp"]);
     }
 }
