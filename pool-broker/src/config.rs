@@ -44,6 +44,11 @@ pub struct Args {
     /// TTL of a lease that names none, in ms [default: 60000].
     #[arg(long, env = "RGPU_BROKER_DEFAULT_TTL_MS", value_name = "MS")]
     pub default_ttl_ms: Option<u64>,
+    /// A queued request that waited this long for capacity reserves it:
+    /// smaller requests of its priority or lower in its partitions wait
+    /// behind it, in ms [default: 2000].
+    #[arg(long, env = "RGPU_BROKER_RESERVE_AFTER_MS", value_name = "MS")]
+    pub reserve_after_ms: Option<u64>,
     /// Threads serving RPC connections [default: 2].
     #[arg(long, env = "RGPU_BROKER_THREADS", value_name = "N")]
     pub threads: Option<usize>,
@@ -61,6 +66,7 @@ struct FileConfig {
     admin_key_file: Option<PathBuf>,
     heartbeat_ms: Option<u64>,
     default_ttl_ms: Option<u64>,
+    reserve_after_ms: Option<u64>,
     threads: Option<usize>,
     #[serde(default)]
     tenants: HashMap<String, FileTenant>,
@@ -114,6 +120,9 @@ impl Config {
         }
         if let Some(t) = args.default_ttl_ms.or(file.default_ttl_ms) {
             limits.default_ttl_ms = t.max(1);
+        }
+        if let Some(r) = args.reserve_after_ms.or(file.reserve_after_ms) {
+            limits.reserve_after_ms = r;
         }
         Ok(Config {
             listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into()),

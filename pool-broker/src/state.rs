@@ -119,6 +119,9 @@ pub struct Limits {
     pub default_ttl_ms: u64,
     pub max_ttl_ms: u64,
     pub max_wait_ms: u64,
+    /// A queued request that has waited this long for capacity reserves
+    /// it: see [`State::reservation`].
+    pub reserve_after_ms: u64,
 }
 
 impl Default for Limits {
@@ -129,6 +132,7 @@ impl Default for Limits {
             default_ttl_ms: 60_000,
             max_ttl_ms: 24 * 3600 * 1000,
             max_wait_ms: 3600 * 1000,
+            reserve_after_ms: 2_000,
         }
     }
 }
@@ -178,6 +182,11 @@ struct Waiting {
     req: LeaseRequest,
     id: u64,
     until: Millis,
+    /// When it was queued.
+    since: Millis,
+    /// Its last try failed for want of capacity (not its tenant's quota):
+    /// only such a request can hold a reservation.
+    short_of_capacity: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -388,18 +397,51 @@ impl State {
             }
         }
         self.check_quota_ever(&req)?;
-        match self.try_grant(&req, id, now) {
+        let granted = match self.reservation(&req, None, now) {
+            Some(held) => Err(BrokerError::Unavailable(held)),
+            None => self.try_grant(&req, id, now),
+        };
+        match granted {
             Ok(l) => Ok(Outcome::Granted(l)),
             Err(e @ (BrokerError::Quota(_) | BrokerError::Unavailable(_))) if req.wait_ms > 0 => {
-                let _ = e;
+                let short_of_capacity = matches!(e, BrokerError::Unavailable(_));
                 let ticket = self.next_ticket;
                 self.next_ticket += 1;
                 let until = now.saturating_add(req.wait_ms);
-                self.queue.insert((Reverse(req.priority), ticket), Waiting { ticket, req, id, until });
+                let w = Waiting { ticket, req, id, until, since: now, short_of_capacity };
+                self.queue.insert((Reverse(w.req.priority), ticket), w);
                 Ok(Outcome::Queued(ticket))
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Aging against starvation: a queued request that has waited
+    /// `reserve_after_ms` for capacity holds a reservation, so that smaller
+    /// requests cannot keep taking what is freed while it waits. Until it
+    /// is granted or leaves the queue, no request of its priority or lower
+    /// whose tenant shares a partition with it is granted, queued (behind
+    /// it: `before`, its queue key) or new (None). Higher priorities and
+    /// other partitions go ahead. Returns why `req` must wait.
+    fn reservation(&self, req: &LeaseRequest, before: Option<(Reverse<i32>, u64)>, now: Millis) -> Option<String> {
+        if self.queue.is_empty() {
+            return None;
+        }
+        let mine = self.partitions_of(&req.tenant);
+        let w = self.queue.iter().filter(|(k, _)| before.is_none_or(|b| **k < b)).map(|(_, w)| w).find(|w| {
+            w.short_of_capacity
+                && w.req.priority >= req.priority
+                && now.saturating_sub(w.since) >= self.limits.reserve_after_ms
+                && self.partitions_of(&w.req.tenant).iter().any(|p| mine.contains(p))
+        })?;
+        let d = &w.req.demand;
+        let what = if d.gpus > 0 { format!("{} GPU(s)", d.gpus) } else { "a GPU share".to_string() };
+        Some(format!(
+            "capacity is reserved for an earlier request ({what} for tenant {}, priority {}, queued {} ms ago)",
+            w.req.tenant,
+            w.req.priority,
+            now.saturating_sub(w.since)
+        ))
     }
 
     /// Withdraws a queued request (its client went away).
@@ -717,7 +759,8 @@ impl State {
 
     /// Grants what waits, in priority order and first come first served
     /// within a priority; a request that does not fit yet does not stop
-    /// smaller ones behind it.
+    /// smaller ones behind it, until it has waited long enough to hold a
+    /// reservation ([`State::reservation`]).
     fn try_queue(&mut self, now: Millis) {
         if self.queue.is_empty() {
             return;
@@ -726,9 +769,19 @@ impl State {
         for k in keys {
             let Some(w) = self.queue.get(&k) else { continue };
             let (req, id, ticket) = (w.req.clone(), w.id, w.ticket);
-            if let Ok(lease) = self.try_grant(&req, id, now) {
-                self.queue.remove(&k);
-                self.events.push(Event::Granted { ticket, lease });
+            if self.reservation(&req, Some(k), now).is_some() {
+                continue;
+            }
+            match self.try_grant(&req, id, now) {
+                Ok(lease) => {
+                    self.queue.remove(&k);
+                    self.events.push(Event::Granted { ticket, lease });
+                }
+                Err(e) => {
+                    if let Some(w) = self.queue.get_mut(&k) {
+                        w.short_of_capacity = matches!(e, BrokerError::Unavailable(_));
+                    }
+                }
             }
         }
     }
@@ -877,6 +930,59 @@ mod tests {
         s.tick(10_002);
         let (_, ev) = s.take_output();
         assert!(ev.contains(&Event::Failed { ticket: t_low2, error: BrokerError::QueueTimeout(10_000) }));
+    }
+
+    #[test]
+    fn a_large_request_that_waited_long_enough_is_not_starved_by_small_ones() {
+        // x: 2 GPUs for bob (default partition); y: 2 GPUs for alice ("a").
+        let mut s = state();
+        let small = |n: u64| {
+            let mut r = req("bob", 1);
+            r.ttl_ms = 60_000;
+            r.key = format!("small{n}");
+            r
+        };
+        let s1 = granted(s.request(small(1), 1, 0));
+        let mut big = req("bob", 2);
+        big.wait_ms = 60_000;
+        big.ttl_ms = 60_000;
+        let Ok(Outcome::Queued(t_big)) = s.request(big, 2, 0) else { panic!("big should wait") };
+        // Before it has aged, small requests go ahead (backfill).
+        let s2 = granted(s.request(small(2), 3, 100));
+        // One small lease ends; the big one still does not fit.
+        assert!(s.release(s1.id, 200));
+        assert!(s.take_output().1.iter().all(|e| !matches!(e, Event::Granted { .. })));
+        // Aged: the GPU that is free stays free for it.
+        let t = 200 + s.limits.reserve_after_ms;
+        let r = s.request(small(3), 4, t);
+        assert!(
+            matches!(&r, Err(BrokerError::Unavailable(why)) if why.contains("reserved")),
+            "a small request must not take the reserved GPU: {:?}",
+            r.map(|_| "granted or queued")
+        );
+        let mut queued_small = small(4);
+        queued_small.wait_ms = 60_000;
+        let Ok(Outcome::Queued(t_small)) = s.request(queued_small, 5, t) else { panic!("queues behind it") };
+        // Other partitions and higher priorities are not held up.
+        granted(s.request(req("alice", 1), 6, t));
+        let mut urgent = small(5);
+        urgent.priority = 9;
+        let u = granted(s.request(urgent, 7, t));
+        s.release(u.id, t + 1);
+        // The last small lease ends: the big request gets both GPUs first.
+        s.take_output();
+        assert!(s.release(s2.id, t + 2));
+        let granted_now: Vec<u64> = s
+            .take_output()
+            .1
+            .iter()
+            .filter_map(|e| match e {
+                Event::Granted { ticket, .. } => Some(*ticket),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(granted_now, vec![t_big], "the large request first; the small one waits on");
+        assert!(s.queue.values().any(|w| w.ticket == t_small));
     }
 
     #[test]
