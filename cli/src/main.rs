@@ -36,6 +36,9 @@ enum Command {
 }
 
 fn main() {
+    // Like any Unix tool, end quietly when the reader of our output goes
+    // away (`rgpu servers | head`), instead of panicking on a write.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let filter = tracing_subscriber::EnvFilter::try_from_env("RGPU_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();

@@ -63,7 +63,7 @@ impl Library {
     /// Parameter layout and attributes of `name` on `device`, asked of the
     /// driver once (through `func`, the kernel's function in the current
     /// context) and cached.
-    pub fn function_info(&self, device: u32, name: &str, func: sys::CUfunction) -> CuResult<FunctionInfo> {
+    pub(crate) fn function_info(&self, device: u32, name: &str, func: sys::CUfunction) -> CuResult<FunctionInfo> {
         let key = (device, name.to_string());
         if let Some(i) = self.infos.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(i.clone());
