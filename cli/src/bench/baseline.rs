@@ -6,11 +6,50 @@
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 pub struct RawPeer {
     stream: TcpStream,
     out: Vec<u8>,
     peer: Option<JoinHandle<()>>,
+}
+
+/// Both ends of the baseline poll before they block exactly as rgpu's
+/// transport does (same RGPU_SPIN_US), so the comparison is of the same
+/// technique, not of polling against sleeping.
+fn spin() -> Duration {
+    rgpu_transport::tcp::spin_from_env()
+}
+
+/// `read_exact`, polling first for up to `spin` per read.
+fn read_exact_polling(s: &mut TcpStream, mut buf: &mut [u8], spin: Duration) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = read_polling(s, buf, spin)?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buf = &mut buf[n..];
+    }
+    Ok(())
+}
+
+fn read_polling(s: &mut TcpStream, buf: &mut [u8], spin: Duration) -> io::Result<usize> {
+    if !spin.is_zero() {
+        s.set_nonblocking(true)?;
+        let start = Instant::now();
+        let r = loop {
+            match s.read(buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && start.elapsed() < spin => std::hint::spin_loop(),
+                other => break other,
+            }
+        };
+        s.set_nonblocking(false)?;
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            other => return other,
+        }
+    }
+    s.read(buf)
 }
 
 /// Uploads larger than this are sent with writev from the caller's buffer.
@@ -47,7 +86,7 @@ impl RawPeer {
             }
         }
         if !answer.is_empty() {
-            self.stream.read_exact(answer)?;
+            read_exact_polling(&mut self.stream, answer, spin())?;
         }
         Ok(())
     }
@@ -62,11 +101,20 @@ impl Drop for RawPeer {
     }
 }
 
+/// A socket whose reads poll before blocking, like rgpu's transport.
+struct Polling(TcpStream, Duration);
+
+impl Read for Polling {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        read_polling(&mut self.0, buf, self.1)
+    }
+}
+
 fn serve(s: TcpStream) -> io::Result<()> {
     s.set_nodelay(true)?;
     // Buffered like rgpu's server, so a small exchange costs one read.
     let mut w = s.try_clone()?;
-    let mut s = io::BufReader::with_capacity(256 << 10, s);
+    let mut s = io::BufReader::with_capacity(256 << 10, Polling(s, spin()));
     // Like a GPU server, the peer keeps what it receives: bytes land in a
     // buffer as large as the transfer (grown as needed, then reused), and
     // answers are sent from one as large, rather than from a small buffer
