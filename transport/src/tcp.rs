@@ -107,30 +107,28 @@ impl TcpTransport {
     }
 }
 
-impl TcpTransport {
-    /// Polls for input for up to `spin`; `None` when nothing came (or
-    /// polling is off), so the caller blocks.
-    fn poll_read(&mut self) -> Option<io::Result<usize>> {
-        if self.spin.is_zero() {
+/// Polls for input into `buf` for up to `spin`; `None` when nothing came
+/// (or polling is off), so the caller blocks.
+fn poll_read(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Option<io::Result<usize>> {
+    if spin.is_zero() {
+        return None;
+    }
+    let fd = std::os::fd::AsRawFd::as_raw_fd(stream);
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: buf is valid for its length; MSG_DONTWAIT never blocks.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Some(Ok(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
+            return Some(Err(e));
+        }
+        if start.elapsed() >= spin {
             return None;
         }
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&self.stream);
-        let start = std::time::Instant::now();
-        loop {
-            // SAFETY: rbuf is valid for its length; MSG_DONTWAIT never blocks.
-            let n = unsafe { libc::recv(fd, self.rbuf.as_mut_ptr().cast(), self.rbuf.len(), libc::MSG_DONTWAIT) };
-            if n >= 0 {
-                return Some(Ok(n as usize));
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::WouldBlock && e.kind() != io::ErrorKind::Interrupted {
-                return Some(Err(e));
-            }
-            if start.elapsed() >= self.spin {
-                return None;
-            }
-            std::hint::spin_loop();
-        }
+        std::hint::spin_loop();
     }
 }
 
@@ -163,7 +161,8 @@ impl Transport for TcpTransport {
             let want = buf.len() - done;
             if want >= self.rbuf.len() {
                 // Large bulk: read straight into the destination.
-                match self.stream.read(&mut buf[done..]) {
+                let polled = poll_read(&self.stream, &mut buf[done..], self.spin);
+                match polled.unwrap_or_else(|| self.stream.read(&mut buf[done..])) {
                     Ok(0) => return Err(eof(&self.peer)),
                     Ok(n) => done += n,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -172,7 +171,7 @@ impl Transport for TcpTransport {
             } else {
                 // Small reads: fill the buffer so later frames of the same
                 // batch need no syscall.
-                let polled = self.poll_read();
+                let polled = poll_read(&self.stream, &mut self.rbuf, self.spin);
                 match polled.unwrap_or_else(|| self.stream.read(&mut self.rbuf)) {
                     Ok(0) => return Err(eof(&self.peer)),
                     Ok(n) => {
