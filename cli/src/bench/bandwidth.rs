@@ -18,20 +18,25 @@ fn reps(size: usize) -> usize {
     ((256usize << 20) / size).clamp(5, 300)
 }
 
-/// Median seconds per repetition of `f`, within the time budget.
-fn time(size: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
-    f()?; // warm-up: first touch of device and host pages
-    let mut v = Vec::new();
+/// Median seconds per repetition of `a` and of `b`, their repetitions
+/// alternating so that both see the same moments of a noisy machine.
+fn time2(size: usize, mut a: impl FnMut() -> Result<()>, mut b: impl FnMut() -> Result<()>) -> Result<(f64, f64)> {
+    a()?; // warm-up: first touch of device and host pages
+    b()?;
+    let (mut va, mut vb) = (Vec::new(), Vec::new());
     let t0 = Instant::now();
     for _ in 0..reps(size) {
         let t = Instant::now();
-        f()?;
-        v.push(t.elapsed().as_secs_f64());
-        if t0.elapsed() > CELL_BUDGET && v.len() >= 3 {
+        a()?;
+        va.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        b()?;
+        vb.push(t.elapsed().as_secs_f64());
+        if t0.elapsed() > CELL_BUDGET && va.len() >= 3 {
             break;
         }
     }
-    Ok(median(&mut v))
+    Ok((median(&mut va), median(&mut vb)))
 }
 
 fn mib_s(size: usize, secs: f64) -> f64 {
@@ -64,40 +69,52 @@ pub fn run(d: &Driver, max: usize, t: &Table) -> Result<()> {
     let mut size = 4 << 10;
     while size <= max {
         // Host to device: the copy frame, then a synchronising call.
-        let raw_h2d = time(size, || {
+        let mut raw_h2d_once = || -> Result<()> {
             raw.exchange(&upload[..frames::htod_request(size) + sync_req - 16], &mut answer[..reply])?;
             Ok(())
-        })?;
-        let h2d = time(size, || unsafe {
-            d.check("cuMemcpyHtoD", (d.cuMemcpyHtoD_v2)(dev, pageable.as_ptr() as *const c_void, size))?;
-            d.check("cuCtxSynchronize", (d.cuCtxSynchronize)())
-        })?;
-        let h2d_pinned = time(size, || unsafe {
-            d.check("cuMemcpyHtoDAsync", (d.cuMemcpyHtoDAsync_v2)(dev, pinned, size, stream))?;
-            d.check("cuStreamSynchronize", (d.cuStreamSynchronize)(stream))
-        })?;
+        };
+        let (h2d, raw_h2d) = time2(
+            size,
+            || unsafe {
+                d.check("cuMemcpyHtoD", (d.cuMemcpyHtoD_v2)(dev, pageable.as_ptr() as *const c_void, size))?;
+                d.check("cuCtxSynchronize", (d.cuCtxSynchronize)())
+            },
+            &mut raw_h2d_once,
+        )?;
+        let (h2d_pinned, raw_h2d_2) = time2(
+            size,
+            || unsafe {
+                d.check("cuMemcpyHtoDAsync", (d.cuMemcpyHtoDAsync_v2)(dev, pinned, size, stream))?;
+                d.check("cuStreamSynchronize", (d.cuStreamSynchronize)(stream))
+            },
+            &mut raw_h2d_once,
+        )?;
         // Device to host: one request, the reply carries the bytes.
-        let raw_d2h = time(size, || {
+        let mut raw_d2h_once = || -> Result<()> {
             raw.exchange(&upload[..dtoh_req - 16], &mut answer[..size + reply])?;
             Ok(())
-        })?;
-        let d2h = time(size, || unsafe {
-            d.check("cuMemcpyDtoH", (d.cuMemcpyDtoH_v2)(pageable.as_mut_ptr() as *mut c_void, dev, size))
-        })?;
-        let d2h_pinned = time(size, || unsafe {
-            d.check("cuMemcpyDtoHAsync", (d.cuMemcpyDtoHAsync_v2)(pinned, dev, size, stream))?;
-            d.check("cuStreamSynchronize", (d.cuStreamSynchronize)(stream))
-        })?;
+        };
+        let (d2h, raw_d2h) = time2(
+            size,
+            || unsafe { d.check("cuMemcpyDtoH", (d.cuMemcpyDtoH_v2)(pageable.as_mut_ptr() as *mut c_void, dev, size)) },
+            &mut raw_d2h_once,
+        )?;
+        let (d2h_pinned, raw_d2h_2) = time2(
+            size,
+            || unsafe {
+                d.check("cuMemcpyDtoHAsync", (d.cuMemcpyDtoHAsync_v2)(pinned, dev, size, stream))?;
+                d.check("cuStreamSynchronize", (d.cuStreamSynchronize)(stream))
+            },
+            &mut raw_d2h_once,
+        )?;
         let l = label(size);
-        let b = mib_s(size, raw_h2d);
-        t.rate(&format!("host->device {l}, pageable"), mib_s(size, h2d), b, "MiB/s");
-        t.rate(&format!("host->device {l}, pinned"), mib_s(size, h2d_pinned), b, "MiB/s");
-        let b = mib_s(size, raw_d2h);
-        t.rate(&format!("device->host {l}, pageable"), mib_s(size, d2h), b, "MiB/s");
-        t.rate(&format!("device->host {l}, pinned"), mib_s(size, d2h_pinned), b, "MiB/s");
+        t.rate(&format!("host->device {l}, pageable"), mib_s(size, h2d), mib_s(size, raw_h2d), "MiB/s");
+        t.rate(&format!("host->device {l}, pinned"), mib_s(size, h2d_pinned), mib_s(size, raw_h2d_2), "MiB/s");
+        t.rate(&format!("device->host {l}, pageable"), mib_s(size, d2h), mib_s(size, raw_d2h), "MiB/s");
+        t.rate(&format!("device->host {l}, pinned"), mib_s(size, d2h_pinned), mib_s(size, raw_d2h_2), "MiB/s");
         size *= 4;
     }
-    t.note("median of repeated copies; baseline: raw TCP moving the same bytes with the same round trips; target >= 0.90x from 1 MiB up");
+    t.note("median of repeated copies, rgpu and baseline repetitions alternating; baseline: raw TCP moving the same bytes with the same round trips; target >= 0.90x from 1 MiB up");
     unsafe {
         d.check("cuStreamDestroy", (d.cuStreamDestroy_v2)(stream))?;
         d.check("cuMemFreeHost", (d.cuMemFreeHost)(pinned))?;
