@@ -17,6 +17,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_launch",
     "rt_kernels",
     "rt_errors",
+    "rt_backpressure",
     "rt_two_devices",
     "rt_killed",
 ];

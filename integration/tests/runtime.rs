@@ -95,4 +95,5 @@ runtime_tests! {
     launch => launch;
     kernels => kernels;
     errors => plain;
+    backpressure => plain;
 }

@@ -177,9 +177,10 @@ impl Connection {
     pub unsafe fn post_read(&self, build: impl FnOnce(request::Builder<'_>), dst: *mut u8, len: usize) -> Result<(), ClientError> {
         let mut g = self.lock()?;
         let r = g.queue(true, build, &[]).and_then(|seq| {
-            g.pending.push_back(Pending { seq, dst: Some((dst, len)) });
             // Start the transfer now so it overlaps with the caller's work.
-            g.flush()
+            g.flush()?;
+            g.pending.push_back(Pending { seq, dst: Some((dst, len)) });
+            Ok(())
         });
         g.check(&self.addr, r)
     }
@@ -197,8 +198,8 @@ impl Connection {
         let r = g
             .queue(true, build, bulk)
             .and_then(|seq| {
-                g.pending.push_back(Pending { seq, dst: None });
                 g.flush()?;
+                g.pending.push_back(Pending { seq, dst: None });
                 g.wait_for(seq, sink)
             });
         g.check(&self.addr, r)?;
@@ -299,27 +300,22 @@ impl Inner {
         if bulk.len() <= INLINE_BULK {
             self.out.extend_from_slice(bulk);
         } else {
-            // The server may be sending us the bytes of earlier reads while we
-            // send a large payload; if neither side read, both could block
-            // on full socket buffers. Collect those replies first.
-            if !self.pending.is_empty() {
-                let mut batch = std::mem::take(&mut self.out);
-                let (this, rest) = batch.split_at(at);
-                self.out.extend_from_slice(this);
-                self.flush()?;
-                self.drain()?;
-                self.out.extend_from_slice(rest);
-                batch.clear();
-            }
-            // Large payloads go out from the caller's buffer, behind the batch.
+            // Large payloads go out from the caller's buffer, behind the batch
+            // (after the replies the server may be blocked writing: see flush).
+            self.drain()?;
             self.transport.send(&[&self.out, bulk])?;
             self.out.clear();
         }
         Ok(seq)
     }
 
+    /// Sends the batch. Replies still owed (to asynchronous reads, whose
+    /// requests all went out already) are collected first: the server may be
+    /// blocked writing them, and if neither side read, both would stall on
+    /// full socket buffers.
     fn flush(&mut self) -> Result<(), IoFail> {
         if !self.out.is_empty() {
+            self.drain()?;
             self.transport.send(&[&self.out])?;
             self.out.clear();
         }
