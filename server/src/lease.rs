@@ -10,10 +10,12 @@
 //! another generation, or an unlisted one at or below the floor, is stale.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
 
 use rgpu_protocol::token::{Claims, TokenError};
 use thiserror::Error;
+
+use crate::backend::MemoryBudget;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AdmitError {
@@ -49,6 +51,9 @@ struct Inner {
     floor: u64,
     /// Session id -> its admission.
     sessions: HashMap<u64, Admission>,
+    /// Lease id -> the device memory its sessions on this server hold
+    /// together; alive while one of its sessions' backends holds it.
+    budgets: HashMap<u64, Weak<MemoryBudget>>,
 }
 
 pub struct Leases {
@@ -105,6 +110,22 @@ impl Leases {
         }))
     }
 
+    /// The memory budget of an admitted session's lease, shared by every
+    /// session of that lease on this server; None when the lease has no
+    /// memory limit. The first session of a lease sets the limit.
+    pub fn budget(&self, a: &Admission) -> Option<Arc<MemoryBudget>> {
+        let limit = a.memory_limit?;
+        let mut inner = self.lock();
+        if let Some(b) = inner.budgets.get(&a.lease).and_then(Weak::upgrade) {
+            return Some(b);
+        }
+        // Leases whose sessions all ended leave dead entries: drop them.
+        inner.budgets.retain(|_, w| w.strong_count() > 0);
+        let b = Arc::new(MemoryBudget::new(limit));
+        inner.budgets.insert(a.lease, Arc::downgrade(&b));
+        Some(b)
+    }
+
     pub fn bind(&self, session: u64, a: Admission) {
         self.lock().sessions.insert(session, a);
     }
@@ -122,7 +143,7 @@ impl Leases {
         let mut inner = self.lock();
         inner.live = live;
         inner.floor = floor;
-        let Inner { live, floor, sessions } = &mut *inner;
+        let Inner { live, floor, sessions, .. } = &mut *inner;
         let mut close = Vec::new();
         for (&sid, a) in sessions.iter_mut() {
             match live.get(&a.lease) {
@@ -188,6 +209,23 @@ mod tests {
         assert_eq!(l.update(HashMap::new(), 10, 20), vec![77]);
         assert!(matches!(l.admit(&token(5, 3, 1), 30), Err(AdmitError::Ended(5))));
         assert!(Leases::new(None, vec![]).admit(&[], 0).unwrap().is_none());
+    }
+
+    #[test]
+    fn sessions_of_a_lease_share_its_budget() {
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
+        let adm = |lease, memory_limit| Admission { lease, generation: 1, memory_limit, deadline_ms: 1000, devices: vec![0] };
+        let a = adm(4, Some(100));
+        let (b1, b2) = (l.budget(&a).unwrap(), l.budget(&a).unwrap());
+        assert!(Arc::ptr_eq(&b1, &b2), "one budget per lease");
+        let other = l.budget(&adm(5, Some(100))).unwrap();
+        assert!(!Arc::ptr_eq(&b1, &other), "another lease has its own");
+        assert_eq!(b1.limit(), 100);
+        drop((b1, b2));
+        let again = l.budget(&a).unwrap();
+        assert_eq!(again.used(), 0);
+        assert_eq!(l.lock().budgets.len(), 2, "the dead entry was replaced, not kept");
+        assert!(l.budget(&adm(6, None)).is_none(), "no limit, no budget");
     }
 
     #[test]

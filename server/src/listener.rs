@@ -170,11 +170,12 @@ async fn attach(
             return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
         }
     };
-    // A lease's token may cap the session's memory, and restricts it to
-    // the token's GPUs.
+    // A lease's token may cap the memory of all the lease's sessions
+    // together (one budget per lease on this server), and restricts the
+    // session to the token's GPUs.
     let admission = service.leases.admission(id);
-    let limit = admission.as_ref().and_then(|a| a.memory_limit);
-    let backend = match service.backend.open_session(limit) {
+    let budget = admission.as_ref().and_then(|a| service.leases.budget(a));
+    let backend = match service.backend.open_session(budget) {
         Ok(b) => b,
         Err(e) => {
             service.sessions.detach(id);

@@ -22,6 +22,8 @@ pub mod cuda;
 pub mod sim;
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::cuerror::CuResult;
 use crate::module::ModuleImage;
@@ -152,15 +154,110 @@ impl From<crate::cuerror::CuError> for TransferError {
     }
 }
 
+/// The device memory one lease may hold on this server, over all of its
+/// sessions: a limit and what its sessions hold now.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    limit: u64,
+    used: AtomicU64,
+}
+
+impl MemoryBudget {
+    pub fn new(limit: u64) -> Self {
+        MemoryBudget { limit, used: AtomicU64::new(0) }
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Bytes the lease's sessions hold now.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Bytes the lease may still allocate.
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.used())
+    }
+
+    /// Takes `size` bytes, or nothing when that would pass the limit.
+    fn take(&self, size: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_add(size).filter(|&n| n <= self.limit))
+            .is_ok()
+    }
+
+    fn give(&self, size: u64) {
+        let _ = self.used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| Some(u.saturating_sub(size)));
+    }
+}
+
+/// One session's share of its lease's [`MemoryBudget`] (or no limit at
+/// all): the backend takes bytes before it allocates and gives them back
+/// after it frees. Whatever the session still holds goes back to the lease
+/// when this is dropped, so a backend session keeps it as a field (fields
+/// drop after the session's own `Drop`, i.e. after its memory is freed).
+#[derive(Debug, Default)]
+pub struct MemoryAccount {
+    budget: Option<Arc<MemoryBudget>>,
+    /// Bytes this session holds.
+    held: u64,
+}
+
+impl MemoryAccount {
+    pub fn new(budget: Option<Arc<MemoryBudget>>) -> Self {
+        MemoryAccount { budget, held: 0 }
+    }
+
+    /// Reserves `size` bytes for an allocation about to be made;
+    /// `OUT_OF_MEMORY` when the lease has not that much left.
+    pub fn take(&mut self, size: u64) -> CuResult {
+        if let Some(b) = &self.budget {
+            if !b.take(size) {
+                return Err(crate::cuerror::CuError::OUT_OF_MEMORY);
+            }
+        }
+        self.held = self.held.saturating_add(size);
+        Ok(())
+    }
+
+    /// Returns `size` bytes (freed, or an allocation that failed after `take`).
+    pub fn give(&mut self, size: u64) {
+        let size = size.min(self.held);
+        self.held -= size;
+        if let Some(b) = &self.budget {
+            b.give(size);
+        }
+    }
+
+    /// `(free, total)` as the session sees them: the device's, capped by the
+    /// lease's remainder and limit.
+    pub fn info(&self, free: u64, total: u64) -> (u64, u64) {
+        match &self.budget {
+            Some(b) => (free.min(b.remaining()), total.min(b.limit())),
+            None => (free, total),
+        }
+    }
+}
+
+impl Drop for MemoryAccount {
+    fn drop(&mut self) {
+        let held = self.held;
+        self.give(held);
+    }
+}
+
 pub trait Backend: Send + Sync + 'static {
     /// Reported by `hello`: "sim" or "cuda".
     fn name(&self) -> &'static str;
     fn devices(&self) -> &[DeviceInfo];
-    /// A fresh, empty view of the devices for one session. With
-    /// `memory_limit`, the session's allocations together may not exceed
-    /// that many bytes (past it, `CUDA_ERROR_OUT_OF_MEMORY`), and
-    /// `mem_get_info` reports the limit as the total.
-    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>>;
+    /// A fresh, empty view of the devices for one session. With a `budget`
+    /// (a lease's, shared by all its sessions on this server), the client
+    /// allocations of all those sessions together may not exceed its limit
+    /// (past it, `CUDA_ERROR_OUT_OF_MEMORY`), and `mem_get_info` reports
+    /// the budget's remainder and limit.
+    fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>>;
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by
@@ -233,5 +330,29 @@ pub trait BackendSession: Send {
     /// next reply to carry to the client.
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accounts_share_a_budget_and_give_back_on_drop() {
+        let b = Arc::new(MemoryBudget::new(100));
+        let mut s1 = MemoryAccount::new(Some(b.clone()));
+        let mut s2 = MemoryAccount::new(Some(b.clone()));
+        assert!(s1.take(60).is_ok());
+        assert_eq!(s2.take(50), Err(crate::cuerror::CuError::OUT_OF_MEMORY), "60 + 50 > 100");
+        assert!(s2.take(40).is_ok());
+        assert_eq!(s1.info(1000, 1000), (0, 100));
+        s2.give(40);
+        assert_eq!(s2.info(1000, 1000), (40, 100));
+        assert_eq!(s2.info(10, 50), (10, 50), "the device's own numbers when smaller");
+        drop(s1);
+        assert_eq!(b.used(), 0, "a session's end gives its bytes back");
+        let mut free = MemoryAccount::new(None);
+        assert!(free.take(u64::MAX).is_ok(), "no budget, no limit");
+        assert_eq!(free.info(7, 9), (7, 9));
     }
 }

@@ -8,10 +8,12 @@
 //!   processes are. Streams and events are the session's handle tables over
 //!   raw `CUstream`/`CUevent`s; the default stream is the context's legacy
 //!   stream.
-//! - Memory is counted per session; an optional limit makes an allocation
-//!   past it fail with `CUDA_ERROR_OUT_OF_MEMORY`, and `cuMemGetInfo` then
-//!   reports the limit. Memory a session frees, or leaves behind, is zeroed
-//!   before it goes back to the driver; if that cannot be done (a context
+//! - Memory is counted per session and, for a session admitted by a lease,
+//!   against the lease's budget shared by all its sessions on this server;
+//!   an allocation past it fails with `CUDA_ERROR_OUT_OF_MEMORY`, and
+//!   `cuMemGetInfo` then reports the lease's remainder and limit. Memory a
+//!   session frees, or leaves behind, is zeroed before it goes back to the
+//!   driver; if that cannot be done (a context
 //!   broken by a faulting kernel), every later allocation on that device is
 //!   zeroed before it is handed out.
 //! - Modules are context-independent libraries shared through
@@ -41,7 +43,8 @@ use tracing::{debug, info, warn};
 use self::driver::{cu, CudaInitError, DriverLibrary};
 use self::library::{Library, LibraryCache};
 use super::{
-    Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, Memset,
+    Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, MemoryAccount,
+    MemoryBudget, Memset,
     ModuleToken, StreamRef, StreamToken, TransferError,
 };
 use crate::cuerror::{CuError, CuResult};
@@ -165,14 +168,13 @@ impl Backend for CudaBackend {
         &self.shared.devices
     }
 
-    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>> {
+    fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
         // Nothing touches the driver here: contexts are created on the
         // session's own thread, on first use of each device.
         let n = self.shared.devices.len();
         Ok(Box::new(CudaSession {
             shared: self.shared.clone(),
-            limit: memory_limit,
-            used: 0,
+            account: MemoryAccount::new(budget),
             ctxs: (0..n).map(|_| None).collect(),
             current: None,
             allocs: BTreeMap::new(),
@@ -210,9 +212,10 @@ struct ModuleEntry {
 
 struct CudaSession {
     shared: Arc<Shared>,
-    limit: Option<u64>,
-    /// Bytes the client allocated and has not freed.
-    used: u64,
+    /// Bytes the client allocated and has not freed, counted against its
+    /// lease (if any); given back to the lease after the session's `Drop`
+    /// has freed them.
+    account: MemoryAccount,
     ctxs: Vec<Option<DevCtx>>,
     /// The device whose context is current on this thread, if known.
     current: Option<u32>,
@@ -342,6 +345,23 @@ impl CudaSession {
         Ok(())
     }
 
+    /// `cuMemAlloc` on `device`, zeroed first when the device needs it.
+    fn alloc_device(&mut self, device: u32, bytes: usize) -> CuResult<u64> {
+        self.bind(device)?;
+        let mut p: sys::CUdeviceptr = 0;
+        cu!(sys::cuMemAlloc_v2(&mut p, bytes))?;
+        if self.shared.scrub_on_alloc[device as usize].load(Ordering::Relaxed) {
+            // Completed before the client can queue work on any stream.
+            let r = cu!(sys::cuMemsetD8_v2(p, 0, bytes))
+                .and_then(|()| cu!(sys::cuStreamSynchronize(std::ptr::null_mut())));
+            if let Err(e) = r {
+                let _ = cu!(sys::cuMemFree_v2(p));
+                return Err(e);
+            }
+        }
+        Ok(p)
+    }
+
     fn release_module(&mut self, m: ModuleEntry) {
         for &(p, size) in &m.globals {
             if let Err(e) = self.zero(m.device, p, size) {
@@ -355,27 +375,18 @@ impl CudaSession {
 
 impl BackendSession for CudaSession {
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
-        if let Some(limit) = self.limit {
-            if self.used.checked_add(size).map_or(true, |u| u > limit) {
-                return Err(CuError::OUT_OF_MEMORY);
-            }
-        }
         let bytes = usize::try_from(size).map_err(|_| CuError::OUT_OF_MEMORY)?;
-        self.bind(device)?;
-        let mut p: sys::CUdeviceptr = 0;
-        cu!(sys::cuMemAlloc_v2(&mut p, bytes))?;
-        if self.shared.scrub_on_alloc[device as usize].load(Ordering::Relaxed) {
-            // Completed before the client can queue work on any stream.
-            let r = cu!(sys::cuMemsetD8_v2(p, 0, bytes))
-                .and_then(|()| cu!(sys::cuStreamSynchronize(std::ptr::null_mut())));
-            if let Err(e) = r {
-                let _ = cu!(sys::cuMemFree_v2(p));
-                return Err(e);
+        self.account.take(size)?;
+        match self.alloc_device(device, bytes) {
+            Ok(p) => {
+                self.allocs.insert(p, (device, size));
+                Ok(p)
+            }
+            Err(e) => {
+                self.account.give(size);
+                Err(e)
             }
         }
-        self.allocs.insert(p, (device, size));
-        self.used += size;
-        Ok(p)
     }
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
@@ -388,7 +399,7 @@ impl BackendSession for CudaSession {
         }
         cu!(sys::cuMemFree_v2(ptr))?;
         self.allocs.remove(&ptr);
-        self.used -= size;
+        self.account.give(size);
         Ok(())
     }
 
@@ -397,10 +408,7 @@ impl BackendSession for CudaSession {
         let (mut free, mut total) = (0usize, 0usize);
         cu!(sys::cuMemGetInfo_v2(&mut free, &mut total))?;
         let (free, total) = (free as u64, total as u64);
-        Ok(match self.limit {
-            Some(limit) => (free.min(limit.saturating_sub(self.used)), total.min(limit)),
-            None => (free, total),
-        })
+        Ok(self.account.info(free, total))
     }
 
     fn write(

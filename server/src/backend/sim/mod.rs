@@ -23,7 +23,7 @@ use self::attributes::SimDeviceParams;
 use self::memory::DeviceMemory;
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, FunctionInfo, GlobalInfo, LaunchDims,
-    LoadedModule, Memset, ModuleToken, StreamRef, StreamToken, TransferError,
+    LoadedModule, MemoryAccount, MemoryBudget, Memset, ModuleToken, StreamRef, StreamToken, TransferError,
 };
 use crate::cuerror::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
@@ -114,10 +114,10 @@ impl Backend for SimBackend {
         &self.shared.info
     }
 
-    fn open_session(&self, memory_limit: Option<u64>) -> CuResult<Box<dyn BackendSession>> {
+    fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
         Ok(Box::new(SimSession {
             shared: self.shared.clone(),
-            limit: memory_limit,
+            account: MemoryAccount::new(budget),
             client_bytes: HashMap::new(),
             allocs: BTreeMap::new(),
             launch_memory: None,
@@ -144,8 +144,8 @@ struct SimModule {
 
 struct SimSession {
     shared: Arc<Shared>,
-    /// Most bytes the client's own allocations may hold together.
-    limit: Option<u64>,
+    /// The client's own allocations, counted against its lease (if any).
+    account: MemoryAccount,
     /// Size of each of the client's own allocations (not module globals).
     client_bytes: HashMap<u64, u64>,
     /// Every allocation this session made (its own and its modules' globals).
@@ -197,33 +197,30 @@ impl SimSession {
 
 impl BackendSession for SimSession {
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
-        if let Some(limit) = self.limit {
-            let used: u64 = self.client_bytes.values().sum();
-            if used.checked_add(size).map_or(true, |u| u > limit) {
-                return Err(CuError::OUT_OF_MEMORY);
+        self.account.take(size)?;
+        let p = match self.alloc_owned(device, size) {
+            Ok(p) => p,
+            Err(e) => {
+                self.account.give(size);
+                return Err(e);
             }
-        }
-        let p = self.alloc_owned(device, size)?;
+        };
         self.client_bytes.insert(p, size);
         Ok(p)
     }
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
         self.free_owned(ptr)?;
-        self.client_bytes.remove(&ptr);
+        if let Some(size) = self.client_bytes.remove(&ptr) {
+            self.account.give(size);
+        }
         Ok(())
     }
 
     fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)> {
         let m = self.shared.device(device)?;
         let (free, total) = (m.free_bytes(), m.total());
-        Ok(match self.limit {
-            Some(limit) => {
-                let used: u64 = self.client_bytes.values().sum();
-                (free.min(limit.saturating_sub(used)), total.min(limit))
-            }
-            None => (free, total),
-        })
+        Ok(self.account.info(free, total))
     }
 
     fn write(

@@ -1,0 +1,102 @@
+//! A lease's memory limit holds across all its sessions on a server: two
+//! sessions admitted with the same token share one budget, and what one
+//! frees (or leaves behind when it ends) the other may allocate.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{control_with_token, list_devices, DataClient, TestServer};
+use rgpu_protocol::token::{sign_bytes, Claims};
+use rgpu_server::config::PoolConfig;
+
+const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+const OUT_OF_MEMORY: u32 = 2;
+const MIB: u64 = 1 << 20;
+
+/// A version-1 token for `gpu`, written byte by byte (the layout documented
+/// in `rgpu_protocol::token`) and checked against the decoder.
+fn token(lease: u64, memory_limit: u64, gpu: [u8; 16]) -> Vec<u8> {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut b = vec![1u8];
+    for v in [lease, 1, now + 60_000, memory_limit] {
+        b.extend_from_slice(&v.to_le_bytes());
+    }
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.push(b't');
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.extend_from_slice(&gpu);
+    let sig = sign_bytes(KEY, &b);
+    b.extend_from_slice(&sig);
+    let c = Claims::verify(&b, KEY, now).expect("test token verifies");
+    assert_eq!((c.lease_id, c.memory_limit), (lease, memory_limit));
+    b
+}
+
+fn session(addr: &str, token: &[u8]) -> DataClient {
+    let h = control_with_token(addr, token).expect("token admitted");
+    DataClient::attach(addr, h.session_id, &h.key).expect("attach")
+}
+
+#[test]
+fn sessions_of_one_lease_share_its_memory_limit() {
+    let pool = PoolConfig { broker_key: Some(KEY.to_vec()), ..Default::default() };
+    let srv = TestServer::start_pool(1, 256 * MIB, Duration::from_secs(30), pool);
+    let addr = srv.addr.to_string();
+    let gpu: [u8; 16] = list_devices(&addr)[0].uuid.clone().try_into().unwrap();
+    let tok = token(11, 16 * MIB, gpu);
+
+    let mut a = session(&addr, &tok);
+    let mut b = session(&addr, &tok);
+    assert_eq!(a.mem_info(), (16 * MIB, 16 * MIB));
+    let pa = a.alloc_ok(10 * MIB);
+    // 10 MiB held by the lease: the other session sees 6 left, and cannot
+    // take 10 more (alone it could have).
+    assert_eq!(b.mem_info(), (6 * MIB, 16 * MIB));
+    assert_eq!(b.alloc(10 * MIB).result, OUT_OF_MEMORY, "together the sessions would exceed the lease");
+    let pb = b.alloc_ok(6 * MIB);
+    assert_eq!(a.alloc(1).result, OUT_OF_MEMORY, "the lease is full");
+    assert_eq!(a.mem_info().0, 0);
+
+    // Freeing gives the bytes back to the lease, whichever session frees.
+    assert_eq!(b.free(pb).result, 0);
+    assert_eq!(a.mem_info(), (6 * MIB, 16 * MIB));
+
+    // Another lease on the same server has its own budget.
+    let mut other = session(&addr, &token(12, 16 * MIB, gpu));
+    assert_eq!(other.mem_info(), (16 * MIB, 16 * MIB));
+    other.alloc_ok(16 * MIB);
+
+    // Session a ends with 10 MiB still allocated: the lease gets them back
+    // once the server has torn the session down.
+    let _ = pa;
+    drop(a);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = b.alloc(16 * MIB);
+        if r.result == 0 {
+            break;
+        }
+        assert_eq!(r.result, OUT_OF_MEMORY);
+        assert!(Instant::now() < deadline, "the ended session's memory never went back to the lease");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(b.mem_info(), (0, 16 * MIB));
+
+    // A later session of the same lease shares what is left: nothing.
+    let mut c = session(&addr, &tok);
+    assert_eq!(c.alloc(1).result, OUT_OF_MEMORY);
+    srv.stop();
+}
+
+#[test]
+fn sessions_without_a_token_keep_their_own_view() {
+    let srv = TestServer::start_with(1, 64 * MIB, Duration::from_secs(30));
+    let mut a = srv.session();
+    let mut b = srv.session();
+    a.alloc_ok(40 * MIB);
+    assert_eq!(b.mem_info().1, 64 * MIB, "no lease: the device's total");
+    assert_eq!(b.alloc(40 * MIB).result, OUT_OF_MEMORY, "only the device itself limits");
+    b.alloc_ok(16 * MIB);
+    srv.stop();
+}
