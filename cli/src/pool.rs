@@ -5,7 +5,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use rgpu_pool_broker::client::{BrokerClient, LeaseSpec, LeaseView, ServerView};
+use rgpu_pool_broker::client::{BrokerClient, ClientError, LeaseSpec, LeaseView, ServerView};
 use rgpu_pool_broker::config::{parse_duration_ms, parse_size};
 use rgpu_pool_broker::placement::Scope;
 
@@ -20,8 +20,11 @@ pub struct BrokerArgs {
 
 impl BrokerArgs {
     pub fn connect(&self) -> Result<BrokerClient> {
-        BrokerClient::connect(&self.broker).with_context(|| {
-            format!("is rgpu-broker running at {}? (set --broker or RGPU_BROKER)", self.broker)
+        BrokerClient::connect(&self.broker).map_err(|e| match e {
+            ClientError::Unreachable { .. } => anyhow::anyhow!(
+                "{e}\n  help: is rgpu-broker running there? Point --broker ADDR (or RGPU_BROKER) at the pool's broker"
+            ),
+            e => e.into(),
         })
     }
 }
@@ -53,7 +56,7 @@ pub struct LeaseArgs {
     #[arg(long, value_name = "N")]
     pub gpus: Option<u32>,
     /// A fraction of one GPU: this much of its memory (e.g. 20GiB).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(long, value_name = "SIZE", value_parser = parse_memory)]
     pub memory: Option<u64>,
     /// A fraction of one GPU: this share of its compute, in thousandths (1..1000).
     #[arg(long, value_name = "MILLI")]
@@ -70,6 +73,8 @@ pub struct LeaseArgs {
     /// Tenant to lease for.
     #[arg(long, env = "RGPU_TENANT", value_name = "NAME")]
     pub tenant: Option<String>,
+    /// Queue priority: when GPUs are short, higher priorities are granted
+    /// first (negative values allowed).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub priority: i32,
     /// Lease time to live; renewals extend it (e.g. 90s, 10m).
@@ -83,8 +88,18 @@ pub struct LeaseArgs {
     pub key: Option<String>,
 }
 
+/// `--memory`: a size with a unit, more than zero.
+fn parse_memory(s: &str) -> Result<u64, String> {
+    const UNITS: &str = "B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)";
+    match parse_size(s) {
+        Ok(0) => Err("a memory share must be more than 0 bytes (e.g. 20GiB); for whole GPUs use --gpus N alone".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("expected a size such as 20GiB, 512MiB or 1.5GB; units: {UNITS}")),
+    }
+}
+
 fn parse_scope(s: &str) -> Result<Scope, String> {
-    Scope::parse(s).ok_or_else(|| format!("invalid scope {s:?}: expected node, leaf, spine or any"))
+    Scope::parse(s).ok_or_else(|| "expected node, leaf, spine or any".to_string())
 }
 
 impl LeaseArgs {

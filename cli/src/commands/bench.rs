@@ -6,6 +6,8 @@ use anyhow::Result;
 use crate::bench::{self, Options};
 use crate::server_process::ServerProcess;
 
+/// Measure rgpu against raw TCP: round-trip latency, launch rate, copy
+/// bandwidth and a mixed workload.
 #[derive(clap::Args)]
 pub struct Args {
     /// Use this running server instead of starting one.

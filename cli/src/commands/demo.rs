@@ -16,6 +16,9 @@ use crate::driver::{Driver, DEMO_PTX};
 use crate::pool::relative;
 use crate::server_process::{BrokerProcess, ServerProcess};
 
+/// Try rgpu on this machine: start a broker and a GPU server (a real GPU,
+/// else the simulator), take a lease and run a small workload through the
+/// shim.
 #[derive(clap::Args)]
 pub struct Args {
     /// Use this running server instead of starting one (no broker; a

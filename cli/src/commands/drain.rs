@@ -17,6 +17,7 @@ pub struct Args {
     /// Revoke the leases still there after this long (e.g. 10m).
     #[arg(long, value_parser = parse_duration_ms)]
     deadline: Option<u64>,
+    /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
 }

@@ -12,6 +12,7 @@ pub struct Args {
     /// Only this tenant's leases.
     #[arg(long)]
     tenant: Option<String>,
+    /// Print JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
 }

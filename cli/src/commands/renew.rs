@@ -16,6 +16,7 @@ pub struct Args {
     /// New time to live from now [default: the lease's own].
     #[arg(long, value_parser = parse_duration_ms)]
     ttl: Option<u64>,
+    /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
 }

@@ -19,7 +19,7 @@ use crate::pool::{self, BrokerArgs, LeaseArgs};
 #[derive(clap::Args)]
 pub struct Args {
     /// GPU servers, host:port, comma-separated; each server's devices become
-    /// CUDA devices in this order. Default: $RGPU_SERVERS.
+    /// CUDA devices in this order.
     #[arg(long, value_delimiter = ',', env = "RGPU_SERVERS")]
     server: Vec<String>,
     #[command(flatten)]
@@ -37,7 +37,10 @@ pub fn exec(a: Args) -> Result<i32> {
     let leased = a.lease.gpus.is_some() || a.lease.memory.is_some() || a.lease.compute.is_some();
     if !leased {
         if a.server.is_empty() {
-            bail!("no server given: use --server HOST:PORT (or RGPU_SERVERS), or lease from the broker with --gpus N");
+            bail!(
+                "no GPUs to run on: give servers with --server HOST:PORT[,HOST:PORT...] (or RGPU_SERVERS), \
+                 or lease from the broker with --gpus N or --memory SIZE"
+            );
         }
         return run_program(&a.program, &[("RGPU_SERVERS".into(), a.server.join(","))]);
     }

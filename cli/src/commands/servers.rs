@@ -9,6 +9,7 @@ use crate::pool::{self, BrokerArgs};
 pub struct Args {
     #[command(flatten)]
     broker: BrokerArgs,
+    /// Print JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
 }

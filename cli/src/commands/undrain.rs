@@ -12,6 +12,7 @@ pub struct Args {
     #[command(flatten)]
     admin: AdminArgs,
     server: String,
+    /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
