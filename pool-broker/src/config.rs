@@ -1,6 +1,7 @@
 //! Broker settings: flags, then `RGPU_BROKER_*` environment variables, then
 //! the TOML file (`--config`: the same keys as the long flags, plus
-//! `[tenants.NAME]` tables: `partitions`, `max-gpus`, `max-memory`), then
+//! `[tenants.NAME]` tables: `partitions`, `max-gpus`, `max-memory`, and
+//! `pkey`, the tenant's InfiniBand partition key, e.g. `pkey = 0x8001`), then
 //! defaults.
 
 use std::collections::HashMap;
@@ -79,6 +80,7 @@ struct FileTenant {
     partitions: Vec<String>,
     max_gpus: Option<u32>,
     max_memory: Option<String>,
+    pkey: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -108,8 +110,14 @@ impl Config {
                 Some(m) => Some(parse_size(&m).map_err(anyhow::Error::msg).with_context(|| format!("tenant {name}: max-memory"))?),
                 None => None,
             };
+            if let Some(k) = t.pkey {
+                // 0x0000 and 0x8000 are not partition keys.
+                if k & 0x7fff == 0 {
+                    bail!("tenant {name}: pkey {k:#06x} is not a valid InfiniBand partition key");
+                }
+            }
             let partitions = if t.partitions.is_empty() { vec![name.clone()] } else { t.partitions };
-            tenants.insert(name, TenantPolicy { partitions, max_gpus: t.max_gpus, max_memory });
+            tenants.insert(name, TenantPolicy { partitions, max_gpus: t.max_gpus, max_memory, pkey: t.pkey });
         }
         let mut limits = Limits::default();
         if let Some(h) = args.heartbeat_ms.or(file.heartbeat_ms) {
@@ -217,11 +225,17 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("rgpu-broker-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("b.toml");
-        std::fs::write(&p, "listen = \"127.0.0.1:1\"\n[tenants.alice]\nmax-gpus = 2\nmax-memory = \"32GiB\"\n").unwrap();
-        let c = Config::load(Args { config: Some(p), listen: Some("127.0.0.1:2".into()), ..Args::default() }).unwrap();
+        std::fs::write(&p, "listen = \"127.0.0.1:1\"\n[tenants.alice]\nmax-gpus = 2\nmax-memory = \"32GiB\"\npkey = 0x8001\n[tenants.bob]\n").unwrap();
+        let c = Config::load(Args { config: Some(p.clone()), listen: Some("127.0.0.1:2".into()), ..Args::default() }).unwrap();
         assert_eq!(c.listen, "127.0.0.1:2", "flags win over the file");
         let a = &c.tenants["alice"];
         assert_eq!((a.partitions.clone(), a.max_gpus, a.max_memory), (vec!["alice".to_string()], Some(2), Some(32 << 30)));
+        assert_eq!((a.pkey, c.tenants["bob"].pkey), (Some(0x8001), None));
+        std::fs::write(&p, "[tenants.alice]\npkey = 0x8000\n").unwrap();
+        let e = Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap_err();
+        assert!(format!("{e:#}").contains("pkey"), "{e:#}");
+        std::fs::write(&p, "[tenants.alice]\npkey = 0x18001\n").unwrap();
+        assert!(Config::load(Args { config: Some(p.clone()), ..Args::default() }).is_err(), "wider than 16 bits");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -151,6 +151,7 @@ impl Service {
         match &self.key {
             None => Vec::new(),
             Some(k) => Claims {
+                pkey: self.lock().pkey_of(&l.tenant),
                 lease_id: l.id,
                 generation: l.generation,
                 deadline_ms: l.deadline,
@@ -342,5 +343,35 @@ mod tests {
         assert!(is_auth(s.check_admin("undrain", "a:1", 0, ahead, &proof(admin, "undrain", "a:1", 0, ahead), now)));
         // A broker with no key at all is open.
         assert!(service(None, None).check_admin("drain", "a:1", 0, 0, &[], now).is_ok());
+    }
+
+    #[test]
+    fn lease_tokens_carry_the_tenants_pkey() {
+        let key = [1u8; 32];
+        let mut tenants = HashMap::new();
+        let policy = |pkey| crate::state::TenantPolicy { partitions: vec![], max_gpus: None, max_memory: None, pkey };
+        tenants.insert("ib".to_string(), policy(Some(0x8001)));
+        tenants.insert("plain".to_string(), policy(None));
+        let state = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
+        let (writer, _) = mpsc::channel();
+        let s = Service::new(state, writer, Some(key.to_vec()), None, String::new());
+        let lease = |tenant: &str| Lease {
+            id: 1,
+            key: String::new(),
+            tenant: tenant.into(),
+            generation: 1,
+            gpus: vec![],
+            memory_limit: 0,
+            compute_milli: 0,
+            priority: 0,
+            granted: 0,
+            ttl_ms: 1000,
+            deadline: 5000,
+            state: crate::state::LeaseState::Active,
+        };
+        let pkey = |tenant: &str| Claims::verify(&s.token_for(&lease(tenant)), &key, 0).map(|c| c.pkey);
+        assert_eq!(pkey("ib"), Ok(Some(0x8001)));
+        assert_eq!(pkey("plain"), Ok(None));
+        assert_eq!(pkey("unknown"), Ok(None));
     }
 }

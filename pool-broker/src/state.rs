@@ -110,6 +110,11 @@ pub struct TenantPolicy {
     /// Whole GPUs (fractions count by their larger share of memory or compute).
     pub max_gpus: Option<u32>,
     pub max_memory: Option<u64>,
+    /// The tenant's InfiniBand partition key (`pkey = 0x8001`): its lease
+    /// tokens carry it, and RDMA data planes for its sessions run in that
+    /// partition. Not the placement `partitions` above.
+    #[serde(default)]
+    pub pkey: Option<u16>,
 }
 
 #[derive(Debug, Clone)]
@@ -291,6 +296,11 @@ impl State {
     /// Changes to persist and events to deliver after them, since last taken.
     pub fn take_output(&mut self) -> (Vec<Change>, Vec<Event>) {
         (std::mem::take(&mut self.changes), std::mem::take(&mut self.events))
+    }
+
+    /// The tenant's InfiniBand P_Key, if its policy names one.
+    pub fn pkey_of(&self, tenant: &str) -> Option<u16> {
+        self.tenants.get(tenant).and_then(|p| p.pkey)
     }
 
     fn partitions_of(&self, tenant: &str) -> Vec<String> {
@@ -830,7 +840,7 @@ mod tests {
         let mut tenants = HashMap::new();
         tenants.insert(
             "alice".to_string(),
-            TenantPolicy { partitions: vec!["a".into()], max_gpus: Some(2), max_memory: None },
+            TenantPolicy { partitions: vec!["a".into()], max_gpus: Some(2), max_memory: None, pkey: None },
         );
         let mut s = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
         s.register(spec("x", 2, &[]), 0);

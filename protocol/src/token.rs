@@ -5,6 +5,9 @@
 //! deadline (unix ms) u64, memory limit u64 (0: whole GPUs), tenant
 //! (u16 length + UTF-8), GPU count u16 + 16-byte UUIDs, then the
 //! HMAC-SHA256 of everything before it under the broker key (32 bytes).
+//! Version 2 is version 1 plus the tenant's InfiniBand P_Key (u16) after
+//! the GPUs; tokens without a P_Key are still written as version 1, so
+//! servers that know only version 1 keep accepting them.
 //! In the environment (`RGPU_TOKEN`) a token is written in lowercase hex.
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -12,6 +15,8 @@ use sha2::Sha256;
 use thiserror::Error;
 
 const VERSION: u8 = 1;
+/// Version 1 plus a P_Key.
+const VERSION_PKEY: u8 = 2;
 const MAC_LEN: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +28,9 @@ pub struct Claims {
     pub memory_limit: u64,
     pub tenant: String,
     pub gpus: Vec<[u8; 16]>,
+    /// The tenant's InfiniBand partition key, when the broker assigns one:
+    /// an RDMA data plane for this lease runs in that partition.
+    pub pkey: Option<u16>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -67,7 +75,7 @@ impl Claims {
     /// The signed token.
     pub fn sign(&self, key: &[u8]) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.tenant.len() + 16 * self.gpus.len() + MAC_LEN);
-        b.push(VERSION);
+        b.push(if self.pkey.is_some() { VERSION_PKEY } else { VERSION });
         b.extend_from_slice(&self.lease_id.to_le_bytes());
         b.extend_from_slice(&self.generation.to_le_bytes());
         b.extend_from_slice(&self.deadline_ms.to_le_bytes());
@@ -79,6 +87,9 @@ impl Claims {
         b.extend_from_slice(&(n as u16).to_le_bytes());
         for g in &self.gpus[..n] {
             b.extend_from_slice(g);
+        }
+        if let Some(k) = self.pkey {
+            b.extend_from_slice(&k.to_le_bytes());
         }
         let sig = sign_bytes(key, &b);
         b.extend_from_slice(&sig);
@@ -93,7 +104,8 @@ impl Claims {
         }
         let body = &token[..token.len() - MAC_LEN];
         let mut r = Reader { b: body };
-        if r.u8()? != VERSION {
+        let version = r.u8()?;
+        if version != VERSION && version != VERSION_PKEY {
             return Err(TokenError::Malformed("unknown version"));
         }
         let lease_id = r.u64()?;
@@ -111,10 +123,11 @@ impl Claims {
             u.copy_from_slice(r.take(16)?);
             gpus.push(u);
         }
+        let pkey = if version == VERSION_PKEY { Some(r.u16()?) } else { None };
         if !r.b.is_empty() {
             return Err(TokenError::Malformed("trailing bytes"));
         }
-        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus })
+        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus, pkey })
     }
 
     /// Checks the signature and the deadline and returns the claims.
@@ -209,6 +222,7 @@ mod tests {
             memory_limit: 1 << 30,
             tenant: "alice".into(),
             gpus: vec![[1; 16], [2; 16]],
+            pkey: None,
         }
     }
 
@@ -227,5 +241,28 @@ mod tests {
         assert_eq!(from_hex(&to_hex(&t)), Some(t));
         assert_eq!(parse_key(b"00112233445566778899aabbccddeeff\n").map(|k| k.len()), Ok(16));
         assert!(parse_key(b"short").is_err());
+    }
+
+    #[test]
+    fn pkey_round_trips_and_is_signed() {
+        let key = b"0123456789abcdef0123456789abcdef";
+        let c = Claims { pkey: Some(0x8001), ..claims() };
+        let t = c.sign(key);
+        assert_eq!(t[0], VERSION_PKEY);
+        assert_eq!(Claims::verify(&t, key, 0), Ok(c.clone()));
+        assert_eq!(Claims::decode_unverified(&t).map(|c| c.pkey), Ok(Some(0x8001)));
+        // The key is covered by the MAC.
+        let mut forged = t.clone();
+        let at = t.len() - MAC_LEN - 2;
+        forged[at] ^= 0x02;
+        assert_eq!(Claims::verify(&forged, key, 0), Err(TokenError::BadSignature));
+        // Without a key: still version 1, byte for byte what older brokers wrote.
+        let old = claims().sign(key);
+        assert_eq!(old[0], VERSION);
+        assert_eq!(Claims::verify(&old, key, 0).map(|c| c.pkey), Ok(None));
+        // A version-2 token cut short of its key is malformed, not a panic.
+        let mut short = t[..t.len() - MAC_LEN - 1].to_vec();
+        short.extend_from_slice(&sign_bytes(key, &short));
+        assert!(matches!(Claims::verify(&short, key, 0), Err(TokenError::Malformed(_))));
     }
 }

@@ -45,6 +45,8 @@ static VTABLE: VerbsVtable = VerbsVtable {
     arm_cq,
     wait_cq,
     disconnect,
+    pkey_index,
+    set_pkey_index,
 };
 
 fn errno() -> i32 {
@@ -318,6 +320,47 @@ unsafe extern "C" fn local_info(ep: Ep, out: *mut RawEndpointInfo) -> i32 {
             }
             _ => -libc::EINVAL,
         }
+    })
+}
+
+unsafe extern "C" fn pkey_index(ep: Ep, pkey: u16, out: *mut u16) -> i32 {
+    guarded(|| unsafe {
+        let (Some(e), false) = (ep_ref(ep), out.is_null()) else { return -libc::EINVAL };
+        let mut pa: ibv_port_attr = std::mem::zeroed();
+        if ___ibv_query_port(e.ctx, e.port, &mut pa) != 0 {
+            return -errno().max(1);
+        }
+        // The whole table, in host order (ibv_query_pkey gives network order).
+        let mut table = Vec::with_capacity(pa.pkey_tbl_len as usize);
+        for i in 0..pa.pkey_tbl_len as c_int {
+            let mut k: u16 = 0;
+            if ibv_query_pkey(e.ctx, e.port, i, &mut k as *mut u16 as *mut _) != 0 {
+                return -errno().max(1);
+            }
+            table.push(u16::from_be(k));
+        }
+        match rgpu_transport::rdma::verbs::find_pkey_index(&table, pkey) {
+            Some(i) => {
+                *out = i;
+                0
+            }
+            None => -libc::ENOENT,
+        }
+    })
+}
+
+unsafe extern "C" fn set_pkey_index(ep: Ep, index: u16) -> i32 {
+    guarded(|| unsafe {
+        let Some(e) = ep_ref(ep) else { return -libc::EINVAL };
+        // INIT -> INIT may change the P_Key index (IB spec, QP state table).
+        let mut a: ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = index;
+        let mask = ibv_qp_attr_mask::IBV_QP_STATE | ibv_qp_attr_mask::IBV_QP_PKEY_INDEX;
+        if ibv_modify_qp(e.qp, &mut a, mask.0 as c_int) != 0 {
+            return -errno().max(1);
+        }
+        0
     })
 }
 

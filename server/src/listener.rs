@@ -174,6 +174,7 @@ async fn attach(
     // together (one budget per lease on this server), and restricts the
     // session to the token's GPUs.
     let admission = service.leases.admission(id);
+    let pkey = admission.as_ref().and_then(|a| a.pkey);
     let budget = admission.as_ref().and_then(|a| service.leases.budget(a));
     let backend = match service.backend.open_session(budget) {
         Ok(b) => b,
@@ -204,7 +205,7 @@ async fn attach(
         .name(format!("rgpu-session-{id:x}"))
         .spawn(move || {
             let _held = (permit, guard);
-            if let Some(transport) = crate::transport_select::upgrade(transport, rdma) {
+            if let Some(transport) = crate::transport_select::upgrade(transport, rdma, pkey) {
                 crate::session::serve(id, transport, state);
             }
             svc.sessions.detach(id);

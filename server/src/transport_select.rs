@@ -39,10 +39,12 @@ pub fn offered() -> Vec<&'static str> {
 
 /// Runs on the session's thread after the attach: answers an RDMA request
 /// (`asked`) and returns the data plane's transport, or None if the
-/// connection failed during the set-up.
-pub fn upgrade(t: TcpTransport, asked: bool) -> Option<DataTransport> {
+/// connection failed during the set-up. `pkey`: the InfiniBand partition
+/// the session's lease names; a client in another partition (or none) is
+/// refused RDMA and served over TCP, a warning in the log saying why.
+pub fn upgrade(t: TcpTransport, asked: bool, pkey: Option<u16>) -> Option<DataTransport> {
     let peer = rgpu_transport::Transport::peer(&t).to_string();
-    match selector().server_upgrade(t, asked) {
+    match selector().server_upgrade_in(t, asked, pkey) {
         Ok(t) => Some(t),
         Err(e) => {
             tracing::warn!(%peer, "data connection lost during RDMA set-up: {e}");

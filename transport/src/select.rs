@@ -22,7 +22,7 @@ use std::time::Duration;
 use thiserror::Error;
 use tracing::{info, warn};
 
-use crate::rdma::conn::{describe, RdmaConfig, RdmaError, RdmaTransport};
+use crate::rdma::conn::{describe, pkey_mismatch, RdmaConfig, RdmaError, RdmaTransport};
 use crate::rdma::verbs::{VerbsError, VerbsProvider};
 use crate::rdma::wire::{ConnInfo, CONN_INFO_LEN, SETUP_ACCEPT, SETUP_REFUSE, SETUP_READY};
 use crate::tcp::TcpTransport;
@@ -189,12 +189,20 @@ impl Selector {
 
     /// Client side, after the session is attached on a connection opened
     /// with [`Selector::preamble`]: sets up RDMA or stays on TCP.
-    pub fn client_upgrade(&self, mut tcp: TcpTransport) -> Result<DataTransport, SelectError> {
+    pub fn client_upgrade(&self, tcp: TcpTransport) -> Result<DataTransport, SelectError> {
+        self.client_upgrade_in(tcp, None)
+    }
+
+    /// [`Selector::client_upgrade`] for a session whose lease names the
+    /// InfiniBand partition `pkey`: the queue pair goes in that partition,
+    /// and a server in another one (or none) is not used over RDMA.
+    pub fn client_upgrade_in(&self, mut tcp: TcpTransport, pkey: Option<u16>) -> Result<DataTransport, SelectError> {
         let Some(provider) = self.provider.as_ref().filter(|_| self.wants_rdma()) else {
             return Ok(DataTransport::Tcp(tcp));
         };
         let timeouts = set_timeouts(&tcp, Some(SETUP_TIMEOUT));
-        let prepared = provider.open().map_err(RdmaError::from).and_then(|v| RdmaTransport::prepare(v, self.cfg));
+        let prepared =
+            provider.open().map_err(RdmaError::from).and_then(|v| RdmaTransport::prepare_in(v, self.cfg, pkey));
         let mut t = match prepared {
             Ok(t) => t,
             Err(e) => {
@@ -202,7 +210,7 @@ impl Selector {
                 // coming (an invalid message makes it refuse), then use TCP.
                 tcp.send(&[&[0u8; CONN_INFO_LEN]])?;
                 let _ = read_reply(&mut tcp)?;
-                return self.client_fallback(tcp, format!("cannot open the RDMA device ({e})"));
+                return self.client_fallback(tcp, format!("cannot set up an RDMA endpoint ({e})"));
             }
         };
         tcp.send(&[&t.local_info().encode()])?;
@@ -211,6 +219,12 @@ impl Selector {
             Err(why) => return self.client_fallback(tcp, format!("server refused RDMA: {why}")),
         };
         let peer = tcp.peer().to_string();
+        let ours = t.local_info().pkey;
+        if remote.pkey != ours {
+            tcp.send(&[&[SETUP_ABORT]])?;
+            warn!(%peer, "RDMA refused: {}", pkey_mismatch(ours, remote.pkey));
+            return self.client_fallback(tcp, format!("RDMA refused: {}", pkey_mismatch(ours, remote.pkey)));
+        }
         if let Err(e) = t.connect(remote, peer.clone()) {
             tcp.send(&[&[SETUP_ABORT]])?;
             return self.client_fallback(tcp, format!("cannot connect the queue pair ({e})"));
@@ -232,7 +246,20 @@ impl Selector {
 
     /// Server side, after attaching a session whose connection opened with
     /// [`RDMA_DATA_PREAMBLE`] (`asked`): answers the client's request.
-    pub fn server_upgrade(&self, mut tcp: TcpTransport, asked: bool) -> Result<DataTransport, SelectError> {
+    pub fn server_upgrade(&self, tcp: TcpTransport, asked: bool) -> Result<DataTransport, SelectError> {
+        self.server_upgrade_in(tcp, asked, None)
+    }
+
+    /// [`Selector::server_upgrade`] for a session admitted with a lease
+    /// that names the InfiniBand partition `pkey`: a client that names
+    /// another partition (or none) is refused back to TCP, and our queue
+    /// pair goes in that partition.
+    pub fn server_upgrade_in(
+        &self,
+        mut tcp: TcpTransport,
+        asked: bool,
+        pkey: Option<u16>,
+    ) -> Result<DataTransport, SelectError> {
         if !asked {
             return Ok(DataTransport::Tcp(tcp));
         }
@@ -251,7 +278,15 @@ impl Selector {
             return Ok(DataTransport::Tcp(tcp));
         };
         let peer = tcp.peer().to_string();
-        let setup = provider.open().map_err(RdmaError::from).and_then(|v| RdmaTransport::prepare(v, self.cfg));
+        let ours = pkey.unwrap_or(0);
+        if remote.pkey != ours {
+            let why = pkey_mismatch(ours, remote.pkey);
+            warn!(%peer, "RDMA refused: {why}; serving over TCP");
+            refuse(&mut tcp, &why)?;
+            return Ok(DataTransport::Tcp(tcp));
+        }
+        let setup =
+            provider.open().map_err(RdmaError::from).and_then(|v| RdmaTransport::prepare_in(v, self.cfg, pkey));
         let mut t = match setup {
             Ok(t) => t,
             Err(e) => {

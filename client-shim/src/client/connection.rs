@@ -107,7 +107,7 @@ impl Connection {
                 reason: format!("server refused the session (status {status})"),
             });
         }
-        let t = super::transport_select::upgrade(t).map_err(lost)?;
+        let t = super::transport_select::upgrade(t, session_id).map_err(lost)?;
         let shared = Arc::new(Shared {
             batch_started: Condvar::new(),
             state: Mutex::new(Inner {

@@ -136,6 +136,8 @@ async fn open_async(addr: &str, client_name: &str) -> Result<Hello, ClientError>
         let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
         let s = reply.get().map_err(|e| rpc_err(addr, e))?;
         let key = s.get_key().map_err(|e| rpc_err(addr, e))?.to_vec();
+        // The lease's InfiniBand partition, for the data connection's RDMA set-up.
+        super::transport_select::note_pkey(s.get_session_id(), token.as_ref().and_then(|(_, c)| c.pkey));
         Ok(Hello { server_name, backend, devices, session_id: s.get_session_id(), key })
     }
     .await;
@@ -169,6 +171,7 @@ fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, 
             memory_limit: 0,
             tenant: String::new(),
             gpus: Vec::new(),
+            pkey: None,
         });
         return Some((t, c));
     }

@@ -242,6 +242,8 @@ pub struct RdmaTransport {
     cache: RegCache,
     policy: PollPolicy,
     broken: Option<RdmaError>,
+    /// Our partition key (0: none), as sent in [`ConnInfo::pkey`].
+    pkey: u16,
     peer_closed: bool,
     stats: RdmaStats,
 }
@@ -250,7 +252,18 @@ impl RdmaTransport {
     /// Registers this end's rings on `verbs` and posts every receive; the
     /// result's [`RdmaTransport::local_info`] goes to the peer, whose answer
     /// goes to [`RdmaTransport::connect`].
-    pub fn prepare(mut verbs: Box<dyn Verbs>, cfg: RdmaConfig) -> Result<RdmaTransport, RdmaError> {
+    pub fn prepare(verbs: Box<dyn Verbs>, cfg: RdmaConfig) -> Result<RdmaTransport, RdmaError> {
+        RdmaTransport::prepare_in(verbs, cfg, None)
+    }
+
+    /// [`RdmaTransport::prepare`] with the queue pair in partition `pkey`
+    /// (the session's lease's P_Key; None: the port's default partition).
+    /// A key the port does not have is [`VerbsError::NoPkey`].
+    pub fn prepare_in(mut verbs: Box<dyn Verbs>, cfg: RdmaConfig, pkey: Option<u16>) -> Result<RdmaTransport, RdmaError> {
+        if let Some(k) = pkey {
+            let index = verbs.pkey_index(k)?;
+            verbs.set_pkey_index(index)?;
+        }
         let v = &mut *verbs;
         let recv = Region::new(v, cfg.recv_slots as usize * cfg.slot_size as usize, Access::LOCAL_WRITE)?;
         let staging_in = Region::new(
@@ -261,6 +274,7 @@ impl RdmaTransport {
         let mut t = RdmaTransport {
             verbs,
             cfg,
+            pkey: pkey.unwrap_or(0),
             peer: String::new(),
             side: None,
             shut: Arc::new(AtomicBool::new(false)),
@@ -309,6 +323,7 @@ impl RdmaTransport {
             staging_addr: self.staging_in.addr(0),
             staging_rkey: self.staging_in.mr.map(|m| m.rkey).unwrap_or(0),
             flags: if self.cfg.zero_copy { ConnInfo::ZERO_COPY } else { 0 },
+            pkey: self.pkey,
         }
     }
 
@@ -316,6 +331,9 @@ impl RdmaTransport {
     /// the send side by its rings.
     pub fn connect(&mut self, remote: ConnInfo, peer: String) -> Result<(), RdmaError> {
         remote.validate()?;
+        if remote.pkey != self.pkey {
+            return Err(RdmaError::Setup(pkey_mismatch(self.pkey, remote.pkey)));
+        }
         if self.remote.is_some() {
             return Err(RdmaError::Setup("already connected".into()));
         }
@@ -960,13 +978,20 @@ impl Drop for RdmaTransport {
     }
 }
 
-/// Whether a `ConnInfo` from the peer came from a transport of ours.
+/// Why two ends in different partitions do not connect.
+pub fn pkey_mismatch(ours: u16, theirs: u16) -> String {
+    let name = |k: u16| if k == 0 { "no P_Key".to_string() } else { format!("P_Key {k:#06x}") };
+    format!("partition mismatch: this end has {}, the peer {}", name(ours), name(theirs))
+}
+
+/// One line about a connection's set-up, for logs.
 pub fn describe(info: &ConnInfo) -> String {
     format!(
-        "qpn {:#x} lid {} mtu {} ring {}x{} B staging {}x{} KiB",
+        "qpn {:#x} lid {} mtu {} pkey {:#06x} ring {}x{} B staging {}x{} KiB",
         info.ep.qpn,
         info.ep.lid,
         info.ep.mtu,
+        info.pkey,
         info.recv_slots,
         info.slot_size,
         info.chunks,

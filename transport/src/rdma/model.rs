@@ -76,10 +76,14 @@ struct Ep {
     event: bool,
     fail_next: Option<WcStatus>,
     stats: ModelStats,
+    /// Index into the fabric's P_Key table (the port's).
+    pkey_index: u16,
 }
 
 struct State {
     cfg: ModelConfig,
+    /// The P_Key table every endpoint's port has (host byte order).
+    pkeys: Vec<u16>,
     eps: HashMap<u32, Ep>,
     mrs: HashMap<u32, Mr>,
     next_qpn: u32,
@@ -114,7 +118,7 @@ impl Fabric {
     pub fn new(cfg: ModelConfig) -> Fabric {
         Fabric {
             shared: Arc::new(Shared {
-                state: Mutex::new(State { cfg, eps: HashMap::new(), mrs: HashMap::new(), next_qpn: 0x100, next_key: 0x1000 }),
+                state: Mutex::new(State { cfg, pkeys: vec![0xffff], eps: HashMap::new(), mrs: HashMap::new(), next_qpn: 0x100, next_key: 0x1000 }),
                 cv: Condvar::new(),
             }),
         }
@@ -142,6 +146,7 @@ impl Fabric {
                 event: false,
                 fail_next: None,
                 stats: ModelStats::default(),
+                pkey_index: 0,
             },
         );
         ModelEndpoint { fabric: self.clone(), qpn, mtu: s.cfg.mtu }
@@ -154,6 +159,18 @@ impl Fabric {
         a.connect(&ib).expect("fresh model endpoints connect");
         b.connect(&ia).expect("fresh model endpoints connect");
         (a, b)
+    }
+
+    /// Sets the P_Key table of every port on the fabric (the default is
+    /// `[0xffff]`, the default partition only).
+    pub fn set_pkey_table(&self, table: Vec<u16>) {
+        self.lock().pkeys = table;
+    }
+
+    /// The P_Key an endpoint's queue pair is in.
+    pub fn pkey_of(&self, qpn: u32) -> Option<u16> {
+        let s = self.lock();
+        s.eps.get(&qpn).and_then(|e| s.pkeys.get(e.pkey_index as usize).copied())
     }
 
     pub fn inject(&self, qpn: u32, fault: Fault) {
@@ -276,6 +293,24 @@ impl Verbs for ModelEndpoint {
         let mut gid = [0u8; 16];
         gid[..4].copy_from_slice(&self.qpn.to_be_bytes());
         EndpointInfo { qpn: self.qpn, psn: self.qpn.wrapping_mul(2654435761) & 0xff_ffff, lid: 1, gid, mtu: self.mtu }
+    }
+
+    fn pkey_index(&self, pkey: u16) -> Result<u16, VerbsError> {
+        let s = self.fabric.lock();
+        find_pkey_index(&s.pkeys, pkey).ok_or(VerbsError::NoPkey { pkey, port: 1 })
+    }
+
+    fn set_pkey_index(&mut self, index: u16) -> Result<(), VerbsError> {
+        let mut s = self.fabric.lock();
+        if index as usize >= s.pkeys.len() {
+            return Err(VerbsError::Invalid { op: "modify_qp(INIT)", msg: format!("P_Key index {index} out of range") });
+        }
+        let ep = s.eps.get_mut(&self.qpn).ok_or(VerbsError::QpError)?;
+        if ep.state != QpState::Init {
+            return Err(VerbsError::Invalid { op: "modify_qp(INIT)", msg: "queue pair already connected".into() });
+        }
+        ep.pkey_index = index;
+        Ok(())
     }
 
     fn connect(&mut self, remote: &EndpointInfo) -> Result<(), VerbsError> {
@@ -462,6 +497,13 @@ fn execute(s: &mut State, me: u32, wr_id: u64, wr: &WorkRequest) -> Result<WcSta
         // The peer is gone or broken: an RC sender sees its retries run out.
         _ => return Ok(WcStatus::RetryExceeded),
     };
+    // Ports drop packets of another partition (or between two limited
+    // members): to the sender that is a peer that never answers.
+    let key = |q: u32| s.eps.get(&q).and_then(|e| s.pkeys.get(e.pkey_index as usize).copied()).unwrap_or(0);
+    let (mine, theirs) = (key(me), key(peer));
+    if mine & PKEY_PARTITION != theirs & PKEY_PARTITION || (mine | theirs) & !PKEY_PARTITION == 0 {
+        return Ok(WcStatus::RetryExceeded);
+    }
     match *wr {
         WorkRequest::Send { local } => {
             if !check_local(s, me, &local, Access(0)) {

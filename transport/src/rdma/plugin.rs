@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use super::verbs::*;
 
-pub const ABI_VERSION: u32 = 1;
+/// 2: `pkey_index` and `set_pkey_index` (P_Keys per tenant).
+pub const ABI_VERSION: u32 = 2;
 pub const ENTRY_SYMBOL: &str = "rgpu_rdma_plugin_v1";
 /// File name of the plugin library.
 pub const LIBRARY_NAME: &str = "librgpu_rdma_plugin.so";
@@ -137,6 +138,11 @@ pub struct VerbsVtable {
     /// 1: event, 0: timeout, or -errno.
     pub wait_cq: unsafe extern "C" fn(ep: Ep, timeout_ms: u32) -> i32,
     pub disconnect: unsafe extern "C" fn(ep: Ep),
+    /// Writes the index of `pkey` in the port's P_Key table to `out`;
+    /// -ENOENT if the port is not in that partition.
+    pub pkey_index: unsafe extern "C" fn(ep: Ep, pkey: u16, out: *mut u16) -> i32,
+    /// INIT -> INIT with that P_Key index (before `connect`).
+    pub set_pkey_index: unsafe extern "C" fn(ep: Ep, index: u16) -> i32,
 }
 
 pub type EntryFn = unsafe extern "C" fn() -> *const VerbsVtable;
@@ -356,7 +362,7 @@ impl VerbsProvider for PluginProvider {
             unsafe { (self.plugin.vt.close)(ep) };
             return Err(e);
         }
-        Ok(Box::new(PluginVerbs { plugin: self.plugin.clone(), ep, info }))
+        Ok(Box::new(PluginVerbs { plugin: self.plugin.clone(), ep, info, port: self.port.max(1) }))
     }
 }
 
@@ -365,6 +371,7 @@ pub struct PluginVerbs {
     plugin: Arc<Plugin>,
     ep: Ep,
     info: RawEndpointInfo,
+    port: u8,
 }
 
 // SAFETY: an endpoint is used by one thread at a time (&mut self), and the
@@ -381,6 +388,21 @@ impl Drop for PluginVerbs {
 impl Verbs for PluginVerbs {
     fn local_info(&self) -> EndpointInfo {
         EndpointInfo { qpn: self.info.qpn, psn: self.info.psn, lid: self.info.lid, gid: self.info.gid, mtu: self.info.mtu }
+    }
+
+    fn pkey_index(&self, pkey: u16) -> Result<u16, VerbsError> {
+        let mut out = 0u16;
+        // SAFETY: ep is live; out is writable.
+        let rc = unsafe { (self.plugin.vt.pkey_index)(self.ep, pkey, &mut out) };
+        if rc == -libc::ENOENT {
+            return Err(VerbsError::NoPkey { pkey, port: self.port });
+        }
+        check("ibv_query_pkey", rc).map(|_| out)
+    }
+
+    fn set_pkey_index(&mut self, index: u16) -> Result<(), VerbsError> {
+        // SAFETY: ep is live.
+        check("modify_qp(INIT)", unsafe { (self.plugin.vt.set_pkey_index)(self.ep, index) }).map(drop)
     }
 
     fn connect(&mut self, r: &EndpointInfo) -> Result<(), VerbsError> {

@@ -511,3 +511,142 @@ fn rdma_error_maps_to_io_error_kinds() {
     let e: std::io::Error = RdmaError::Completion { op: "send", status: WcStatus::RetryExceeded }.into();
     assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
 }
+
+// ---- partitions (P_Keys per tenant) ------------------------------------
+
+fn partitioned_fabric() -> Fabric {
+    let f = fabric();
+    // Default partition, tenant A (full member), tenant B (limited member).
+    f.set_pkey_table(vec![0xffff, 0x8001, 0x0002]);
+    f
+}
+
+fn upgrade_in(
+    client: Selector,
+    cpkey: Option<u16>,
+    server: Selector,
+    spkey: Option<u16>,
+) -> (Result<DataTransport, String>, Result<DataTransport, String>) {
+    let (c, s) = tcp_pair();
+    let st = thread::spawn(move || server.server_upgrade_in(s, true, spkey).map_err(|e| e.to_string()));
+    let ct = client.client_upgrade_in(c, cpkey).map_err(|e| e.to_string());
+    (ct, st.join().unwrap())
+}
+
+#[test]
+fn pkey_index_lookup_prefers_exact_then_partition() {
+    use super::verbs::find_pkey_index;
+    let table = [0xffff, 0x0001, 0x8001, 0x0002];
+    assert_eq!(find_pkey_index(&table, 0x8001), Some(2));
+    assert_eq!(find_pkey_index(&table, 0x0001), Some(1));
+    assert_eq!(find_pkey_index(&table, 0x8002), Some(3), "same partition, limited membership");
+    assert_eq!(find_pkey_index(&table, 0x8003), None);
+    assert_eq!(find_pkey_index(&table, 0x8000), None, "invalid key");
+    assert_eq!(find_pkey_index(&[], 0xffff), None);
+}
+
+#[test]
+fn matching_pkeys_connect_in_that_partition() {
+    let f = partitioned_fabric();
+    let (ea, eb) = (f.endpoint(), f.endpoint());
+    let (qa, qb) = (ea.qpn(), eb.qpn());
+    let mut a = RdmaTransport::prepare_in(Box::new(ea), small(), Some(0x8001)).unwrap();
+    let mut b = RdmaTransport::prepare_in(Box::new(eb), small(), Some(0x8001)).unwrap();
+    assert_eq!((f.pkey_of(qa), f.pkey_of(qb)), (Some(0x8001), Some(0x8001)));
+    let (ia, ib) = (a.local_info(), b.local_info());
+    assert_eq!((ia.pkey, ib.pkey), (0x8001, 0x8001));
+    a.connect(ib, "b".into()).unwrap();
+    b.connect(ia, "a".into()).unwrap();
+    within(move || {
+        a.send(&[b"in partition 1", &pattern(20_000, 3)]).unwrap();
+        let mut got = vec![0u8; 14 + 20_000];
+        b.recv_exact(&mut got).unwrap();
+        assert_eq!(&got[..14], b"in partition 1");
+        assert!(got[14..] == pattern(20_000, 3)[..]);
+    });
+
+    // And over the set-up exchange, with both sessions' leases naming it.
+    let (c, s) = upgrade_in(model_selector(Mode::Rdma, &f), Some(0x8001), model_selector(Mode::Auto, &f), Some(0x8001));
+    assert_eq!((c.unwrap().kind(), s.unwrap().kind()), ("rdma", "rdma"));
+}
+
+#[test]
+fn mismatched_pkeys_refuse_rdma() {
+    let f = partitioned_fabric();
+    // auto: both ends carry on over TCP.
+    let (c, s) = upgrade_in(model_selector(Mode::Auto, &f), Some(0x0002), model_selector(Mode::Auto, &f), Some(0x8001));
+    let (mut c, mut s) = (c.unwrap(), s.unwrap());
+    assert_eq!((c.kind(), s.kind()), ("tcp", "tcp"));
+    c.send(&[b"over tcp"]).unwrap();
+    let mut got = [0u8; 8];
+    s.recv_exact(&mut got).unwrap();
+    assert_eq!(&got, b"over tcp");
+    drop((c, s));
+    assert_eq!(f.live_registrations(), 0, "both unused endpoints were torn down");
+
+    // rdma: the client fails, and says why.
+    let (c, s) = upgrade_in(model_selector(Mode::Rdma, &f), None, model_selector(Mode::Auto, &f), Some(0x8001));
+    let e = c.err().expect("rdma is required");
+    assert!(e.contains("partition mismatch"), "{e}");
+    assert_eq!(s.unwrap().kind(), "tcp");
+
+    // A client with a key and a server without one: refused as well.
+    let (c, s) = upgrade_in(model_selector(Mode::Rdma, &f), Some(0x8001), model_selector(Mode::Auto, &f), None);
+    assert!(c.err().expect("refused").contains("partition mismatch"));
+    assert_eq!(s.unwrap().kind(), "tcp");
+
+    // Directly: connect refuses a peer of another partition.
+    let mut a = RdmaTransport::prepare_in(Box::new(f.endpoint()), small(), Some(0x8001)).unwrap();
+    let b = RdmaTransport::prepare(Box::new(f.endpoint()), small()).unwrap();
+    match a.connect(b.local_info(), "b".into()) {
+        Err(RdmaError::Setup(why)) => assert!(why.contains("partition mismatch"), "{why}"),
+        o => panic!("expected a set-up error, got {:?}", o.map(|_| ())),
+    }
+}
+
+#[test]
+fn pkey_absent_from_the_port_table_is_an_error() {
+    let f = partitioned_fabric();
+    match RdmaTransport::prepare_in(Box::new(f.endpoint()), small(), Some(0x8007)) {
+        Err(RdmaError::Verbs(super::verbs::VerbsError::NoPkey { pkey: 0x8007, .. })) => {}
+        o => panic!("expected NoPkey, got {:?}", o.map(|_| ())),
+    }
+    assert_eq!(f.live_registrations(), 0);
+    // Through the set-up: the server has no such partition, so it refuses;
+    // an auto client stays on TCP, a required one fails with the reason.
+    let (c, s) = upgrade_in(model_selector(Mode::Auto, &f), Some(0x8007), model_selector(Mode::Auto, &f), Some(0x8007));
+    assert_eq!((c.unwrap().kind(), s.unwrap().kind()), ("tcp", "tcp"));
+    let (c, s) = upgrade_in(model_selector(Mode::Rdma, &f), Some(0x8007), model_selector(Mode::Auto, &f), Some(0x8007));
+    let e = c.err().expect("rdma is required");
+    assert!(e.contains("P_Key 0x8007"), "{e}");
+    assert_eq!(s.unwrap().kind(), "tcp");
+}
+
+#[test]
+fn model_drops_traffic_between_partitions() {
+    // Below the set-up check: two queue pairs in different partitions that
+    // were connected anyway see their sends time out, as on a fabric.
+    use super::verbs::{Access, Verbs, WorkRequest};
+    let f = partitioned_fabric();
+    let (mut a, mut b) = (f.endpoint(), f.endpoint());
+    a.set_pkey_index(1).unwrap();
+    b.set_pkey_index(2).unwrap();
+    let (ia, ib) = (a.local_info(), b.local_info());
+    a.connect(&ib).unwrap();
+    b.connect(&ia).unwrap();
+    assert!(a.set_pkey_index(0).is_err(), "only before connect");
+    let mut buf = vec![0u8; 64];
+    let mr = unsafe { a.reg_mr(buf.as_mut_ptr(), buf.len(), Access::LOCAL_WRITE) }.unwrap();
+    a.post_send(1, &WorkRequest::Send { local: mr.sge(mr.addr, 64) }).unwrap();
+    let mut out = [super::verbs::Completion::EMPTY; 4];
+    let mut n = 0;
+    for _ in 0..100 {
+        n = a.poll_cq(&mut out).unwrap();
+        if n > 0 {
+            break;
+        }
+    }
+    assert_eq!(n, 1);
+    assert_eq!(out[0].status, WcStatus::RetryExceeded);
+    a.dereg_mr(&mr).unwrap();
+}

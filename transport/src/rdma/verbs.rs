@@ -149,6 +149,8 @@ pub enum VerbsError {
     Invalid { op: &'static str, msg: String },
     #[error("queue pair is in the error state")]
     QpError,
+    #[error("P_Key {pkey:#06x} is not in the P_Key table of port {port}")]
+    NoPkey { pkey: u16, port: u8 },
 }
 
 impl VerbsError {
@@ -165,6 +167,16 @@ impl VerbsError {
 pub trait Verbs: Send {
     /// Our side of the connection, to send to the peer.
     fn local_info(&self) -> EndpointInfo;
+
+    /// The index of the partition key `pkey` in this endpoint's port's
+    /// P_Key table ([`find_pkey_index`] over the table); a key the port
+    /// does not have is [`VerbsError::NoPkey`].
+    fn pkey_index(&self, pkey: u16) -> Result<u16, VerbsError>;
+
+    /// Puts the queue pair (still in INIT, before [`Verbs::connect`]) in the
+    /// partition at `index` of the port's P_Key table. Without a call it
+    /// uses index 0, the port's default partition.
+    fn set_pkey_index(&mut self, index: u16) -> Result<(), VerbsError>;
 
     /// Moves the queue pair to ready-to-send against `remote`.
     fn connect(&mut self, remote: &EndpointInfo) -> Result<(), VerbsError>;
@@ -196,6 +208,28 @@ pub trait Verbs: Send {
     /// Moves the queue pair to the error state: outstanding work completes
     /// as flushed and the peer's next operation fails. Idempotent.
     fn disconnect(&mut self);
+}
+
+/// The low 15 bits of a P_Key: the partition. The top bit is membership
+/// (1: full, 0: limited).
+pub const PKEY_PARTITION: u16 = 0x7fff;
+
+/// Whether `pkey` names a partition (0x0000 and 0x8000 are invalid keys).
+pub fn pkey_is_valid(pkey: u16) -> bool {
+    pkey & PKEY_PARTITION != 0
+}
+
+/// The index in a port's P_Key `table` (host byte order) to use for
+/// `pkey`: an entry of the same partition, an exact match (membership
+/// included) first, else the first of that partition. None: the port is not
+/// in that partition, or `pkey` is invalid.
+pub fn find_pkey_index(table: &[u16], pkey: u16) -> Option<u16> {
+    if !pkey_is_valid(pkey) {
+        return None;
+    }
+    let same = |k: &u16| k & PKEY_PARTITION == pkey & PKEY_PARTITION;
+    let at = table.iter().position(|&k| k == pkey).or_else(|| table.iter().position(same))?;
+    u16::try_from(at).ok()
 }
 
 /// Opens endpoints: one per connection.

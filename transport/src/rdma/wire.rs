@@ -22,6 +22,8 @@ pub enum WireError {
     BadRing(&'static str),
     #[error("message header kind {0} is unknown")]
     BadKind(u8),
+    #[error("P_Key {0:#06x} is not a valid partition key")]
+    BadPkey(u16),
 }
 
 /// Everything one end tells the other to connect: its queue pair, its
@@ -39,6 +41,11 @@ pub struct ConnInfo {
     pub staging_rkey: u32,
     /// Bit 0: this end may advertise its own buffers for the peer to READ.
     pub flags: u32,
+    /// The InfiniBand partition this end's queue pair is in, from the
+    /// session's lease; 0: none named (the port's default partition). Both
+    /// ends must name the same one. (Bytes 68..70, zero in set-up messages
+    /// from before P_Keys, which therefore read as "none".)
+    pub pkey: u16,
 }
 
 impl ConnInfo {
@@ -60,6 +67,7 @@ impl ConnInfo {
         b[52..60].copy_from_slice(&self.staging_addr.to_le_bytes());
         b[60..64].copy_from_slice(&self.staging_rkey.to_le_bytes());
         b[64..68].copy_from_slice(&self.flags.to_le_bytes());
+        b[68..70].copy_from_slice(&self.pkey.to_le_bytes());
         b
     }
 
@@ -87,6 +95,7 @@ impl ConnInfo {
             staging_addr: u64::from_le_bytes(b[52..60].try_into().unwrap_or([0; 8])),
             staging_rkey: u32_at(60),
             flags: u32_at(64),
+            pkey: u16_at(68),
         };
         info.validate()?;
         Ok(info)
@@ -105,6 +114,9 @@ impl ConnInfo {
         }
         if !(256..=4096).contains(&self.ep.mtu) {
             return Err(WireError::BadRing("MTU outside 256..4096"));
+        }
+        if self.pkey != 0 && !super::verbs::pkey_is_valid(self.pkey) {
+            return Err(WireError::BadPkey(self.pkey));
         }
         Ok(())
     }
@@ -227,6 +239,7 @@ mod tests {
             staging_addr: 0x7f00_dead_0000,
             staging_rkey: 0xabcd,
             flags: ConnInfo::ZERO_COPY,
+            pkey: 0x8001,
         }
     }
 
@@ -245,6 +258,12 @@ mod tests {
         assert!(matches!(ConnInfo::decode(&bad.encode()), Err(WireError::BadRing(_))));
         let bad = ConnInfo { chunk_size: 1 << 30, ..i };
         assert!(matches!(ConnInfo::decode(&bad.encode()), Err(WireError::BadRing(_))));
+        let bad = ConnInfo { pkey: 0x8000, ..i };
+        assert_eq!(ConnInfo::decode(&bad.encode()), Err(WireError::BadPkey(0x8000)));
+        // Messages from before P_Keys had zeros there: no partition named.
+        let mut b = i.encode();
+        b[68..70].copy_from_slice(&[0, 0]);
+        assert_eq!(ConnInfo::decode(&b).map(|c| c.pkey), Ok(0));
     }
 
     #[test]
