@@ -63,6 +63,14 @@ pub struct Args {
     /// device) or auto (RDMA for clients that ask, when available) [default: auto].
     #[arg(long, env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto")]
     pub transport: Option<rgpu_transport::select::Mode>,
+    /// RDMA: send bulk replies zero-copy (the client RDMA-READs them from
+    /// this server's buffers, registered once and cached) instead of
+    /// through the staging ring. Opt-in.
+    #[arg(long, env = "RGPU_SERVER_RDMA_ZERO_COPY", value_parser = clap::builder::BoolishValueParser::new())]
+    pub rdma_zero_copy: bool,
+    /// RDMA: receive-ring slots (8 KiB each) per connection, 4..=4096 [default: 64].
+    #[arg(long, env = "RGPU_SERVER_RDMA_RING_SLOTS", value_name = "N")]
+    pub rdma_ring_slots: Option<u16>,
     /// Pool broker to register with and heartbeat (host:port).
     #[arg(long, env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
     pub broker: Option<String>,
@@ -289,6 +297,15 @@ mod tests {
         assert!(parse_size("12XB").is_err());
         assert!(parse_size("GiB").is_err());
         assert!(parse_size("99999999999TiB").is_err());
+    }
+
+    #[test]
+    fn rdma_knobs_are_flags() {
+        let a = Args::try_parse_from(["rgpu-server", "--rdma-zero-copy", "--rdma-ring-slots", "128"]).unwrap();
+        assert_eq!((a.rdma_zero_copy, a.rdma_ring_slots), (true, Some(128)));
+        let a = Args::try_parse_from(["rgpu-server"]).unwrap();
+        assert_eq!((a.rdma_zero_copy, a.rdma_ring_slots), (false, None));
+        assert!(Args::try_parse_from(["rgpu-server", "--rdma-ring-slots", "70000"]).is_err());
     }
 
     #[test]

@@ -28,7 +28,10 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    rgpu_server::transport_select::init(args.transport.unwrap_or_default())?;
+    let rdma = rgpu_transport::rdma::RdmaConfig::with_knobs(args.rdma_zero_copy, args.rdma_ring_slots)
+        .map_err(anyhow::Error::msg)
+        .context("--rdma-ring-slots")?;
+    rgpu_server::transport_select::init(args.transport.unwrap_or_default(), rdma)?;
     let mut config = Config::load(args)?;
     // Bind first: the sim's device UUIDs default to being derived from the
     // address, so that two servers on one host never show the same device.

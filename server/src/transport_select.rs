@@ -15,10 +15,11 @@ use rgpu_transport::tcp::TcpTransport;
 
 static SELECTOR: OnceLock<Selector> = OnceLock::new();
 
-/// Decides the transport for this process. Without a call (the library in
+/// Decides the transport for this process, with the RDMA settings `cfg`
+/// (`--rdma-zero-copy`, `--rdma-ring-slots`). Without a call (the library in
 /// tests), clients asking for RDMA are answered over TCP.
-pub fn init(mode: Mode) -> anyhow::Result<()> {
-    let s = Selector::new(mode, RdmaConfig::default())?;
+pub fn init(mode: Mode, cfg: RdmaConfig) -> anyhow::Result<()> {
+    let s = Selector::new(mode, cfg)?;
     let _ = SELECTOR.set(s);
     Ok(())
 }

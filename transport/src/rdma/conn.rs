@@ -116,6 +116,28 @@ impl Default for RdmaConfig {
     }
 }
 
+impl RdmaConfig {
+    /// Fewest and most receive-ring slots [`RdmaConfig::with_knobs`] takes.
+    pub const RING_SLOTS: std::ops::RangeInclusive<u16> = 4..=4096;
+
+    /// The defaults with the knobs a deployment sets (server flags, shim
+    /// environment): zero-copy bulk sends, and the receive-ring size.
+    pub fn with_knobs(zero_copy: bool, ring_slots: Option<u16>) -> Result<RdmaConfig, String> {
+        let mut c = RdmaConfig { zero_copy, ..RdmaConfig::default() };
+        if let Some(n) = ring_slots {
+            if !Self::RING_SLOTS.contains(&n) {
+                return Err(format!(
+                    "RDMA ring slots {n} outside {}..={}",
+                    Self::RING_SLOTS.start(),
+                    Self::RING_SLOTS.end()
+                ));
+            }
+            c.recv_slots = n;
+        }
+        Ok(c)
+    }
+}
+
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum RdmaError {
     #[error(transparent)]

@@ -505,6 +505,33 @@ fn auto_on_a_host_without_rdma_falls_back_to_tcp() {
 }
 
 #[test]
+fn knobs_set_zero_copy_and_ring_size() {
+    let c = RdmaConfig::with_knobs(true, Some(256)).unwrap();
+    assert!(c.zero_copy);
+    assert_eq!(c.recv_slots, 256);
+    assert_eq!(RdmaConfig::with_knobs(false, None).unwrap().recv_slots, RdmaConfig::default().recv_slots);
+    assert!(RdmaConfig::with_knobs(false, Some(3)).unwrap_err().contains("4..=4096"));
+    assert!(RdmaConfig::with_knobs(false, Some(5000)).is_err());
+    // Both ends with the knobs set still talk, in both directions.
+    let f = fabric();
+    let (mut a, mut b, _, _) = connect(&f, RdmaConfig::with_knobs(true, Some(4)).unwrap(), RdmaConfig::with_knobs(true, Some(512)).unwrap());
+    within(move || {
+        let t = thread::spawn(move || {
+            let mut got = vec![0u8; 3 << 20];
+            b.recv_exact(&mut got).unwrap();
+            assert!(got == pattern(3 << 20, 9));
+            b.send(&[b"ok"]).unwrap();
+        });
+        a.send(&[&pattern(3 << 20, 9)]).unwrap();
+        let mut ok = [0u8; 2];
+        a.recv_exact(&mut ok).unwrap();
+        assert_eq!(&ok, b"ok");
+        assert!(a.stats().read_requests > 0, "zero-copy: the bulk went by READ");
+        t.join().unwrap();
+    });
+}
+
+#[test]
 fn rdma_error_maps_to_io_error_kinds() {
     let e: std::io::Error = RdmaError::Disconnected("x".into()).into();
     assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
