@@ -265,23 +265,42 @@ impl Rng {
     }
 }
 
-/// The published sampling: pods drawn with replacement until their GPU
-/// demand reaches `ratio` x the cluster's GPUs, kept in trace order.
+/// The published workload, as the paper's simulator builds it
+/// (`SortClusterPods` with `--shuffle-pod=true`, then
+/// `TunePodsByNodeTotalResource`): every pod of the trace once, in a seeded
+/// random order; then, while the GPU demand is below `ratio` x the cluster's
+/// GPUs, pods drawn with replacement are appended, stopping before the one
+/// that would pass the target; when the whole trace already asks for more,
+/// random pods are dropped until it does not. Returns indices into `pods`
+/// in arrival order.
 pub fn sample(pods: &[Pod], capacity_milli: u64, ratio: f64, seed: u64) -> Vec<usize> {
-    let want = (capacity_milli as f64 * ratio).ceil() as u64;
+    let want = capacity_milli as f64 * ratio;
     let mut rng = Rng::new(seed);
-    let mut picked = Vec::new();
-    let mut total = 0u64;
-    if pods.iter().all(|p| p.gpu_demand() == 0) {
-        return picked;
+    if pods.is_empty() || pods.iter().all(|p| p.gpu_demand() == 0) {
+        return Vec::new();
     }
-    while total < want {
+    let mut order: Vec<usize> = (0..pods.len()).collect();
+    for i in (1..order.len()).rev() {
+        let j = rng.below(i + 1);
+        order.swap(i, j);
+    }
+    let mut total: u64 = pods.iter().map(Pod::gpu_demand).sum();
+    if total as f64 > want {
+        while total as f64 > want && !order.is_empty() {
+            let k = rng.below(order.len());
+            total -= pods[order.remove(k)].gpu_demand();
+        }
+        return order;
+    }
+    loop {
         let i = rng.below(pods.len());
+        if (total + pods[i].gpu_demand()) as f64 > want {
+            break;
+        }
         total += pods[i].gpu_demand();
-        picked.push(i);
+        order.push(i);
     }
-    picked.sort_unstable();
-    picked
+    order
 }
 
 /// One static run: allocation ratio (0..1) at each whole percent of arrived

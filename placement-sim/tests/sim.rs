@@ -36,14 +36,32 @@ fn crafted() -> (Vec<Node>, Vec<Pod>) {
 }
 
 #[test]
-fn sampling_reaches_the_demand_in_trace_order() {
+fn sampling_is_the_papers_shuffled_trace_then_draws() {
     let (nodes, pods) = crafted();
-    let cap: u64 = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+    // The crafted trace asks for 980 GPUs: a 1,000-GPU cluster needs draws.
+    let cap = 1_000_000u64;
     let s = sample(&pods, cap, 1.3, 42);
-    assert!(s.windows(2).all(|w| w[0] <= w[1]));
+    // Every pod of the trace once, first, in a shuffled (not trace) order.
+    let mut head: Vec<usize> = s[..pods.len()].to_vec();
+    assert_ne!(head, (0..pods.len()).collect::<Vec<_>>(), "shuffled");
+    head.sort_unstable();
+    assert_eq!(head, (0..pods.len()).collect::<Vec<_>>(), "each trace pod once");
+    // Then draws up to, not past, 1.3x; the next draw would have passed it.
     let total: u64 = s.iter().map(|&i| pods[i].gpu_demand()).sum();
-    assert!(total >= cap * 13 / 10);
+    assert!(total <= cap * 13 / 10, "{total} <= {}", cap * 13 / 10);
+    assert!(total + 1000 * 8 > cap * 13 / 10, "{total} close to the target");
+    assert!(s.len() > pods.len());
     assert_eq!(s, sample(&pods, cap, 1.3, 42), "seeded");
+    assert_ne!(s, sample(&pods, cap, 1.3, 43));
+    // A trace asking for more than the target loses random pods instead.
+    let small_cap: u64 = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+    let small = sample(&pods, small_cap, 1.3, 42);
+    let t: u64 = small.iter().map(|&i| pods[i].gpu_demand()).sum();
+    assert!(t <= small_cap * 13 / 10 && small.len() < pods.len());
+    // Nothing to place: nothing sampled, no endless loop.
+    let cpu_only: Vec<_> = pods.iter().cloned().map(|mut p| { p.num_gpu = 0; p.gpu_milli = 0; p }).collect();
+    assert!(sample(&cpu_only, cap, 1.3, 42).is_empty());
+    assert!(sample(&[], cap, 1.3, 42).is_empty());
 }
 
 #[test]
