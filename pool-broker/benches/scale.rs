@@ -29,6 +29,7 @@ fn main() {
         key_file: Some(dir.join("key")),
         create_key: true,
         threads: Some(2),
+        placement: std::env::var("RGPU_BROKER_PLACEMENT").ok(),
         ..Args::default()
     })
     .expect("config");

@@ -53,9 +53,40 @@ pub struct Args {
     /// Threads serving RPC connections [default: 2].
     #[arg(long, env = "RGPU_BROKER_THREADS", value_name = "N")]
     pub threads: Option<usize>,
+    /// Placement policy: `fgd-pack` (fragmentation gradient descent with
+    /// packing ties, learning the request mix; see docs/placement.md) or
+    /// `simple` (best fit by memory, fewest free whole GPUs) [default: fgd-pack].
+    #[arg(long, env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
+    pub placement: Option<String>,
     /// TOML file with any of the settings above and tenant policies.
     #[arg(long, env = "RGPU_BROKER_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
+}
+
+/// The broker's placement policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// [`crate::policies::Fgd::learning`].
+    FgdPack,
+    /// [`crate::placement::FragmentationAware`].
+    Simple,
+}
+
+impl Placement {
+    pub fn parse(s: &str) -> anyhow::Result<Placement> {
+        match s {
+            "fgd-pack" => Ok(Placement::FgdPack),
+            "simple" => Ok(Placement::Simple),
+            _ => bail!("unknown placement policy {s:?}: expected fgd-pack or simple"),
+        }
+    }
+
+    pub fn policy(self) -> Box<dyn crate::placement::Policy> {
+        match self {
+            Placement::FgdPack => Box::new(crate::policies::Fgd::learning()),
+            Placement::Simple => Box::new(crate::placement::FragmentationAware),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -69,6 +100,7 @@ struct FileConfig {
     default_ttl_ms: Option<u64>,
     reserve_after_ms: Option<u64>,
     threads: Option<usize>,
+    placement: Option<String>,
     #[serde(default)]
     tenants: HashMap<String, FileTenant>,
 }
@@ -92,6 +124,7 @@ pub struct Config {
     pub admin_key_file: Option<PathBuf>,
     pub limits: Limits,
     pub threads: usize,
+    pub placement: Placement,
     pub tenants: HashMap<String, TenantPolicy>,
 }
 
@@ -140,6 +173,7 @@ impl Config {
             admin_key_file: args.admin_key_file.or(file.admin_key_file),
             limits,
             threads: args.threads.or(file.threads).unwrap_or(2).max(1),
+            placement: Placement::parse(args.placement.or(file.placement).as_deref().unwrap_or("fgd-pack"))?,
             tenants,
         })
     }
@@ -236,6 +270,23 @@ mod tests {
         assert!(format!("{e:#}").contains("pkey"), "{e:#}");
         std::fs::write(&p, "[tenants.alice]\npkey = 0x18001\n").unwrap();
         assert!(Config::load(Args { config: Some(p.clone()), ..Args::default() }).is_err(), "wider than 16 bits");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn placement_defaults_to_fgd_pack_and_the_flag_wins() {
+        let dir = std::env::temp_dir().join(format!("rgpu-broker-place-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("b.toml");
+        assert_eq!(Config::load(Args::default()).unwrap().placement, Placement::FgdPack);
+        std::fs::write(&p, "placement = \"simple\"\n").unwrap();
+        assert_eq!(Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap().placement, Placement::Simple);
+        let c = Config::load(Args { config: Some(p.clone()), placement: Some("fgd-pack".into()), ..Args::default() }).unwrap();
+        assert_eq!(c.placement, Placement::FgdPack, "flags win over the file");
+        std::fs::write(&p, "placement = \"tetris\"\n").unwrap();
+        let e = Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap_err();
+        assert!(format!("{e:#}").contains("tetris"), "{e:#}");
+        assert_eq!(Placement::FgdPack.policy().name(), "fgd-pack");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

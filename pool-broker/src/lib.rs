@@ -23,7 +23,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::placement::FragmentationAware;
 use crate::state::State;
 
 /// Opens the store, restores the state and builds the service.
@@ -44,10 +43,10 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
     }
     let store = store::Store::open(&config.data_dir)?;
     let loaded = store.load()?;
-    let mut state = State::new(config.limits.clone(), config.tenants.clone(), Box::new(FragmentationAware));
+    let mut state = State::new(config.limits.clone(), config.tenants.clone(), config.placement.policy());
     let (servers, leases) = (loaded.servers.len(), loaded.leases.len());
     state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
-    tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), "state restored");
+    tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
     let writer = store::spawn_writer(store).context("cannot start the store writer")?;
     Ok(service::Service::new(state, writer, key, admin_key, config.data_dir.display().to_string()))
 }

@@ -120,6 +120,13 @@ pub trait Policy: Send + Sync {
     fn score_unit_in(&self, _cx: &Context, _servers: &[Server], _members: &[usize], unit: &Unit, demand: &Demand) -> i64 {
         self.score_unit(unit, demand)
     }
+    /// True when two GPUs of one server in the same state (free compute and
+    /// memory, model, health) always score the same, so [`place_in`] may
+    /// score the first of them only. Default: false (a policy may tell
+    /// equal GPUs apart, e.g. at random).
+    fn equal_gpus_score_equal(&self) -> bool {
+        false
+    }
 }
 
 /// Host resources (CPU, memory) beside the GPUs.
@@ -233,12 +240,18 @@ fn place_fraction(
         if !eligible(s) {
             continue;
         }
+        let dedupe = policy.equal_gpus_score_equal();
         for (gi, g) in s.gpus.iter().enumerate() {
             if !gpu_ok(g, d) || g.spec.memory < d.memory {
                 continue;
             }
             could_ever = true;
             if !s.schedulable() || !g.fits_fraction(d.memory, d.compute_milli) || !cx.host_fits(si) {
+                continue;
+            }
+            // An earlier GPU of this server in the same state scored the
+            // same and wins ties: skip (FGD's measure costs a pass per GPU).
+            if dedupe && s.gpus[..gi].iter().any(|h| same_state(g, h) && gpu_ok(h, d)) {
                 continue;
             }
             let score = policy.score_gpu_in(cx, si, s, gi, d);
@@ -256,6 +269,14 @@ fn place_fraction(
             d.memory >> 20
         ))),
     }
+}
+
+fn same_state(a: &Gpu, b: &Gpu) -> bool {
+    a.free_milli() == b.free_milli()
+        && a.free_memory() == b.free_memory()
+        && a.spec.memory == b.spec.memory
+        && a.spec.healthy == b.spec.healthy
+        && a.spec.model == b.spec.model
 }
 
 fn models_note(d: &Demand) -> String {
