@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 
 use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
-use rgpu_placement_sim::sim::{run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
+use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
 
 #[derive(Parser, Debug)]
@@ -44,6 +44,14 @@ struct Args {
     /// Skip the dynamic replay.
     #[arg(long)]
     no_dynamic: bool,
+    /// Dynamic replay: every Nth GPU node (a smaller cluster of the same mix).
+    #[arg(long, default_value_t = 8)]
+    dyn_every: usize,
+    /// Dynamic replay: lay copies of the trace over each other (each shifted
+    /// by under a day) until their peak demand is this many times the
+    /// replay cluster's GPUs.
+    #[arg(long, default_value_t = 1.5)]
+    dyn_load: f64,
 }
 
 fn parse_seeds(s: &str) -> Result<Vec<u64>> {
@@ -182,25 +190,52 @@ fn main() -> Result<()> {
         // Files without times (multigpuN) have nothing to replay.
         let dtasks: Vec<(usize, Kind)> =
             (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).flat_map(|w| kinds.iter().map(move |&k| (w, k))).collect();
+        if a.dyn_every == 0 || a.dyn_load <= 0.0 {
+            bail!("--dyn-every and --dyn-load must be positive");
+        }
+        let dnodes: Vec<_> = nodes.iter().step_by(a.dyn_every).cloned().collect();
+        let dcap: u64 = dnodes.iter().map(|n| n.gpus as u64 * 1000).sum();
+        let replays: Vec<(usize, Vec<rgpu_placement_sim::trace::Pod>)> = (0..loaded.len())
+            .filter(|&w| has_times(&loaded[w].1))
+            .map(|w| {
+                let peak = peak_demand(&loaded[w].1).max(1);
+                let copies = ((a.dyn_load * dcap as f64) / peak as f64).ceil().max(1.0) as usize;
+                (copies, overlay(&loaded[w].1, copies, seeds[0]))
+            })
+            .collect();
+        let replay_of = |w: usize| -> &(usize, Vec<rgpu_placement_sim::trace::Pod>) {
+            let i = (0..loaded.len()).filter(|&x| has_times(&loaded[x].1)).position(|x| x == w).expect("a replayed workload");
+            &replays[i]
+        };
         let dres: Vec<DynamicRun> = par(a.jobs, dtasks.clone(), |&(w, k)| {
             let t = Instant::now();
             let pol = k.policy(&dists[w], seeds[0]);
-            let r = run_dynamic(&nodes, &loaded[w].1, pol.as_ref(), 400);
-            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, p99 delay {}s ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, r.delay_p99, t.elapsed().as_secs_f64());
+            let r = run_dynamic(&dnodes, &replay_of(w).1, pol.as_ref(), 400);
+            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, overloaded {:.2}%, p99 delay {}s ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, 100.0 * r.mean_ratio_overloaded, r.delay_p99, t.elapsed().as_secs_f64());
             r
         });
         dyn_secs = t_dyn.elapsed().as_secs_f64();
         let mut csv = String::from("workload,policy,time_s,gpu_alloc_pct\n");
-        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | GPU pods | started | waited | delay p50 | delay p99 | rejected (never fit) | gave up waiting |");
-        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            dyn_table,
+            "Replay cluster: every {}th GPU node, {} nodes, {} GPUs. Each workload's pods laid over each other in copies (each shifted by under a day, seed {}) until their peak demand is {:.2}x those GPUs: {}. Pods start at creation or, FIFO with backfill, when they fit; run their traced duration; give up when their traced deletion time passes. \"Overloaded\": while the demand offered (what would run if nothing waited) is at least the cluster's GPUs.\n",
+            a.dyn_every,
+            dnodes.len(),
+            dcap / 1000,
+            seeds[0],
+            a.dyn_load,
+            (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).map(|w| format!("{} {} copies", loaded[w].0, replay_of(w).0)).collect::<Vec<_>>().join(", ")
+        );
+        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting |");
+        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|");
         for ((w, k), r) in dtasks.iter().zip(&dres) {
             for (t, v) in &r.timeline {
                 let _ = writeln!(csv, "{},{},{t},{:.4}", loaded[*w].0, k.label(), 100.0 * v);
             }
             let _ = writeln!(
                 dyn_table,
-                "| {} | {} | {:.2}% | {} | {} | {} | {} s | {} s | {} | {} |",
-                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.rejected, r.abandoned
+                "| {} | {} | {:.2}% | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} |",
+                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;

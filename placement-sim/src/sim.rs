@@ -57,7 +57,7 @@ impl Kind {
     pub fn policy(self, workload: &Workload, seed: u64) -> Box<dyn Policy> {
         match self {
             Kind::Random => Box::new(RandomFit::new(seed)),
-            Kind::BestFit => Box::new(BestFit::new(seed)),
+            Kind::BestFit => Box::new(BestFit::new()),
             Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
             Kind::Ours => Box::new(Fgd::packing(workload.clone(), seed)),
         }
@@ -349,11 +349,20 @@ pub struct DynamicRun {
     /// Queueing delay (start - creation), seconds, of GPU pods that started.
     pub delay_p50: u64,
     pub delay_p99: u64,
+    /// The same over the pods that waited at all.
+    pub waited_p50: u64,
+    pub waited_p99: u64,
     pub delayed: usize,
     /// Could never fit (larger than any node).
     pub rejected: usize,
     /// Still queued when their trace deletion time passed (gave up).
     pub abandoned: usize,
+    /// Time-weighted mean allocation while the offered demand (what would
+    /// run if nothing waited) was at least the cluster's capacity; 0 if it
+    /// never was.
+    pub mean_ratio_overloaded: f64,
+    /// Seconds the offered demand was at least the capacity.
+    pub overloaded_s: u64,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -373,6 +382,9 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
     let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(t0);
     let mut heap: BinaryHeap<Reverse<(u64, Ev)>> = pods.iter().enumerate().map(|(i, p)| Reverse((p.creation, Ev::Arrive(i)))).collect();
     let dur = |p: &Pod| p.deletion.unwrap_or(t_end).saturating_sub(p.scheduled.unwrap_or(p.creation).max(p.creation));
+    let over = overloaded(pods, c.capacity_milli, |p| dur(p));
+    let mut over_at = 0usize;
+    let mut over_area = 0.0;
     let mut placed: HashMap<usize, Placed> = HashMap::new();
     let mut queue: VecDeque<usize> = VecDeque::new();
     let mut r = DynamicRun { gpu_pods: pods.iter().filter(|p| p.num_gpu > 0).count(), ..DynamicRun::default() };
@@ -388,6 +400,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
     };
     while let Some(Reverse((now, ev))) = heap.pop() {
         area += c.allocation_ratio() * (now - last_t) as f64;
+        over_area += c.allocation_ratio() * overlap(&over, &mut over_at, last_t, now) as f64;
         last_t = now;
         while next_sample <= now {
             r.timeline.push((next_sample - t0, c.allocation_ratio()));
@@ -438,12 +451,108 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
     }
     r.abandoned += queue.len();
     r.mean_ratio = if last_t > t0 { area / (last_t - t0) as f64 } else { c.allocation_ratio() };
+    r.overloaded_s = over.iter().map(|(a, b)| b - a).sum();
+    r.mean_ratio_overloaded = if r.overloaded_s > 0 { over_area / r.overloaded_s as f64 } else { 0.0 };
     r.delayed = delays.iter().filter(|&&d| d > 0).count();
     delays.sort_unstable();
     let pct = |q: f64| if delays.is_empty() { 0 } else { delays[((delays.len() - 1) as f64 * q).round() as usize] };
     r.delay_p50 = pct(0.50);
     r.delay_p99 = pct(0.99);
+    let waited: Vec<u64> = delays.iter().copied().filter(|&d| d > 0).collect();
+    let wpct = |q: f64| if waited.is_empty() { 0 } else { waited[((waited.len() - 1) as f64 * q).round() as usize] };
+    r.waited_p50 = wpct(0.50);
+    r.waited_p99 = wpct(0.99);
     r
+}
+
+/// The time intervals (sorted, disjoint) during which the pods' offered
+/// demand, each from its creation for `dur`, is at least `capacity_milli`.
+fn overloaded(pods: &[Pod], capacity_milli: u64, dur: impl Fn(&Pod) -> u64) -> Vec<(u64, u64)> {
+    let mut ev: Vec<(u64, i64)> = Vec::with_capacity(2 * pods.len());
+    for p in pods {
+        let g = p.gpu_demand() as i64;
+        if g > 0 {
+            ev.push((p.creation, g));
+            ev.push((p.creation + dur(p), -g));
+        }
+    }
+    ev.sort_unstable();
+    let (mut cur, mut out, mut start) = (0i64, Vec::new(), None);
+    let mut i = 0;
+    while i < ev.len() {
+        let t = ev[i].0;
+        while i < ev.len() && ev[i].0 == t {
+            cur += ev[i].1;
+            i += 1;
+        }
+        match (start, cur >= capacity_milli as i64) {
+            (None, true) => start = Some(t),
+            (Some(s), false) => {
+                out.push((s, t));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Seconds of [a, b) inside `intervals`; `at` advances (calls go forward in time).
+fn overlap(intervals: &[(u64, u64)], at: &mut usize, a: u64, b: u64) -> u64 {
+    while *at < intervals.len() && intervals[*at].1 <= a {
+        *at += 1;
+    }
+    let mut sum = 0;
+    let mut k = *at;
+    while k < intervals.len() && intervals[k].0 < b {
+        sum += intervals[k].1.min(b).saturating_sub(intervals[k].0.max(a));
+        k += 1;
+    }
+    sum
+}
+
+/// `copies` of the pod list laid over each other, copy `j` shifted later
+/// by a seeded offset under one day so copies do not arrive in lockstep:
+/// the openb file is a sample (8,152 pods, at most 66 GPUs' demand at once
+/// on a 6,212-GPU cluster), and only a load like several tenants running it
+/// together makes the replay tell policies apart.
+pub fn overlay(pods: &[Pod], copies: usize, seed: u64) -> Vec<Pod> {
+    let mut rng = Rng::new(seed ^ 0x0ff5_e7);
+    let mut out = Vec::with_capacity(pods.len() * copies);
+    for j in 0..copies {
+        let shift = if j == 0 { 0 } else { rng.next() % 86_400 };
+        for p in pods {
+            let mut q = p.clone();
+            q.name = format!("{}#{j}", p.name);
+            q.creation += shift;
+            q.deletion = p.deletion.map(|d| d + shift);
+            q.scheduled = p.scheduled.map(|s| s + shift);
+            out.push(q);
+        }
+    }
+    out
+}
+
+/// The largest GPU demand (milli) of `pods` running at once at their
+/// traced times.
+pub fn peak_demand(pods: &[Pod]) -> u64 {
+    let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(0);
+    let mut ev: Vec<(u64, i64)> = Vec::new();
+    for p in pods {
+        let g = p.gpu_demand() as i64;
+        if g > 0 {
+            ev.push((p.creation, g));
+            ev.push((p.deletion.unwrap_or(t_end).max(p.creation), -g));
+        }
+    }
+    // Ends before starts at the same second.
+    ev.sort_unstable_by_key(|&(t, g)| (t, g > 0));
+    let (mut cur, mut peak) = (0i64, 0i64);
+    for (_, g) in ev {
+        cur += g;
+        peak = peak.max(cur);
+    }
+    peak.max(0) as u64
 }
 
 /// Would `pod` fit on `node` with nothing else on it?

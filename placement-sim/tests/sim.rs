@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use rgpu_placement_sim::sim::{run_dynamic, run_static, sample, workload_of, Kind};
+use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, sample, workload_of, Kind};
 use rgpu_placement_sim::trace::{read_nodes, read_pods, Node, Pod, TraceError};
 
 fn node(name: &str, gpus: u32) -> Node {
@@ -87,6 +87,15 @@ fn dynamic_replay_releases_and_queues() {
     assert_eq!(r.gpu_pods, pods.len());
     assert!(r.started > 0 && r.started + r.rejected + r.abandoned == r.gpu_pods, "{r:?}");
     assert!(!r.timeline.is_empty() && r.mean_ratio > 0.0);
+    // Copies laid over each other: the peak grows, more pods wait or give
+    // up, and while overloaded the cluster is busier than on average.
+    let many = overlay(&pods, 6, 42);
+    assert_eq!(many.len(), 6 * pods.len());
+    assert!(peak_demand(&many) > peak_demand(&pods), "{} > {}", peak_demand(&many), peak_demand(&pods));
+    let hot = run_dynamic(&nodes[..2], &many, Kind::Ours.policy(&w, 42).as_ref(), 50);
+    assert_eq!(hot.started + hot.rejected + hot.abandoned, hot.gpu_pods);
+    assert!(hot.delayed + hot.abandoned > r.delayed + r.abandoned, "{hot:?}");
+    assert!(hot.overloaded_s > 0 && hot.mean_ratio_overloaded >= hot.mean_ratio, "{hot:?}");
 }
 
 fn write(name: &str, text: &str) -> PathBuf {
