@@ -54,8 +54,10 @@ pub struct Args {
     #[arg(long, env = "RGPU_BROKER_THREADS", value_name = "N")]
     pub threads: Option<usize>,
     /// Placement policy: `fgd-pack` (fragmentation gradient descent with
-    /// packing ties, learning the request mix; see docs/placement.md) or
-    /// `simple` (best fit by memory, fewest free whole GPUs) [default: fgd-pack].
+    /// packing ties, learning the request mix; see docs/placement.md), `fgd`
+    /// (the paper's FGD, first server among equals: fewer requests left
+    /// waiting when leases come and go fast) or `simple` (best fit by
+    /// memory, fewest free whole GPUs; the fastest) [default: fgd-pack].
     #[arg(long, env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
     pub placement: Option<String>,
     /// TOML file with any of the settings above and tenant policies.
@@ -68,6 +70,8 @@ pub struct Args {
 pub enum Placement {
     /// [`crate::policies::Fgd::learning`].
     FgdPack,
+    /// [`crate::policies::Fgd::learning_first`].
+    Fgd,
     /// [`crate::placement::FragmentationAware`].
     Simple,
 }
@@ -76,14 +80,16 @@ impl Placement {
     pub fn parse(s: &str) -> anyhow::Result<Placement> {
         match s {
             "fgd-pack" => Ok(Placement::FgdPack),
+            "fgd" => Ok(Placement::Fgd),
             "simple" => Ok(Placement::Simple),
-            _ => bail!("unknown placement policy {s:?}: expected fgd-pack or simple"),
+            _ => bail!("unknown placement policy {s:?}: expected fgd-pack, fgd or simple"),
         }
     }
 
     pub fn policy(self) -> Box<dyn crate::placement::Policy> {
         match self {
             Placement::FgdPack => Box::new(crate::policies::Fgd::learning()),
+            Placement::Fgd => Box::new(crate::policies::Fgd::learning_first()),
             Placement::Simple => Box::new(crate::placement::FragmentationAware),
         }
     }
@@ -287,6 +293,7 @@ mod tests {
         let e = Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap_err();
         assert!(format!("{e:#}").contains("tetris"), "{e:#}");
         assert_eq!(Placement::FgdPack.policy().name(), "fgd-pack");
+        assert_eq!(Placement::parse("fgd").unwrap().policy().name(), "fgd");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
