@@ -226,7 +226,7 @@ fn main() -> Result<()> {
             a.dyn_load,
             (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).map(|w| format!("{} {} copies", loaded[w].0, replay_of(w).0)).collect::<Vec<_>>().join(", ")
         );
-        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting |");
+        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting: GPU pods (their GPUs) / CPU-only pods |");
         let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|");
         for ((w, k), r) in dtasks.iter().zip(&dres) {
             for (t, v) in &r.timeline {
@@ -234,8 +234,8 @@ fn main() -> Result<()> {
             }
             let _ = writeln!(
                 dyn_table,
-                "| {} | {} | {:.2}% | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} |",
-                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned
+                "| {} | {} | {:.2}% | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} ({:.0}) / {} |",
+                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned, r.abandoned_gpu_milli as f64 / 1000.0, r.abandoned_cpu_only
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;

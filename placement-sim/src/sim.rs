@@ -355,14 +355,29 @@ pub struct DynamicRun {
     pub delayed: usize,
     /// Could never fit (larger than any node).
     pub rejected: usize,
-    /// Still queued when their trace deletion time passed (gave up).
+    /// GPU pods still queued when their trace deletion time passed (gave up).
     pub abandoned: usize,
+    /// Their GPU demand, milli-GPUs.
+    pub abandoned_gpu_milli: u64,
+    /// CPU-only pods that gave up the same way.
+    pub abandoned_cpu_only: usize,
     /// Time-weighted mean allocation while the offered demand (what would
     /// run if nothing waited) was at least the cluster's capacity; 0 if it
     /// never was.
     pub mean_ratio_overloaded: f64,
     /// Seconds the offered demand was at least the capacity.
     pub overloaded_s: u64,
+}
+
+impl DynamicRun {
+    fn give_up(&mut self, p: &Pod) {
+        if p.num_gpu == 0 {
+            self.abandoned_cpu_only += 1;
+        } else {
+            self.abandoned += 1;
+            self.abandoned_gpu_milli += p.gpu_demand();
+        }
+    }
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -433,7 +448,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
                     let q = queue[k];
                     if pods[q].deletion.is_some_and(|d| d < now) {
                         queue.remove(k);
-                        r.abandoned += 1;
+                        r.give_up(&pods[q]);
                         continue;
                     }
                     if c.fits_on(&pods[q], freed) && start(&mut c, q, now, &mut heap, &mut placed).is_ok() {
@@ -449,7 +464,9 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
             }
         }
     }
-    r.abandoned += queue.len();
+    for &q in &queue {
+        r.give_up(&pods[q]);
+    }
     r.mean_ratio = if last_t > t0 { area / (last_t - t0) as f64 } else { c.allocation_ratio() };
     r.overloaded_s = over.iter().map(|(a, b)| b - a).sum();
     r.mean_ratio_overloaded = if r.overloaded_s > 0 { over_area / r.overloaded_s as f64 } else { 0.0 };
