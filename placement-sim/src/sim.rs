@@ -485,24 +485,9 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
 /// The time intervals (sorted, disjoint) during which the pods' offered
 /// demand, each from its creation for `dur`, is at least `capacity_milli`.
 fn overloaded(pods: &[Pod], capacity_milli: u64, dur: impl Fn(&Pod) -> u64) -> Vec<(u64, u64)> {
-    let mut ev: Vec<(u64, i64)> = Vec::with_capacity(2 * pods.len());
-    for p in pods {
-        let g = p.gpu_demand() as i64;
-        if g > 0 {
-            ev.push((p.creation, g));
-            ev.push((p.creation + dur(p), -g));
-        }
-    }
-    ev.sort_unstable();
-    let (mut cur, mut out, mut start) = (0i64, Vec::new(), None);
-    let mut i = 0;
-    while i < ev.len() {
-        let t = ev[i].0;
-        while i < ev.len() && ev[i].0 == t {
-            cur += ev[i].1;
-            i += 1;
-        }
-        match (start, cur >= capacity_milli as i64) {
+    let (mut out, mut start) = (Vec::new(), None);
+    for (t, level) in demand_steps(pods, |p| p.creation + dur(p)) {
+        match (start, level >= capacity_milli as i64) {
             (None, true) => start = Some(t),
             (Some(s), false) => {
                 out.push((s, t));
@@ -512,6 +497,30 @@ fn overloaded(pods: &[Pod], capacity_milli: u64, dur: impl Fn(&Pod) -> u64) -> V
         }
     }
     out
+}
+
+/// The GPU demand (milli) of `pods` running from creation to `end`, as
+/// (time, demand from then on) at every time it changes.
+fn demand_steps(pods: &[Pod], end: impl Fn(&Pod) -> u64) -> Vec<(u64, i64)> {
+    let mut ev: Vec<(u64, i64)> = Vec::with_capacity(2 * pods.len());
+    for p in pods {
+        let g = p.gpu_demand() as i64;
+        if g > 0 {
+            ev.push((p.creation, g));
+            ev.push((end(p).max(p.creation), -g));
+        }
+    }
+    ev.sort_unstable();
+    let mut steps: Vec<(u64, i64)> = Vec::new();
+    let mut cur = 0i64;
+    for (t, g) in ev {
+        cur += g;
+        match steps.last_mut() {
+            Some(last) if last.0 == t => last.1 = cur,
+            _ => steps.push((t, cur)),
+        }
+    }
+    steps
 }
 
 /// Seconds of [a, b) inside `intervals`; `at` advances (calls go forward in time).
@@ -554,22 +563,7 @@ pub fn overlay(pods: &[Pod], copies: usize, seed: u64) -> Vec<Pod> {
 /// traced times.
 pub fn peak_demand(pods: &[Pod]) -> u64 {
     let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(0);
-    let mut ev: Vec<(u64, i64)> = Vec::new();
-    for p in pods {
-        let g = p.gpu_demand() as i64;
-        if g > 0 {
-            ev.push((p.creation, g));
-            ev.push((p.deletion.unwrap_or(t_end).max(p.creation), -g));
-        }
-    }
-    // Ends before starts at the same second.
-    ev.sort_unstable_by_key(|&(t, g)| (t, g > 0));
-    let (mut cur, mut peak) = (0i64, 0i64);
-    for (_, g) in ev {
-        cur += g;
-        peak = peak.max(cur);
-    }
-    peak.max(0) as u64
+    demand_steps(pods, |p| p.deletion.unwrap_or(t_end)).iter().map(|s| s.1).max().unwrap_or(0).max(0) as u64
 }
 
 /// Would `pod` fit on `node` with nothing else on it?
