@@ -7,7 +7,8 @@ use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-pub type CuResult = c_int;
+pub use rgpu_cuda_types::CUresult as CuResult;
+use rgpu_cuda_types::{CUdevice_attribute, CuError};
 type Ctx = *mut c_void;
 type Stream = *mut c_void;
 type Event = *mut c_void;
@@ -42,7 +43,7 @@ driver_fns! {
     cuDeviceGetCount: fn(*mut c_int);
     cuDeviceGetName: fn(*mut c_char, c_int, c_int);
     cuDeviceTotalMem_v2: fn(*mut usize, c_int);
-    cuDeviceGetAttribute: fn(*mut c_int, c_uint, c_int);
+    cuDeviceGetAttribute: fn(*mut c_int, CUdevice_attribute, c_int);
     cuDevicePrimaryCtxRetain: fn(*mut Ctx, c_int);
     cuCtxSetCurrent: fn(Ctx);
     cuCtxSynchronize: fn();
@@ -68,28 +69,14 @@ driver_fns! {
     cuModuleLoadData: fn(*mut Module, *const c_void);
     cuModuleGetFunction: fn(*mut Function, Module, *const c_char);
     cuLaunchKernel: fn(Function, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, Stream, *mut *mut c_void, *mut *mut c_void);
-    cuGetErrorName: fn(CuResult, *mut *const c_char);
 }
 
 impl Driver {
     /// Turns a CUresult into an error naming the call and the CUDA error.
     pub fn check(&self, what: &str, r: CuResult) -> Result<()> {
-        if r == 0 {
-            return Ok(());
-        }
-        Err(anyhow!("{what} failed: {} ({r})", self.error_name(r)))
+        r.into_result().map_err(|e| anyhow!("{what} failed: {} ({})", error_name(e), e.code()))
     }
 
-    pub fn error_name(&self, r: CuResult) -> String {
-        let mut p: *const c_char = std::ptr::null();
-        // SAFETY: cuGetErrorName writes a static string or null.
-        unsafe { (self.cuGetErrorName)(r, &mut p) };
-        if p.is_null() {
-            "unknown error".into()
-        } else {
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    }
 
     /// cuInit and the primary context of device `dev`, made current.
     pub fn open_device(&self, dev: c_int) -> Result<()> {
@@ -110,6 +97,15 @@ impl Driver {
         let mut buf = [0 as c_char; 256];
         unsafe { (self.cuDeviceGetName)(buf.as_mut_ptr(), 256, dev) };
         unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The `CUDA_ERROR_*` name of a failure (the same table the shim answers `cuGetErrorName` from).
+pub fn error_name(e: CuError) -> &'static str {
+    if e.is_known() {
+        e.name()
+    } else {
+        "unknown error"
     }
 }
 

@@ -2,6 +2,7 @@
 //! encoder, so that the raw-TCP baselines move exactly the bytes rgpu does.
 
 use rgpu_protocol::frame::HEADER_LEN;
+use rgpu_cuda_types::tag;
 use rgpu_protocol::message::Encoder;
 
 fn request(build: impl FnOnce(rgpu_protocol::data_capnp::request::Builder<'_>)) -> usize {
@@ -10,7 +11,7 @@ fn request(build: impl FnOnce(rgpu_protocol::data_capnp::request::Builder<'_>)) 
 }
 
 pub fn stream_query_request() -> usize {
-    request(|r| r.init_stream_query().set_handle(0x57 << 48 | 1))
+    request(|r| r.init_stream_query().set_handle((tag::STREAM as u64) << tag::SHIFT | 1))
 }
 
 pub fn ctx_synchronize_request() -> usize {
@@ -27,7 +28,7 @@ pub fn launch_request(param_bytes: usize) -> usize {
     param_bytes
         + request(|r| {
             let mut l = r.init_launch_kernel();
-            l.set_module(0x3D << 48 | 1);
+            l.set_module((tag::MODULE as u64) << tag::SHIFT | 1);
             l.set_grid_x(1);
             l.set_block_x(32);
         })

@@ -59,16 +59,7 @@ impl<T> Table<T> {
     }
 }
 
-/// Tags of each handle type.
-pub mod tag {
-    pub const CONTEXT: u16 = 0xC7;
-    pub const STREAM: u16 = 0x57;
-    pub const EVENT: u16 = 0xE7;
-    pub const MODULE: u16 = 0x3D;
-    pub const FUNCTION: u16 = 0xF7;
-    pub const LIBRARY: u16 = 0x1B;
-    pub const KERNEL: u16 = 0x4E;
-}
+pub use rgpu_cuda_types::tag;
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,6 @@ pub mod broker;
 pub mod command;
 pub mod config;
 pub mod control;
-pub mod cuerror;
 pub mod lease;
 pub mod listener;
 pub mod service;

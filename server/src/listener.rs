@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::service::Service;
 use crate::session::registry::AttachError;
 use crate::session::state::SessionState;

@@ -28,7 +28,7 @@ pub fn empty_kernel(d: &Driver) -> Result<*mut c_void> {
     Ok(f)
 }
 
-pub fn launch(d: &Driver, f: *mut c_void) -> i32 {
+pub fn launch(d: &Driver, f: *mut c_void) -> crate::driver::CuResult {
     unsafe { (d.cuLaunchKernel)(f, 1, 1, 1, 32, 1, 1, 0, std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut()) }
 }
 

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use rgpu_pool_broker::client::{BrokerClient, LeaseSpec, LeaseView};
 
-use crate::driver::{Driver, DEMO_PTX};
+use crate::driver::{CuResult, Driver, DEMO_PTX};
+use rgpu_cuda_types::{CUdevice_attribute as Attr, CuError};
 use crate::pool::relative;
 use crate::server_process::{BrokerProcess, ServerProcess};
 
@@ -156,9 +157,9 @@ fn print_device(d: &Driver) {
     let (mut major, mut minor, mut sms) = (0, 0, 0);
     unsafe {
         (d.cuDeviceTotalMem_v2)(&mut total, 0);
-        (d.cuDeviceGetAttribute)(&mut major, 75, 0);
-        (d.cuDeviceGetAttribute)(&mut minor, 76, 0);
-        (d.cuDeviceGetAttribute)(&mut sms, 16, 0);
+        (d.cuDeviceGetAttribute)(&mut major, Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 0);
+        (d.cuDeviceGetAttribute)(&mut minor, Attr::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 0);
+        (d.cuDeviceGetAttribute)(&mut sms, Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0);
     }
     let name = d.device_name(0);
     // The sim names its devices after their compute capability already.
@@ -258,10 +259,10 @@ unsafe fn kernels(d: &Driver, buf: u64, n: u32, _host: &[u32]) -> Result<u32> {
     let mut params = [&mut p0 as *mut u64 as *mut c_void, &mut p1 as *mut u32 as *mut c_void];
     let grid = n.div_ceil(256);
     let r = (d.cuLaunchKernel)(add_one, grid, 1, 1, 256, 1, 1, 0, std::ptr::null_mut(), params.as_mut_ptr(), std::ptr::null_mut());
-    if r == 801 {
+    if r == CuResult::CUDA_ERROR_NOT_SUPPORTED {
         println!(
             "  [--]  add_one launch: {} — this server's backend does not execute this kernel yet",
-            d.error_name(r)
+            crate::driver::error_name(CuError::NOT_SUPPORTED)
         );
         return Ok(0);
     }

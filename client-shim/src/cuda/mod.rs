@@ -10,4 +10,4 @@
 
 pub mod functions;
 pub mod proc_table;
-pub mod types;
+pub use rgpu_cuda_types as types;

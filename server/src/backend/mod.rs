@@ -25,7 +25,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::cuerror::CuResult;
+use rgpu_cuda_types::CuResult;
 use crate::module::ModuleImage;
 
 /// Static description of one device, as `listDevices` reports it.
@@ -144,12 +144,12 @@ pub struct LaunchDims {
 /// means the connection is gone).
 #[derive(Debug)]
 pub enum TransferError {
-    Device(crate::cuerror::CuError),
+    Device(rgpu_cuda_types::CuError),
     Io(io::Error),
 }
 
-impl From<crate::cuerror::CuError> for TransferError {
-    fn from(e: crate::cuerror::CuError) -> Self {
+impl From<rgpu_cuda_types::CuError> for TransferError {
+    fn from(e: rgpu_cuda_types::CuError) -> Self {
         TransferError::Device(e)
     }
 }
@@ -215,7 +215,7 @@ impl MemoryAccount {
     pub fn take(&mut self, size: u64) -> CuResult {
         if let Some(b) = &self.budget {
             if !b.take(size) {
-                return Err(crate::cuerror::CuError::OUT_OF_MEMORY);
+                return Err(rgpu_cuda_types::CuError::OUT_OF_MEMORY);
             }
         }
         self.held = self.held.saturating_add(size);
@@ -343,7 +343,7 @@ mod tests {
         let mut s1 = MemoryAccount::new(Some(b.clone()));
         let mut s2 = MemoryAccount::new(Some(b.clone()));
         assert!(s1.take(60).is_ok());
-        assert_eq!(s2.take(50), Err(crate::cuerror::CuError::OUT_OF_MEMORY), "60 + 50 > 100");
+        assert_eq!(s2.take(50), Err(rgpu_cuda_types::CuError::OUT_OF_MEMORY), "60 + 50 > 100");
         assert!(s2.take(40).is_ok());
         assert_eq!(s1.info(1000, 1000), (0, 100));
         s2.give(40);

@@ -4,7 +4,7 @@
 use rgpu_protocol::data_capnp::{event_create, event_pair, event_record, handle};
 
 use super::{Fail, ReplyBody};
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::{Event, SessionState};
 
 #[derive(Debug)]

@@ -4,7 +4,7 @@ use rgpu_protocol::data_capnp::launch_kernel;
 
 use super::{Bulk, Fail, ReplyBody};
 use crate::backend::LaunchDims;
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::SessionState;
 
 /// Parameter buffers above this are refused unread (CUDA's own limit is 32 KiB).

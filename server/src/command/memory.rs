@@ -5,7 +5,7 @@ use rgpu_protocol::data_capnp::{device, mem_alloc, mem_free, memcpy_dto_d, memcp
 
 use super::{Bulk, Fail, ReplyBody};
 use crate::backend::Memset;
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::{Alloc, Owner, SessionState};
 
 #[derive(Debug)]

@@ -16,7 +16,7 @@ use rgpu_protocol::data_capnp::{reply, request};
 use rgpu_transport::Transport;
 
 use crate::backend::{LoadedModule, StreamRef, TransferError};
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::SessionState;
 
 /// One decoded request.

@@ -5,7 +5,7 @@ use tracing::warn;
 
 use super::{Bulk, Fail, ReplyBody};
 use crate::backend::LoadedModule;
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::{Alloc, Module, Owner, SessionState};
 
 /// Largest module image accepted; a bigger bulk is skipped and refused

@@ -10,7 +10,7 @@
 use rgpu_protocol::data_capnp::{handle, stream_create, stream_wait_event};
 
 use super::{Fail, ReplyBody};
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use crate::session::state::{SessionState, Stream};
 
 #[derive(Debug)]

@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use crate::backend::TransferError;
 use crate::command::{Bulk, Command, Fail, ReplyBody};
-use crate::cuerror::CuError;
+use rgpu_cuda_types::CuError;
 use self::state::SessionState;
 
 /// A transport that can tell whether more input is already buffered, so the

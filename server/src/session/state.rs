@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 
 /// Who owns an allocation: the client (freed by memFree) or a module (a
 /// global, freed with the module).

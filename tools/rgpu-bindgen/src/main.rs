@@ -6,9 +6,9 @@
 //! cargo run -p rgpu-bindgen -- --cuda-include /path/to/cuda/include
 //! ```
 //!
-//! It writes, under `client-shim/src/cuda/`:
-//! - `types.rs`: every type and constant, C enums as `#[repr(transparent)]` newtypes over
-//!   `u32`, plus the `CuError`/`CuResult` layer generated from the `CUDA_ERROR_*` names;
+//! It writes `cuda-types/src/types.rs` (the crate every part of rgpu shares): every type and
+//! constant, C enums as `#[repr(transparent)]` newtypes over `u32`, plus the `CuError`/`CuResult`
+//! layer generated from the `CUDA_ERROR_*` names; and, under `client-shim/src/cuda/`:
 //! - `functions.rs`: one `extern "C"` block declaring every driver API function (with every
 //!   versioned, `_ptds` and `_ptsz` variant, because the wrapper header defines
 //!   `__CUDA_API_VERSION_INTERNAL`); it is data for `rgpu-shim-macros`, never linked;
@@ -53,12 +53,14 @@ const REQUEST_LISTS: &[&str] = &[
 struct Args {
     cuda_include: PathBuf,
     out_dir: PathBuf,
+    types_dir: PathBuf,
 }
 
 fn parse_args() -> Result<Args> {
     let manifest_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let mut cuda_include = std::env::var_os("CUDA_INCLUDE").map(PathBuf::from);
     let mut out_dir = manifest_dir.join("../../client-shim/src/cuda");
+    let mut types_dir = manifest_dir.join("../../cuda-types/src");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -66,10 +68,12 @@ fn parse_args() -> Result<Args> {
                 cuda_include = Some(args.next().context("--cuda-include needs a folder")?.into())
             }
             "--out-dir" => out_dir = args.next().context("--out-dir needs a folder")?.into(),
+            "--types-dir" => types_dir = args.next().context("--types-dir needs a folder")?.into(),
             "-h" | "--help" => {
                 eprintln!(
-                    "usage: rgpu-bindgen [--cuda-include DIR] [--out-dir DIR]\n\
-                     DIR defaults to $CUDA_INCLUDE; --out-dir defaults to client-shim/src/cuda"
+                    "usage: rgpu-bindgen [--cuda-include DIR] [--out-dir DIR] [--types-dir DIR]\n\
+                     DIR defaults to $CUDA_INCLUDE; --out-dir defaults to client-shim/src/cuda,\n\
+                     --types-dir to cuda-types/src"
                 );
                 std::process::exit(0);
             }
@@ -81,7 +85,7 @@ fn parse_args() -> Result<Args> {
     if !cuda_include.join("cuda.h").is_file() {
         bail!("{} has no cuda.h", cuda_include.display());
     }
-    Ok(Args { cuda_include, out_dir })
+    Ok(Args { cuda_include, out_dir, types_dir })
 }
 
 fn main() -> Result<()> {
@@ -168,7 +172,8 @@ fn main() -> Result<()> {
     proc_rs.push_str("];\n");
 
     std::fs::create_dir_all(&args.out_dir)?;
-    write(&args.out_dir.join("types.rs"), &types_rs)?;
+    std::fs::create_dir_all(&args.types_dir)?;
+    write(&args.types_dir.join("types.rs"), &types_rs)?;
     write(&args.out_dir.join("functions.rs"), &functions_rs)?;
     write(&args.out_dir.join("proc_table.rs"), &proc_rs)?;
     write(&args.out_dir.join("mod.rs"), &format!("{banner}{MOD_RS}"))?;
@@ -242,7 +247,7 @@ const MOD_RS: &str = "//
 
 pub mod functions;
 pub mod proc_table;
-pub mod types;
+pub use rgpu_cuda_types as types;
 ";
 
 /// bindgen with `translate_enum_integer_types` spells the repr as `u32`/`i32`; insist on `u32`.
@@ -332,8 +337,9 @@ fn cu_error_code(errors: &[ErrorCode]) -> String {
 #[derive(Copy, Clone, PartialEq, Eq, Hash)]
 pub struct CuError(pub ::std::num::NonZeroU32);
 
-/// What driver implementations return; `crate::entry` turns it into a `CUresult`.
-pub type CuResult<T> = ::std::result::Result<T, CuError>;
+/// What driver implementations and the server return; the shim's entry points turn it into a
+/// `CUresult`, the server sends it as the `CUresult` number.
+pub type CuResult<T = ()> = ::std::result::Result<T, CuError>;
 
 const fn cu_error(code: u32) -> CuError {
     match ::std::num::NonZeroU32::new(code) {

@@ -13,7 +13,7 @@ use cudarc::driver::sys;
 use thiserror::Error;
 
 use crate::backend::DeviceInfo;
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 
 /// Every driver function the cuda backend calls. All exist in drivers of
 /// CUDA 12.4 and later (cuFuncGetParamInfo is the newest).

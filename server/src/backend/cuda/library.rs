@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use super::driver::cu;
 use crate::backend::FunctionInfo;
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 
 /// Libraries no session uses that are kept for a later load.
 const MAX_IDLE: usize = 32;

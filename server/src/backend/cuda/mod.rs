@@ -47,7 +47,7 @@ use super::{
     MemoryBudget, Memset,
     ModuleToken, StreamRef, StreamToken, TransferError,
 };
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::ModuleImage;
 
 /// Bytes of one pinned staging buffer; a session uses two.

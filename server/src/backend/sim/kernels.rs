@@ -16,7 +16,7 @@ use tracing::{debug, warn};
 
 use super::memory::DeviceMemory;
 use crate::backend::{GlobalInfo, LaunchDims};
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::ModuleImage;
 
 /// Wall-clock limit of one launch; past it the launch fails with

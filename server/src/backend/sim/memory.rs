@@ -18,7 +18,7 @@ use std::io;
 use std::ptr::NonNull;
 use std::sync::Mutex;
 
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 
 /// Allocation granularity (and alignment) in bytes.
 pub const GRANULE: u64 = 512;

@@ -25,7 +25,7 @@ use super::{
     Backend, BackendSession, DeviceInfo, EventToken, FunctionInfo, GlobalInfo, LaunchDims,
     LoadedModule, MemoryAccount, MemoryBudget, Memset, ModuleToken, StreamRef, StreamToken, TransferError,
 };
-use crate::cuerror::{CuError, CuResult};
+use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
 
 /// `CU_EVENT_DISABLE_TIMING`.

@@ -13376,8 +13376,9 @@ pub type CUeglStreamConnection = *mut CUeglStreamConnection_st;
 #[derive(Copy, Clone, PartialEq, Eq, Hash)]
 pub struct CuError(pub ::std::num::NonZeroU32);
 
-/// What driver implementations return; `crate::entry` turns it into a `CUresult`.
-pub type CuResult<T> = ::std::result::Result<T, CuError>;
+/// What driver implementations and the server return; the shim's entry points turn it into a
+/// `CUresult`, the server sends it as the `CUresult` number.
+pub type CuResult<T = ()> = ::std::result::Result<T, CuError>;
 
 const fn cu_error(code: u32) -> CuError {
     match ::std::num::NonZeroU32::new(code) {
