@@ -24,7 +24,7 @@ pub struct TcpTransport {
     rbuf: Box<[u8]>,
     rpos: usize,
     rend: usize,
-    /// How long a read polls before it sleeps in the kernel (RGPU_SPIN_US).
+    /// How long a read polls before it sleeps in the kernel.
     spin: Duration,
 }
 
@@ -32,9 +32,13 @@ pub struct TcpTransport {
 /// the kernel can take tens of microseconds to wake (measured here: a 55 µs
 /// loopback round trip falls to 11 µs), more than the round trip itself.
 /// CUDA's own synchronisation spins by default for the same reason. A read
-/// polls this long, then sleeps; RGPU_SPIN_US changes it, 0 turns it off.
+/// polls this long, then sleeps; [`TcpTransport::set_spin`] changes it, 0
+/// turns it off.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// `RGPU_SPIN_US`, for programs configured by their environment (the shim,
+/// `rgpu bench`); else [`DEFAULT_SPIN`]. The library never calls it itself:
+/// a server takes the spin from its own settings.
 pub fn spin_from_env() -> Duration {
     std::env::var("RGPU_SPIN_US").ok().and_then(|v| v.parse().ok()).map(Duration::from_micros).unwrap_or(DEFAULT_SPIN)
 }
@@ -80,8 +84,14 @@ impl TcpTransport {
             rbuf: vec![0u8; READ_BUFFER].into_boxed_slice(),
             rpos: 0,
             rend: 0,
-            spin: spin_from_env(),
+            spin: DEFAULT_SPIN,
         })
+    }
+
+    /// How long each read polls before it sleeps in the kernel; zero turns
+    /// polling off.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
     }
 
     /// Bytes already received and buffered, not yet consumed.

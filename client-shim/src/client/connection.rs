@@ -89,6 +89,8 @@ impl Connection {
     pub fn attach(addr: &str, session_id: u64, key: &[u8]) -> Result<Connection, ClientError> {
         let lost = |e: std::io::Error| ClientError::Unreachable { addr: addr.into(), reason: e.to_string() };
         let mut t = tcp::connect(addr, CONNECT_TIMEOUT).map_err(lost)?;
+        // The shim has no flags or files: its knobs are environment variables.
+        t.set_spin(tcp::spin_from_env());
         let mut hello = Vec::with_capacity(8 + 8 + key.len());
         hello.extend_from_slice(super::transport_select::preamble());
         hello.extend_from_slice(&session_id.to_le_bytes());
