@@ -1,14 +1,18 @@
-//! Server settings: command-line flags, `RGPU_SERVER_*` environment
-//! variables, an optional TOML file (`--config`, same keys as the long
-//! flags), then defaults, in that order of precedence.
+//! Server settings. Each is declared once, in [`Settings`]: its flag, its
+//! environment variable (`RGPU_SERVER_*`, and the shim's `RGPU_SPIN_US`),
+//! and its key in the TOML file `--config` names (the long flag), in that
+//! order of precedence, then its default. [`Config`] is what the server
+//! runs with, checked and derived from the settings.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, ValueEnum};
-use serde::Deserialize;
+use rgpu_config::FromText;
+use rgpu_transport::rdma::RdmaConfig;
+use rgpu_transport::select::Mode;
 
+use crate::backend::sim::kernels::DEFAULT_TIME_LIMIT;
 use crate::backend::sim::SimConfig;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7767";
@@ -17,8 +21,7 @@ pub const DEFAULT_ATTACH_TIMEOUT_MS: u32 = 30_000;
 pub const DEFAULT_DRAIN_TIMEOUT_S: u64 = 30;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BackendKind {
     /// Simulated devices in this process (no GPU needed).
     Sim,
@@ -28,116 +31,107 @@ pub enum BackendKind {
     Auto,
 }
 
-/// rgpu GPU server: exports this host's GPUs (or simulated ones) to rgpu clients.
-#[derive(Debug, Parser, Default)]
-#[command(name = "rgpu-server", version)]
-pub struct Args {
-    /// Address to listen on (port 0 picks a free port).
-    #[arg(long, env = "RGPU_SERVER_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Which backend serves the devices [default: auto].
-    #[arg(long, env = "RGPU_SERVER_BACKEND", value_enum)]
-    pub backend: Option<BackendKind>,
-    /// Number of simulated devices [default: 1].
-    #[arg(long, env = "RGPU_SERVER_SIM_DEVICES", value_name = "N")]
-    pub sim_devices: Option<u32>,
-    /// Memory per simulated device, e.g. 512MiB or 16GiB [default: 16GiB].
-    #[arg(long, env = "RGPU_SERVER_SIM_MEMORY", value_name = "BYTES", value_parser = parse_size)]
-    pub sim_memory: Option<u64>,
-    /// Compute capability of the simulated devices [default: 9.0].
-    #[arg(long, env = "RGPU_SERVER_SIM_COMPUTE_CAPABILITY", value_name = "MAJOR.MINOR",
-          value_parser = parse_cc)]
-    pub sim_compute_capability: Option<(u32, u32)>,
-    /// Mixed with the host name and ordinal into the simulated devices' UUIDs
-    /// [default: the listening address, so a server on a fixed address keeps
-    /// its UUIDs and two servers on one host never share one].
-    #[arg(long, env = "RGPU_SERVER_SIM_SEED")]
-    pub sim_seed: Option<String>,
-    /// How long an opened session waits for its data connection [default: 30000].
-    #[arg(long, env = "RGPU_SERVER_ATTACH_TIMEOUT_MS", value_name = "MS")]
-    pub attach_timeout_ms: Option<u32>,
-    /// Most connections served at once [default: 256].
-    #[arg(long, env = "RGPU_SERVER_MAX_CONNECTIONS", value_name = "N")]
-    pub max_connections: Option<usize>,
-    /// Data-plane transport: tcp, rdma (requires the verbs plugin and a
-    /// device) or auto (RDMA for clients that ask, when available) [default: auto].
-    #[arg(long, env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto")]
-    pub transport: Option<rgpu_transport::select::Mode>,
-    /// RDMA: send bulk replies zero-copy (the client RDMA-READs them from
-    /// this server's buffers, registered once and cached) instead of
-    /// through the staging ring. Opt-in.
-    #[arg(long, env = "RGPU_SERVER_RDMA_ZERO_COPY", value_parser = clap::builder::BoolishValueParser::new())]
-    pub rdma_zero_copy: bool,
-    /// RDMA: receive-ring slots (8 KiB each) per connection, 4..=4096 [default: 64].
-    #[arg(long, env = "RGPU_SERVER_RDMA_RING_SLOTS", value_name = "N")]
-    pub rdma_ring_slots: Option<u16>,
-    /// Pool broker to register with and heartbeat (host:port).
-    #[arg(long, env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
-    pub broker: Option<String>,
-    /// The broker's key file: with it, sessions need a lease token the
-    /// broker signed; without it, anyone may open a session.
-    #[arg(long, env = "RGPU_SERVER_BROKER_KEY_FILE", value_name = "FILE")]
-    pub broker_key_file: Option<PathBuf>,
-    /// Address clients reach this server on, as registered with the broker
-    /// [default: the listening address].
-    #[arg(long, env = "RGPU_SERVER_ADVERTISE", value_name = "ADDR")]
-    pub advertise: Option<String>,
-    /// Topology: this server's node [default: the advertised address].
-    #[arg(long, env = "RGPU_SERVER_NODE")]
-    pub node: Option<String>,
-    /// Topology: the leaf switch above the node [default: "leaf0"].
-    #[arg(long, env = "RGPU_SERVER_LEAF")]
-    pub leaf: Option<String>,
-    /// Topology: the spine above the leaf [default: "spine0"].
-    #[arg(long, env = "RGPU_SERVER_SPINE")]
-    pub spine: Option<String>,
-    /// On SIGTERM with a broker: drain first (no new leases here) and wait
-    /// up to this many seconds for the leases on this server to end; 0
-    /// stops at once [default: 30]. A second signal stops at once.
-    #[arg(long, env = "RGPU_SERVER_DRAIN_TIMEOUT", value_name = "SECS")]
-    pub drain_timeout: Option<u64>,
-    /// Partitions (tenant pools) this server serves, comma-separated [default: default].
-    #[arg(long, env = "RGPU_SERVER_PARTITIONS", value_delimiter = ',')]
-    pub partitions: Option<Vec<String>>,
-    /// TOML file with any of the settings above (keys as the long flags,
-    /// e.g. `sim-memory = "8GiB"`).
-    #[arg(long, env = "RGPU_SERVER_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+impl FromText for BackendKind {
+    fn from_text(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "sim" => Ok(BackendKind::Sim),
+            "cuda" => Ok(BackendKind::Cuda),
+            "auto" => Ok(BackendKind::Auto),
+            _ => Err(format!("unknown backend {s:?} (sim, cuda or auto)")),
+        }
+    }
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    backend: Option<BackendKind>,
-    sim_devices: Option<u32>,
-    sim_memory: Option<SizeValue>,
-    sim_compute_capability: Option<CcValue>,
-    sim_seed: Option<String>,
-    attach_timeout_ms: Option<u32>,
-    max_connections: Option<usize>,
-    broker: Option<String>,
-    broker_key_file: Option<PathBuf>,
-    advertise: Option<String>,
-    node: Option<String>,
-    leaf: Option<String>,
-    spine: Option<String>,
-    partitions: Option<Vec<String>>,
-    drain_timeout: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum SizeValue {
-    Bytes(u64),
-    Text(String),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum CcValue {
-    Text(String),
-    Number(f64),
+rgpu_config::settings! {
+    /// rgpu GPU server: exports this host's GPUs (or simulated ones) to rgpu clients.
+    #[settings(name = "rgpu-server", config_env = "RGPU_SERVER_CONFIG",
+               config_help = "TOML file with any of the settings above (keys as the long flags, e.g. `sim-memory = \"8GiB\"`).")]
+    pub struct Settings {
+        /// Address to listen on (port 0 picks a free port) [default: 127.0.0.1:7767].
+        #[setting(flag = "listen", env = "RGPU_SERVER_LISTEN", value_name = "ADDR")]
+        listen: String = DEFAULT_LISTEN.to_string(),
+        /// Which backend serves the devices: sim (simulated devices in this
+        /// process, no GPU needed), cuda (real GPUs through the CUDA driver,
+        /// found at run time) or auto (cuda when a driver and a device are
+        /// found, else sim) [default: auto].
+        #[setting(flag = "backend", env = "RGPU_SERVER_BACKEND", value_name = "sim|cuda|auto")]
+        backend: BackendKind = BackendKind::Auto,
+        /// Number of simulated devices [default: 1].
+        #[setting(flag = "sim-devices", env = "RGPU_SERVER_SIM_DEVICES", value_name = "N")]
+        sim_devices: u32 = 1,
+        /// Memory per simulated device, e.g. 512MiB, 1.5GiB or 16GiB [default: 16GiB].
+        #[setting(flag = "sim-memory", env = "RGPU_SERVER_SIM_MEMORY", value_name = "BYTES",
+                  parse = rgpu_config::parse_size)]
+        sim_memory: u64 = DEFAULT_SIM_MEMORY,
+        /// Compute capability of the simulated devices [default: 9.0].
+        #[setting(flag = "sim-compute-capability", env = "RGPU_SERVER_SIM_COMPUTE_CAPABILITY",
+                  value_name = "MAJOR.MINOR", parse = parse_cc)]
+        sim_compute_capability: (u32, u32) = (9, 0),
+        /// Mixed with the host name and ordinal into the simulated devices' UUIDs
+        /// [default: the listening address, so a server on a fixed address keeps
+        /// its UUIDs and two servers on one host never share one].
+        #[setting(flag = "sim-seed", env = "RGPU_SERVER_SIM_SEED", value_name = "SIM_SEED")]
+        sim_seed: Option<String> = None,
+        /// Wall-clock limit of one kernel launch on the sim, in seconds
+        /// (decimals allowed); a launch past it fails with
+        /// CUDA_ERROR_LAUNCH_TIMEOUT [default: 30].
+        #[setting(flag = "sim-kernel-timeout", env = "RGPU_SERVER_SIM_KERNEL_TIMEOUT", value_name = "SECS",
+                  parse = parse_seconds)]
+        sim_kernel_timeout: Duration = DEFAULT_TIME_LIMIT,
+        /// How long an opened session waits for its data connection [default: 30000].
+        #[setting(flag = "attach-timeout-ms", env = "RGPU_SERVER_ATTACH_TIMEOUT_MS", value_name = "MS")]
+        attach_timeout_ms: u32 = DEFAULT_ATTACH_TIMEOUT_MS,
+        /// Most connections served at once [default: 256].
+        #[setting(flag = "max-connections", env = "RGPU_SERVER_MAX_CONNECTIONS", value_name = "N")]
+        max_connections: usize = DEFAULT_MAX_CONNECTIONS,
+        /// Data-plane transport: tcp, rdma (requires the verbs plugin and a
+        /// device) or auto (RDMA for clients that ask, when available) [default: auto].
+        #[setting(flag = "transport", env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto",
+                  parse = rgpu_config::via_from_str)]
+        transport: Mode = Mode::Auto,
+        /// RDMA: send bulk replies zero-copy (the client RDMA-READs them from
+        /// this server's buffers, registered once and cached) instead of
+        /// through the staging ring. Opt-in.
+        #[setting(flag = "rdma-zero-copy", env = "RGPU_SERVER_RDMA_ZERO_COPY")]
+        rdma_zero_copy: bool = false,
+        /// RDMA: receive-ring slots (8 KiB each) per connection, 4..=4096 [default: 64].
+        #[setting(flag = "rdma-ring-slots", env = "RGPU_SERVER_RDMA_RING_SLOTS", value_name = "N")]
+        rdma_ring_slots: Option<u16> = None,
+        /// TCP data connections: how long a read polls before it sleeps in
+        /// the kernel, in microseconds; polling trades CPU for latency, 0
+        /// turns it off. The same variable sets the shim's [default: 50].
+        #[setting(flag = "spin-us", env = "RGPU_SPIN_US", value_name = "US")]
+        spin_us: u64 = rgpu_transport::tcp::DEFAULT_SPIN.as_micros() as u64,
+        /// Pool broker to register with and heartbeat (host:port).
+        #[setting(flag = "broker", env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
+        broker: Option<String> = None,
+        /// The broker's key file: with it, sessions need a lease token the
+        /// broker signed; without it, anyone may open a session.
+        #[setting(flag = "broker-key-file", env = "RGPU_SERVER_BROKER_KEY_FILE", value_name = "FILE")]
+        broker_key_file: Option<PathBuf> = None,
+        /// Address clients reach this server on, as registered with the broker
+        /// [default: the listening address].
+        #[setting(flag = "advertise", env = "RGPU_SERVER_ADVERTISE", value_name = "ADDR")]
+        advertise: Option<String> = None,
+        /// Topology: this server's node [default: the advertised address].
+        #[setting(flag = "node", env = "RGPU_SERVER_NODE", value_name = "NODE")]
+        node: Option<String> = None,
+        /// Topology: the leaf switch above the node [default: "leaf0"].
+        #[setting(flag = "leaf", env = "RGPU_SERVER_LEAF", value_name = "LEAF")]
+        leaf: String = "leaf0".to_string(),
+        /// Topology: the spine above the leaf [default: "spine0"].
+        #[setting(flag = "spine", env = "RGPU_SERVER_SPINE", value_name = "SPINE")]
+        spine: String = "spine0".to_string(),
+        /// On SIGTERM with a broker: drain first (no new leases here) and wait
+        /// up to this many seconds for the leases on this server to end; 0
+        /// stops at once [default: 30]. A second signal stops at once.
+        #[setting(flag = "drain-timeout", env = "RGPU_SERVER_DRAIN_TIMEOUT", value_name = "SECS")]
+        drain_timeout: u64 = DEFAULT_DRAIN_TIMEOUT_S,
+        /// Partitions (tenant pools) this server serves, comma-separated (in
+        /// the file, a string or an array) [default: default].
+        #[setting(flag = "partitions", env = "RGPU_SERVER_PARTITIONS", value_name = "PARTITIONS")]
+        partitions: Vec<String> = Vec::new(),
+    }
 }
 
 /// The effective settings.
@@ -148,8 +142,26 @@ pub struct Config {
     pub sim: SimConfig,
     pub attach_timeout: Duration,
     pub max_connections: usize,
+    /// The data plane's transport.
+    pub transport: TransportConfig,
     /// The pool broker, if any.
     pub pool: PoolConfig,
+}
+
+/// How data connections are carried (see [`crate::transport_select`]).
+#[derive(Debug, Clone)]
+pub struct TransportConfig {
+    pub mode: Mode,
+    /// `--rdma-zero-copy`, `--rdma-ring-slots`.
+    pub rdma: RdmaConfig,
+    /// How long a read on a TCP data connection polls before it sleeps.
+    pub tcp_spin: Duration,
+}
+
+impl Default for TransportConfig {
+    fn default() -> Self {
+        TransportConfig { mode: Mode::Auto, rdma: RdmaConfig::default(), tcp_spin: rgpu_transport::tcp::DEFAULT_SPIN }
+    }
 }
 
 /// Settings for the pool broker; the default is no broker (sessions open
@@ -167,108 +179,52 @@ pub struct PoolConfig {
 }
 
 impl Config {
-    /// Merges flags/env (already in `args`), the TOML file and defaults.
-    pub fn load(args: Args) -> anyhow::Result<Config> {
-        let file = match &args.config {
-            Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read config file {}", path.display()))?;
-                toml::from_str::<FileConfig>(&text)
-                    .with_context(|| format!("invalid config file {}", path.display()))?
-            }
-            None => FileConfig::default(),
-        };
-        let sim_memory = match (args.sim_memory, file.sim_memory) {
-            (Some(v), _) => v,
-            (None, Some(SizeValue::Bytes(v))) => v,
-            (None, Some(SizeValue::Text(t))) => {
-                parse_size(&t).map_err(anyhow::Error::msg).context("config key sim-memory")?
-            }
-            (None, None) => DEFAULT_SIM_MEMORY,
-        };
-        let cc = match (args.sim_compute_capability, file.sim_compute_capability) {
-            (Some(v), _) => v,
-            (None, Some(CcValue::Text(t))) => {
-                parse_cc(&t).map_err(anyhow::Error::msg).context("config key sim-compute-capability")?
-            }
-            (None, Some(CcValue::Number(n))) => parse_cc(&format!("{n:.1}"))
-                .map_err(anyhow::Error::msg)
-                .context("config key sim-compute-capability")?,
-            (None, None) => (9, 0),
-        };
-        let cfg = Config {
-            listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.to_string()),
-            backend: args.backend.or(file.backend).unwrap_or(BackendKind::Auto),
-            sim: SimConfig {
-                devices: args.sim_devices.or(file.sim_devices).unwrap_or(1),
-                memory: sim_memory,
-                compute_capability: cc,
-                seed: args.sim_seed.or(file.sim_seed),
-            },
-            attach_timeout: Duration::from_millis(
-                args.attach_timeout_ms.or(file.attach_timeout_ms).unwrap_or(DEFAULT_ATTACH_TIMEOUT_MS)
-                    as u64,
-            ),
-            max_connections: args
-                .max_connections
-                .or(file.max_connections)
-                .unwrap_or(DEFAULT_MAX_CONNECTIONS),
-            pool: PoolConfig {
-            broker: args.broker.or(file.broker),
-            broker_key: match args.broker_key_file.or(file.broker_key_file) {
-                Some(p) => {
-                    let bytes = std::fs::read(&p)
-                        .with_context(|| format!("cannot read broker key file {}", p.display()))?;
-                    Some(
-                        rgpu_protocol::token::parse_key(&bytes)
-                            .with_context(|| format!("broker key file {}", p.display()))?,
-                    )
-                }
-                None => None,
-            },
-            advertise: args.advertise.or(file.advertise),
-            labels: crate::broker::Labels {
-                node: args.node.or(file.node).unwrap_or_default(),
-                leaf: args.leaf.or(file.leaf).unwrap_or_else(|| "leaf0".into()),
-                spine: args.spine.or(file.spine).unwrap_or_else(|| "spine0".into()),
-                partitions: args.partitions.or(file.partitions).unwrap_or_default(),
-            },
-            drain_timeout: Duration::from_secs(
-                args.drain_timeout.or(file.drain_timeout).unwrap_or(DEFAULT_DRAIN_TIMEOUT_S),
-            ),
-            },
-        };
-        if cfg.sim.devices == 0 {
+    /// Checks the settings and reads the files they name.
+    pub fn from_settings(s: Settings) -> anyhow::Result<Config> {
+        if s.sim_devices == 0 {
             bail!("sim-devices must be at least 1");
         }
-        if cfg.max_connections == 0 {
+        if s.max_connections == 0 {
             bail!("max-connections must be at least 1");
         }
-        Ok(cfg)
+        let rdma = RdmaConfig::with_knobs(s.rdma_zero_copy, s.rdma_ring_slots)
+            .map_err(anyhow::Error::msg)
+            .context("rdma-ring-slots")?;
+        let broker_key = match &s.broker_key_file {
+            Some(p) => {
+                let bytes =
+                    std::fs::read(p).with_context(|| format!("cannot read broker key file {}", p.display()))?;
+                Some(rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("broker key file {}", p.display()))?)
+            }
+            None => None,
+        };
+        Ok(Config {
+            listen: s.listen,
+            backend: s.backend,
+            sim: SimConfig {
+                devices: s.sim_devices,
+                memory: s.sim_memory,
+                compute_capability: s.sim_compute_capability,
+                seed: s.sim_seed,
+                kernel_time_limit: s.sim_kernel_timeout,
+            },
+            attach_timeout: Duration::from_millis(s.attach_timeout_ms as u64),
+            max_connections: s.max_connections,
+            transport: TransportConfig { mode: s.transport, rdma, tcp_spin: Duration::from_micros(s.spin_us) },
+            pool: PoolConfig {
+                broker: s.broker,
+                broker_key,
+                advertise: s.advertise,
+                labels: crate::broker::Labels {
+                    node: s.node.unwrap_or_default(),
+                    leaf: s.leaf,
+                    spine: s.spine,
+                    partitions: s.partitions,
+                },
+                drain_timeout: Duration::from_secs(s.drain_timeout),
+            },
+        })
     }
-}
-
-/// Parses a byte count: a number with an optional unit. `KiB`/`MiB`/`GiB`/
-/// `TiB` (and `K`/`M`/`G`/`T`) are powers of 1024, `KB`/`MB`/`GB`/`TB`
-/// powers of 1000, `B` or nothing is bytes.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '_').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.replace('_', "").parse().map_err(|_| format!("invalid size {s:?}: expected e.g. 512MiB or 16GiB"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "m" | "mib" => 1 << 20,
-        "g" | "gib" => 1 << 30,
-        "t" | "tib" => 1 << 40,
-        "kb" => 1_000,
-        "mb" => 1_000_000,
-        "gb" => 1_000_000_000,
-        "tb" => 1_000_000_000_000,
-        u => return Err(format!("invalid size {s:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
-    };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} is too large"))
 }
 
 /// Parses a compute capability such as `9.0` or `8.6`.
@@ -283,29 +239,141 @@ pub fn parse_cc(s: &str) -> Result<(u32, u32), String> {
     Ok((major, minor))
 }
 
+/// Parses a positive number of seconds, decimals allowed (`30`, `2.5`).
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let err = || format!("invalid duration {s:?}: expected a number of seconds more than 0, e.g. 30 or 2.5");
+    let secs: f64 = s.trim().parse().map_err(|_| err())?;
+    if !(secs > 0.0) {
+        return Err(err());
+    }
+    Duration::try_from_secs_f64(secs).map_err(|_| err())
+}
+
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
+    use rgpu_config::Settings as _;
+
     use super::*;
 
+    /// Two values per setting that read differently, one not the default.
+    const SAMPLES: &[(&str, [&str; 2])] = &[
+        ("listen", ["0.0.0.0:1", "127.0.0.1:2"]),
+        ("backend", ["sim", "cuda"]),
+        ("sim-devices", ["3", "4"]),
+        ("sim-memory", ["1.5GiB", "4096"]),
+        ("sim-compute-capability", ["8.6", "7.5"]),
+        ("sim-seed", ["a", "b"]),
+        ("sim-kernel-timeout", ["2.5", "60"]),
+        ("attach-timeout-ms", ["100", "200"]),
+        ("max-connections", ["8", "9"]),
+        ("transport", ["tcp", "rdma"]),
+        ("rdma-zero-copy", ["true", "false"]),
+        ("rdma-ring-slots", ["128", "4096"]),
+        ("spin-us", ["0", "7"]),
+        ("broker", ["b:1", "b:2"]),
+        ("broker-key-file", ["/k1", "/k2"]),
+        ("advertise", ["a:1", "a:2"]),
+        ("node", ["n1", "n2"]),
+        ("leaf", ["l1", "l2"]),
+        ("spine", ["s1", "s2"]),
+        ("drain-timeout", ["0", "5"]),
+        ("partitions", ["a,b", "c"]),
+    ];
+
     #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("512MiB"), Ok(512 << 20));
-        assert_eq!(parse_size("16GiB"), Ok(16 << 30));
-        assert_eq!(parse_size("2g"), Ok(2 << 30));
-        assert_eq!(parse_size("1GB"), Ok(1_000_000_000));
-        assert!(parse_size("12XB").is_err());
-        assert!(parse_size("GiB").is_err());
-        assert!(parse_size("99999999999TiB").is_err());
+    fn every_flag_is_a_file_key_and_flag_beats_env_beats_file_beats_default() {
+        rgpu_config::testing::check_every_setting::<Settings>(SAMPLES);
+    }
+
+    /// Scripts, tests and docs use these names: renaming one breaks them.
+    #[test]
+    fn flag_and_environment_names_are_stable() {
+        let keys: Vec<(&str, &str)> = Settings::keys().to_vec();
+        let want: Vec<(&str, String)> = SAMPLES
+            .iter()
+            .map(|(k, _)| {
+                let env = match *k {
+                    "spin-us" => "RGPU_SPIN_US".to_string(),
+                    k => format!("RGPU_SERVER_{}", k.to_ascii_uppercase().replace('-', "_")),
+                };
+                (*k, env)
+            })
+            .collect();
+        assert_eq!(keys.iter().map(|(k, e)| (*k, e.to_string())).collect::<Vec<_>>(), want);
+        assert_eq!(Settings::CONFIG_ENV, "RGPU_SERVER_CONFIG");
+    }
+
+    fn load(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let argv = std::iter::once("rgpu-server").chain(args.iter().copied());
+        Config::from_settings(Settings::load_from(argv, &env)?.settings)
     }
 
     #[test]
-    fn rdma_knobs_are_flags() {
-        let a = Args::try_parse_from(["rgpu-server", "--rdma-zero-copy", "--rdma-ring-slots", "128"]).unwrap();
-        assert_eq!((a.rdma_zero_copy, a.rdma_ring_slots), (true, Some(128)));
-        let a = Args::try_parse_from(["rgpu-server"]).unwrap();
-        assert_eq!((a.rdma_zero_copy, a.rdma_ring_slots), (false, None));
-        assert!(Args::try_parse_from(["rgpu-server", "--rdma-ring-slots", "70000"]).is_err());
+    fn defaults() {
+        let c = load(&[], &[]).unwrap();
+        assert_eq!((c.listen.as_str(), c.backend), (DEFAULT_LISTEN, BackendKind::Auto));
+        assert_eq!((c.sim.devices, c.sim.memory, c.sim.compute_capability, c.sim.seed), (1, DEFAULT_SIM_MEMORY, (9, 0), None));
+        assert_eq!(c.sim.kernel_time_limit, DEFAULT_TIME_LIMIT);
+        assert_eq!(c.attach_timeout, Duration::from_millis(DEFAULT_ATTACH_TIMEOUT_MS as u64));
+        assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.transport.mode, Mode::Auto);
+        assert_eq!(c.transport.tcp_spin, rgpu_transport::tcp::DEFAULT_SPIN);
+        assert_eq!(c.transport.tcp_spin, TransportConfig::default().tcp_spin);
+        assert_eq!((c.transport.rdma.zero_copy, c.transport.rdma.recv_slots), (false, RdmaConfig::default().recv_slots));
+        assert_eq!((c.pool.labels.leaf.as_str(), c.pool.labels.spine.as_str()), ("leaf0", "spine0"));
+        assert!(c.pool.broker.is_none() && c.pool.labels.partitions.is_empty());
+        assert_eq!(c.pool.drain_timeout, Duration::from_secs(DEFAULT_DRAIN_TIMEOUT_S));
+    }
+
+    #[test]
+    fn the_file_takes_the_transport_and_rdma_knobs() {
+        let dir = std::env::temp_dir().join(format!("rgpu-server-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("server.toml");
+        std::fs::write(
+            &path,
+            "transport = \"tcp\"\nrdma-zero-copy = true\nrdma-ring-slots = 128\nsim-kernel-timeout = 0.5\n\
+             spin-us = 0\nsim-compute-capability = 8.6\nsim-memory = \"1GiB\"\npartitions = [\"a\", \"b\"]\n",
+        )
+        .unwrap();
+        let c = load(&["--config", path.to_str().unwrap()], &[]).unwrap();
+        assert_eq!(c.transport.mode, Mode::Tcp);
+        assert_eq!((c.transport.rdma.zero_copy, c.transport.rdma.recv_slots), (true, 128));
+        assert_eq!(c.sim.kernel_time_limit, Duration::from_millis(500));
+        assert_eq!(c.transport.tcp_spin, Duration::ZERO);
+        assert_eq!((c.sim.compute_capability, c.sim.memory), ((8, 6), 1 << 30));
+        assert_eq!(c.pool.labels.partitions, ["a", "b"]);
+        // The same file named by the environment; a flag still wins.
+        let c = load(&["--rdma-zero-copy=false"], &[("RGPU_SERVER_CONFIG", path.to_str().unwrap())]).unwrap();
+        assert_eq!((c.transport.mode, c.transport.rdma.zero_copy), (Mode::Tcp, false));
+        std::fs::write(&path, "bogus = 1\n").unwrap();
+        let e = load(&["--config", path.to_str().unwrap()], &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("unknown key `bogus`"), "{e:#}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn checks_that_need_more_than_a_parser() {
+        assert!(load(&["--rdma-ring-slots", "70000"], &[]).is_err(), "wider than u16");
+        let e = load(&["--rdma-ring-slots", "2"], &[]).unwrap_err();
+        assert!(format!("{e:#}").contains("rdma-ring-slots"), "{e:#}");
+        assert!(load(&["--sim-devices", "0"], &[]).is_err());
+        assert!(load(&["--max-connections", "0"], &[]).is_err());
+        assert!(load(&[], &[("RGPU_SERVER_BROKER_KEY_FILE", "/nonexistent/broker.key")]).is_err());
+        let e = load(&[], &[("RGPU_SERVER_SIM_KERNEL_TIMEOUT", "0")]).unwrap_err();
+        assert!(format!("{e:#}").contains("RGPU_SERVER_SIM_KERNEL_TIMEOUT"), "{e:#}");
+    }
+
+    #[test]
+    fn seconds() {
+        assert_eq!(parse_seconds("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_seconds(" 2.5 "), Ok(Duration::from_millis(2500)));
+        for bad in ["0", "-1", "inf", "NaN", "x", "", "1e300"] {
+            assert!(parse_seconds(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
@@ -317,29 +385,8 @@ mod tests {
     }
 
     #[test]
-    fn precedence_flags_over_file_over_defaults() {
-        let dir = std::env::temp_dir().join(format!("rgpu-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("server.toml");
-        std::fs::write(
-            &path,
-            "listen = \"0.0.0.0:1\"\nsim-devices = 3\nsim-memory = \"1GiB\"\nsim-compute-capability = 8.6\n",
-        )
-        .unwrap();
-        let args = Args {
-            listen: Some("127.0.0.1:0".into()),
-            config: Some(path.clone()),
-            ..Args::default()
-        };
-        let c = Config::load(args).unwrap();
-        assert_eq!(c.listen, "127.0.0.1:0");
-        assert_eq!(c.sim.devices, 3);
-        assert_eq!(c.sim.memory, 1 << 30);
-        assert_eq!(c.sim.compute_capability, (8, 6));
-        assert_eq!(c.backend, BackendKind::Auto);
-        std::fs::write(&path, "bogus = 1\n").unwrap();
-        let args = Args { config: Some(path), ..Args::default() };
-        assert!(Config::load(args).is_err());
-        let _ = std::fs::remove_dir_all(dir);
+    fn backends() {
+        assert_eq!(BackendKind::from_text("SIM"), Ok(BackendKind::Sim));
+        assert!(BackendKind::from_text("gpu").is_err());
     }
 }

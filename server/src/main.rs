@@ -3,14 +3,15 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
-use rgpu_server::config::{Args, Config};
+use rgpu_config::Settings as _;
+use rgpu_server::config::{Config, Settings};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    // Before logging starts: `--help` and bad flags print and exit here.
+    let settings = Settings::from_process().unwrap_or_else(|e| e.exit()).settings;
     let filter = EnvFilter::try_from_env("RGPU_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
@@ -18,7 +19,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(ansi)
         .init();
-    match run(args) {
+    match run(settings) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -27,12 +28,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
-    let rdma = rgpu_transport::rdma::RdmaConfig::with_knobs(args.rdma_zero_copy, args.rdma_ring_slots)
-        .map_err(anyhow::Error::msg)
-        .context("--rdma-ring-slots")?;
-    rgpu_server::transport_select::init(args.transport.unwrap_or_default(), rdma)?;
-    let mut config = Config::load(args)?;
+fn run(settings: Settings) -> anyhow::Result<()> {
+    let mut config = Config::from_settings(settings)?;
+    rgpu_server::transport_select::init(&config.transport)?;
     // Bind first: the sim's device UUIDs default to being derived from the
     // address, so that two servers on one host never show the same device.
     let std_listener = std::net::TcpListener::bind(&config.listen)

@@ -47,9 +47,16 @@ impl TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
             backend: BackendKind::Sim,
-            sim: SimConfig { devices, memory, compute_capability: (9, 0), seed: None },
+            sim: SimConfig {
+                devices,
+                memory,
+                compute_capability: (9, 0),
+                seed: None,
+                kernel_time_limit: rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT,
+            },
             attach_timeout,
             max_connections: 64,
+            transport: Default::default(),
             pool,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =

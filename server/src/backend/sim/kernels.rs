@@ -8,7 +8,7 @@
 //! instruction). A launch runs the grid to completion on the session's
 //! thread (blocks spread over the host's cores), which keeps stream order.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use rgpu_ptx::{ExecError, Fault, GlobalMemory, LaunchConfig, Module, Program, Region};
@@ -20,7 +20,8 @@ use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::ModuleImage;
 
 /// Wall-clock limit of one launch; past it the launch fails with
-/// `CUDA_ERROR_LAUNCH_TIMEOUT`. Seconds, from `RGPU_SERVER_SIM_KERNEL_TIMEOUT`.
+/// `CUDA_ERROR_LAUNCH_TIMEOUT`; the server's `--sim-kernel-timeout` sets it
+/// ([`super::SimConfig::kernel_time_limit`]).
 pub const DEFAULT_TIME_LIMIT: Duration = Duration::from_secs(30);
 
 /// Most printf bytes kept per launch (CUDA's default printf FIFO size).
@@ -29,17 +30,6 @@ const PRINTF_LIMIT: usize = 1 << 20;
 /// Below this many threads a grid runs on one host thread: starting
 /// workers would cost more than the kernel.
 const PARALLEL_THRESHOLD: u64 = 4096;
-
-fn time_limit() -> Duration {
-    static LIMIT: OnceLock<Duration> = OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        std::env::var("RGPU_SERVER_SIM_KERNEL_TIMEOUT")
-            .ok()
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map_or(DEFAULT_TIME_LIMIT, Duration::from_secs_f64)
-    })
-}
 
 /// Decodes every kernel of `parsed` (in its order); `Err` says why a kernel
 /// cannot run on the sim.
@@ -109,8 +99,16 @@ unsafe impl GlobalMemory for SessionMemory {
     }
 }
 
-/// Runs one launch; device printf output is appended to `output`.
-pub fn run(prog: &Program, dims: &LaunchDims, params: &[u8], mem: &SessionMemory, output: &mut Vec<u8>) -> CuResult {
+/// Runs one launch, failing it past `time_limit`; device printf output is
+/// appended to `output`.
+pub fn run(
+    prog: &Program,
+    dims: &LaunchDims,
+    params: &[u8],
+    mem: &SessionMemory,
+    output: &mut Vec<u8>,
+    time_limit: Duration,
+) -> CuResult {
     let threads = dims.grid.iter().chain(&dims.block).map(|&d| d as u64).product::<u64>();
     let workers = if threads < PARALLEL_THRESHOLD { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
     let cfg = LaunchConfig {
@@ -118,7 +116,7 @@ pub fn run(prog: &Program, dims: &LaunchDims, params: &[u8], mem: &SessionMemory
         block: dims.block,
         dyn_shared: dims.shared_mem_bytes,
         workers,
-        time_limit: time_limit(),
+        time_limit,
         printf_limit: PRINTF_LIMIT,
     };
     match rgpu_ptx::launch(prog, &cfg, params, mem) {
@@ -126,12 +124,12 @@ pub fn run(prog: &Program, dims: &LaunchDims, params: &[u8], mem: &SessionMemory
             output.extend_from_slice(&out.printf);
             Ok(())
         }
-        Err(e) => Err(launch_error(&e)),
+        Err(e) => Err(launch_error(&e, time_limit)),
     }
 }
 
 /// The CUDA error for a failed launch, logged with where it happened.
-fn launch_error(e: &ExecError) -> CuError {
+fn launch_error(e: &ExecError, time_limit: Duration) -> CuError {
     let (b, t) = (e.block, e.thread);
     let at = format!("kernel {} block ({},{},{}) thread ({},{},{}) PTX line {}", e.kernel, b[0], b[1], b[2], t[0], t[1], t[2], e.line);
     match &e.fault {
@@ -144,7 +142,7 @@ fn launch_error(e: &ExecError) -> CuError {
             CuError::MISALIGNED_ADDRESS
         }
         Fault::Timeout => {
-            warn!("launch timed out after {:?}: {at} (RGPU_SERVER_SIM_KERNEL_TIMEOUT sets the limit)", time_limit());
+            warn!("launch timed out after {time_limit:?}: {at} (--sim-kernel-timeout sets the limit)");
             CuError::LAUNCH_TIMEOUT
         }
         Fault::Trap => {

@@ -15,7 +15,7 @@ pub mod memory;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
 
@@ -40,6 +40,8 @@ pub struct SimConfig {
     pub compute_capability: (u32, u32),
     /// Mixed into the device UUIDs, so two servers on one host can differ.
     pub seed: Option<String>,
+    /// Wall-clock limit of one kernel launch.
+    pub kernel_time_limit: Duration,
 }
 
 pub struct SimBackend {
@@ -49,6 +51,7 @@ pub struct SimBackend {
 struct Shared {
     info: Vec<DeviceInfo>,
     memory: Vec<DeviceMemory>,
+    kernel_time_limit: Duration,
 }
 
 impl Shared {
@@ -101,7 +104,7 @@ impl SimBackend {
             });
             memory.push(mem);
         }
-        Ok(SimBackend { shared: Arc::new(Shared { info, memory }) })
+        Ok(SimBackend { shared: Arc::new(Shared { info, memory, kernel_time_limit: cfg.kernel_time_limit }) })
     }
 }
 
@@ -489,7 +492,7 @@ impl BackendSession for SimSession {
                 r
             }
         };
-        kernels::run(&prog, dims, params, &regions, &mut self.output)
+        kernels::run(&prog, dims, params, &regions, &mut self.output, self.shared.kernel_time_limit)
     }
 
     fn take_output(&mut self) -> Vec<u8> {
