@@ -3,22 +3,66 @@
 //! No Rust panic may unwind into a C caller, and an unimplemented function must answer honestly:
 //! `call` turns a panic into `CUDA_ERROR_UNKNOWN` (plus an error log), and `unsupported` returns
 //! `CUDA_ERROR_NOT_SUPPORTED` after logging the name once.
+//!
+//! [`FromCuda`] is how the raw C arguments become the typed parameters an implementation
+//! declares, once, at the boundary: implementations never check an out-pointer for null.
 
 use crate::cuda::types::{cu_result, CUresult, CuError, CuResult};
+use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Runs an implemented entry point: traces the call, catches any panic.
-pub(crate) fn call(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> CUresult {
+/// A conversion from a raw C argument (`Raw`) to what an implementation takes.
+pub(crate) trait FromCuda<Raw>: Sized {
+    /// # Safety
+    /// A pointer argument must be valid for the call, as the driver API requires of callers.
+    unsafe fn from_cuda(raw: Raw) -> CuResult<Self>;
+}
+
+/// Any argument as it came.
+impl<T: Copy> FromCuda<T> for T {
+    unsafe fn from_cuda(raw: T) -> CuResult<T> {
+        Ok(raw)
+    }
+}
+
+/// A required out-pointer: null is `CUDA_ERROR_INVALID_VALUE`, as every driver function
+/// answers for a missing result pointer. The reference lives for the call only.
+impl<'a, T> FromCuda<*mut T> for &'a mut T {
+    unsafe fn from_cuda(raw: *mut T) -> CuResult<&'a mut T> {
+        raw.as_mut().ok_or(CuError::INVALID_VALUE)
+    }
+}
+
+/// An optional out-pointer (the driver writes it only when given).
+impl<'a, T> FromCuda<*mut T> for Option<&'a mut T> {
+    unsafe fn from_cuda(raw: *mut T) -> CuResult<Option<&'a mut T>> {
+        Ok(raw.as_mut())
+    }
+}
+
+/// A required input structure passed by pointer.
+impl<'a, T> FromCuda<*const T> for &'a T {
+    unsafe fn from_cuda(raw: *const T) -> CuResult<&'a T> {
+        raw.as_ref().ok_or(CuError::INVALID_VALUE)
+    }
+}
+
+/// Runs an implemented entry point: traces the call with its arguments and result (at
+/// `RGPU_LOG=trace`; when that level is off, the check is one load and the arguments are never
+/// formatted), and catches any panic.
+pub(crate) fn call(name: &'static str, args: &[&dyn Debug], f: impl FnOnce() -> CuResult<()>) -> CUresult {
     // Tracing runs inside the guard too: at process exit (cudart releases
     // its contexts from __cxa_finalize) thread-locals may already be gone,
     // and touching them panics.
     match catch_unwind(AssertUnwindSafe(|| {
-        tracing::trace!(target: "rgpu::cuda", "{name}");
-        let result = f();
-        if let Err(e) = &result {
-            tracing::trace!(target: "rgpu::cuda", "{name} -> {e:?}");
+        if !tracing::enabled!(target: "rgpu::cuda", tracing::Level::TRACE) {
+            return f();
         }
+        let span = tracing::trace_span!(target: "rgpu::cuda", "call", function = name);
+        let _entered = span.enter();
+        let result = f();
+        tracing::trace!(target: "rgpu::cuda", "{name}({}) -> {}", Args(args), Outcome(&result));
         result
     })) {
         Ok(result) => cu_result(result),
@@ -38,6 +82,31 @@ pub(crate) fn call(name: &'static str, f: impl FnOnce() -> CuResult<()>) -> CUre
                 let _ = writeln!(std::io::stderr(), "rgpu: {name} panicked: {msg}; returning CUDA_ERROR_UNKNOWN");
             }
             CuError::UNKNOWN.into()
+        }
+    }
+}
+
+struct Args<'a>(&'a [&'a dyn Debug]);
+
+impl std::fmt::Display for Args<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, a) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{a:?}")?;
+        }
+        Ok(())
+    }
+}
+
+struct Outcome<'a>(&'a CuResult<()>);
+
+impl std::fmt::Display for Outcome<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Ok(()) => f.write_str("CUDA_SUCCESS"),
+            Err(e) => write!(f, "{e:?}"),
         }
     }
 }
@@ -85,15 +154,39 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_unknown() {
-        let (r, log) = captured(|| call("cuTestPanic", || panic!("boom")));
+        let (r, log) = captured(|| call("cuTestPanic", &[], || panic!("boom")));
         assert_eq!(r, CUresult::CUDA_ERROR_UNKNOWN);
         assert!(log.contains("cuTestPanic panicked: boom"), "{log}");
     }
 
     #[test]
     fn results_pass_through() {
-        assert_eq!(call("cuTestOk", || Ok(())), CUresult::CUDA_SUCCESS);
-        assert_eq!(call("cuTestErr", || Err(CuError::INVALID_VALUE)), CUresult::CUDA_ERROR_INVALID_VALUE);
+        assert_eq!(call("cuTestOk", &[], || Ok(())), CUresult::CUDA_SUCCESS);
+        assert_eq!(call("cuTestErr", &[], || Err(CuError::INVALID_VALUE)), CUresult::CUDA_ERROR_INVALID_VALUE);
+    }
+
+    /// At trace level a call is logged with its arguments and its result.
+    #[test]
+    fn trace_shows_arguments_and_result() {
+        let (r, log) = captured(|| call("cuTestArgs", &[&7i32, &0x1000usize, &CUresult::CUDA_SUCCESS], || Err(CuError::NOT_READY)));
+        assert_eq!(r, CUresult::CUDA_ERROR_NOT_READY);
+        assert!(log.contains("cuTestArgs(7, 4096, cudaError_enum(0)) -> CUDA_ERROR_NOT_READY"), "{log}");
+    }
+
+    /// The conversions the entry points apply: a null required pointer is refused before the
+    /// implementation runs, an optional one becomes `None`.
+    #[test]
+    fn from_cuda_checks_pointers() {
+        let mut x = 5u32;
+        unsafe {
+            let r: &mut u32 = FromCuda::from_cuda(&mut x as *mut u32).unwrap();
+            *r = 6;
+            assert_eq!(x, 6);
+            assert_eq!(<&mut u32 as FromCuda<*mut u32>>::from_cuda(std::ptr::null_mut()).err(), Some(CuError::INVALID_VALUE));
+            assert!(<Option<&mut u32> as FromCuda<*mut u32>>::from_cuda(std::ptr::null_mut()).unwrap().is_none());
+            assert_eq!(<&u32 as FromCuda<*const u32>>::from_cuda(std::ptr::null()).err(), Some(CuError::INVALID_VALUE));
+            assert_eq!(<i32 as FromCuda<i32>>::from_cuda(-3), Ok(-3));
+        }
     }
 
     /// An unimplemented export returns 801 and warns once, however often it is called.

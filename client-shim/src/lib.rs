@@ -5,16 +5,21 @@
 //! and log their name once.
 //!
 //! Where things are: a driver function `cuXxx` is implemented in `r#impl::<group>` (the
-//! macro's naming rule), talks to servers through `client::connection`, whose messages are
-//! `rgpu_protocol::data_capnp`; the server side of each message is in `rgpu-server`'s
-//! `command` modules.
+//! macro's naming rule), on the object layer `objects` (every handle table and the ownership
+//! tree of contexts, streams, events, modules, libraries and allocations), and talks to servers
+//! through `client::connection`, whose messages are `rgpu_protocol::data_capnp`; the server side
+//! of each message is in `rgpu-server`'s `command` modules.
+//!
+//! Layers, each using only those below it: `entry` + `exports` (the C ABI) → `r#impl` (one
+//! file per API group; its files never import each other) → `objects` → `runtime` (servers and
+//! devices) → `client` (the wire).
 
 mod client;
 mod cuda;
 mod dark_api;
 mod entry;
-mod handles;
 mod logging;
+mod objects;
 mod proc_address;
 mod runtime;
 pub mod r#impl;
@@ -53,14 +58,10 @@ rgpu_shim_macros::cuda_entry_points! {
         cuDeviceGetP2PAttribute,
         cuDeviceGetPCIBusId,
         cuDeviceGetUuid,
-        cuDeviceGetUuid_v2,
         cuDevicePrimaryCtxGetState,
-        cuDevicePrimaryCtxRelease,
         cuDevicePrimaryCtxRelease_v2,
-        cuDevicePrimaryCtxReset,
         cuDevicePrimaryCtxReset_v2,
         cuDevicePrimaryCtxRetain,
-        cuDevicePrimaryCtxSetFlags,
         cuDevicePrimaryCtxSetFlags_v2,
         cuDeviceTotalMem,
         cuDeviceTotalMem_v2,
@@ -68,12 +69,9 @@ rgpu_shim_macros::cuda_entry_points! {
         cuEventCreate,
         cuEventDestroy_v2,
         cuEventElapsedTime,
-        cuEventElapsedTime_v2,
         cuEventQuery,
         cuEventRecord,
         cuEventRecordWithFlags,
-        cuEventRecordWithFlags_ptsz,
-        cuEventRecord_ptsz,
         cuEventSynchronize,
         cuFuncGetAttribute,
         cuFuncGetModule,
@@ -99,8 +97,6 @@ rgpu_shim_macros::cuda_entry_points! {
         cuKernelSetCacheConfig,
         cuLaunchKernel,
         cuLaunchKernelEx,
-        cuLaunchKernelEx_ptsz,
-        cuLaunchKernel_ptsz,
         cuLibraryEnumerateKernels,
         cuLibraryGetGlobal,
         cuLibraryGetKernel,
@@ -122,32 +118,18 @@ rgpu_shim_macros::cuda_entry_points! {
         cuMemHostUnregister,
         cuMemcpy,
         cuMemcpy2DAsync_v2,
-        cuMemcpy2DAsync_v2_ptsz,
-        cuMemcpy2DUnaligned_v2,
-        cuMemcpy2DUnaligned_v2_ptds,
         cuMemcpy2D_v2,
-        cuMemcpy2D_v2_ptds,
         cuMemcpyAsync,
-        cuMemcpyAsync_ptsz,
         cuMemcpyDtoDAsync_v2,
-        cuMemcpyDtoDAsync_v2_ptsz,
         cuMemcpyDtoD_v2,
-        cuMemcpyDtoD_v2_ptds,
         cuMemcpyDtoHAsync_v2,
-        cuMemcpyDtoHAsync_v2_ptsz,
         cuMemcpyDtoH_v2,
-        cuMemcpyDtoH_v2_ptds,
         cuMemcpyHtoDAsync_v2,
-        cuMemcpyHtoDAsync_v2_ptsz,
         cuMemcpyHtoD_v2,
-        cuMemcpyHtoD_v2_ptds,
         cuMemcpyPeer,
         cuMemcpyPeerAsync,
-        cuMemcpy_ptds,
         cuMemsetD16Async,
-        cuMemsetD16Async_ptsz,
         cuMemsetD16_v2,
-        cuMemsetD16_v2_ptds,
         cuMemsetD2D16Async,
         cuMemsetD2D16_v2,
         cuMemsetD2D32Async,
@@ -155,13 +137,9 @@ rgpu_shim_macros::cuda_entry_points! {
         cuMemsetD2D8Async,
         cuMemsetD2D8_v2,
         cuMemsetD32Async,
-        cuMemsetD32Async_ptsz,
         cuMemsetD32_v2,
-        cuMemsetD32_v2_ptds,
         cuMemsetD8Async,
-        cuMemsetD8Async_ptsz,
         cuMemsetD8_v2,
-        cuMemsetD8_v2_ptds,
         cuModuleEnumerateFunctions,
         cuModuleGetFunction,
         cuModuleGetFunctionCount,
@@ -170,7 +148,6 @@ rgpu_shim_macros::cuda_entry_points! {
         cuModuleLoad,
         cuModuleLoadData,
         cuModuleLoadDataEx,
-        cuModuleLoadFatBinary,
         cuModuleUnload,
         cuOccupancyAvailableDynamicSMemPerBlock,
         cuOccupancyMaxActiveBlocksPerMultiprocessor,
@@ -185,15 +162,48 @@ rgpu_shim_macros::cuda_entry_points! {
         cuStreamGetCtx,
         cuStreamGetDevice,
         cuStreamGetFlags,
-        cuStreamGetFlags_ptsz,
         cuStreamGetId,
         cuStreamGetPriority,
-        cuStreamGetPriority_ptsz,
         cuStreamQuery,
-        cuStreamQuery_ptsz,
         cuStreamSynchronize,
-        cuStreamSynchronize_ptsz,
         cuStreamWaitEvent,
-        cuStreamWaitEvent_ptsz,
+    ],
+    // Versioned and per-thread-stream variants that mean the same in rgpu, with the same C
+    // signature as the function they run: the server runs a session's work in order, which is
+    // at least as strong as either default-stream semantics. Sorted (byte order).
+    aliases: [
+        cuDeviceGetUuid_v2 => cuDeviceGetUuid,
+        cuDevicePrimaryCtxRelease => cuDevicePrimaryCtxRelease_v2,
+        cuDevicePrimaryCtxReset => cuDevicePrimaryCtxReset_v2,
+        cuDevicePrimaryCtxSetFlags => cuDevicePrimaryCtxSetFlags_v2,
+        cuEventElapsedTime_v2 => cuEventElapsedTime,
+        cuEventRecordWithFlags_ptsz => cuEventRecordWithFlags,
+        cuEventRecord_ptsz => cuEventRecord,
+        cuLaunchKernelEx_ptsz => cuLaunchKernelEx,
+        cuLaunchKernel_ptsz => cuLaunchKernel,
+        cuMemcpy2DAsync_v2_ptsz => cuMemcpy2DAsync_v2,
+        cuMemcpy2DUnaligned_v2 => cuMemcpy2D_v2,
+        cuMemcpy2DUnaligned_v2_ptds => cuMemcpy2D_v2,
+        cuMemcpy2D_v2_ptds => cuMemcpy2D_v2,
+        cuMemcpyAsync_ptsz => cuMemcpyAsync,
+        cuMemcpyDtoDAsync_v2_ptsz => cuMemcpyDtoDAsync_v2,
+        cuMemcpyDtoD_v2_ptds => cuMemcpyDtoD_v2,
+        cuMemcpyDtoHAsync_v2_ptsz => cuMemcpyDtoHAsync_v2,
+        cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2,
+        cuMemcpyHtoDAsync_v2_ptsz => cuMemcpyHtoDAsync_v2,
+        cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2,
+        cuMemcpy_ptds => cuMemcpy,
+        cuMemsetD16Async_ptsz => cuMemsetD16Async,
+        cuMemsetD16_v2_ptds => cuMemsetD16_v2,
+        cuMemsetD32Async_ptsz => cuMemsetD32Async,
+        cuMemsetD32_v2_ptds => cuMemsetD32_v2,
+        cuMemsetD8Async_ptsz => cuMemsetD8Async,
+        cuMemsetD8_v2_ptds => cuMemsetD8_v2,
+        cuModuleLoadFatBinary => cuModuleLoadData,
+        cuStreamGetFlags_ptsz => cuStreamGetFlags,
+        cuStreamGetPriority_ptsz => cuStreamGetPriority,
+        cuStreamQuery_ptsz => cuStreamQuery,
+        cuStreamSynchronize_ptsz => cuStreamSynchronize,
+        cuStreamWaitEvent_ptsz => cuStreamWaitEvent,
     ],
 }

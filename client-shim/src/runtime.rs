@@ -1,8 +1,9 @@
-//! Process-wide state of the shim: the servers, their devices, and the
-//! client-side view of device memory, set up once by `cuInit`.
+//! Process-wide state of the shim below the object layer: the servers and their devices, set up
+//! once by `cuInit`, and the mapping between the program's device addresses and each server's.
+//! (The objects the program creates, allocations included, are in `objects`.)
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, OnceLock};
+use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use crate::client::connection::Connection;
 use crate::client::control::{self, RemoteDevice};
@@ -21,16 +22,9 @@ const SERVER_SHIFT: u32 = 48;
 pub struct Runtime {
     pub servers: Vec<Server>,
     pub devices: Vec<Device>,
-    /// Live device allocations by (client-visible) start address.
-    pub allocs: Mutex<BTreeMap<u64, Alloc>>,
-    /// Page-locked host allocations (cuMemHostAlloc, cuMemHostRegister).
-    pub host_allocs: Mutex<BTreeMap<usize, HostAlloc>>,
 }
 
 pub struct Server {
-    pub addr: String,
-    pub name: String,
-    pub backend: String,
     pub conn: Connection,
 }
 
@@ -46,6 +40,13 @@ pub struct Device {
 pub struct Limits {
     pub max_block: [u32; 3],
     pub max_grid: [u32; 3],
+}
+
+impl Device {
+    /// The value of one attribute, from the server's list.
+    pub fn attribute(&self, attrib: CUdevice_attribute) -> CuResult<i32> {
+        self.attributes.get(&attrib.0).copied().ok_or(CuError::INVALID_VALUE)
+    }
 }
 
 impl Limits {
@@ -65,23 +66,6 @@ impl Limits {
             ],
         }
     }
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct Alloc {
-    pub size: u64,
-    pub device: i32,
-    /// The context that allocated it (0 for module globals, which belong to
-    /// their module).
-    pub ctx: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub struct HostAlloc {
-    pub size: usize,
-    pub flags: u32,
-    /// Allocated by us (cuMemHostAlloc) rather than registered by the program.
-    pub owned: bool,
 }
 
 static RUNTIME: OnceLock<Result<Runtime, CuError>> = OnceLock::new();
@@ -149,18 +133,13 @@ fn connect_all() -> Result<Runtime, CuError> {
             let limits = Limits::from(&attributes);
             devices.push(Device { server: i, remote: d, attributes, limits });
         }
-        servers.push(Server { addr: addr.clone(), name: hello.server_name, backend: hello.backend, conn });
+        servers.push(Server { conn });
     }
     if devices.is_empty() {
         eprintln!("rgpu: the configured servers ({list}) export no device");
         return Err(CuError::NO_DEVICE);
     }
-    Ok(Runtime {
-        servers,
-        devices,
-        allocs: Mutex::new(BTreeMap::new()),
-        host_allocs: Mutex::new(BTreeMap::new()),
-    })
+    Ok(Runtime { servers, devices })
 }
 
 fn client_name() -> String {
@@ -186,29 +165,6 @@ impl Runtime {
     /// The server-side address of a client-visible device pointer.
     pub fn to_remote(ptr: u64) -> u64 {
         ptr & ((1u64 << SERVER_SHIFT) - 1) | (ptr & !((1u64 << 56) - 1))
-    }
-
-    /// The live allocation containing `ptr`, as (start, info).
-    pub fn find_alloc(&self, ptr: u64) -> Option<(u64, Alloc)> {
-        let m = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
-        let (&start, a) = m.range(..=ptr).next_back()?;
-        (ptr < start + a.size.max(1)).then_some((start, *a))
-    }
-
-    /// Checks that [ptr, ptr+len) lies in one allocation; returns its device.
-    pub fn check_range(&self, ptr: u64, len: u64) -> CuResult<i32> {
-        let (start, a) = self.find_alloc(ptr).ok_or(CuError::INVALID_VALUE)?;
-        let end = ptr.checked_add(len).ok_or(CuError::INVALID_VALUE)?;
-        if end > start + a.size {
-            return Err(CuError::INVALID_VALUE);
-        }
-        Ok(a.device)
-    }
-
-    pub fn find_host(&self, ptr: usize) -> Option<(usize, HostAlloc)> {
-        let m = self.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
-        let (&start, a) = m.range(..=ptr).next_back()?;
-        (ptr < start + a.size.max(1)).then_some((start, *a))
     }
 }
 

@@ -3,7 +3,8 @@
 //!
 //! ```ignore
 //! rgpu_shim_macros::cuda_entry_points! {
-//!     implemented: [cuGetProcAddress, cuGetProcAddress_v2, cuInit, cuMemAlloc_v2],
+//!     implemented: [cuGetProcAddress, cuGetProcAddress_v2, cuInit, cuMemAllocAsync, cuMemAlloc_v2],
+//!     aliases: [cuMemAllocAsync_ptsz => cuMemAllocAsync],
 //! }
 //! ```
 //!
@@ -13,8 +14,14 @@
 //! - for **every** declared function, `pub unsafe extern "C" fn <name>(<C args>) -> CUresult`,
 //!   `#[no_mangle]` except under `cfg(test)` (so unit tests can link beside a real libcuda);
 //! - for names in `implemented`, the body
-//!   `crate::entry::call("<name>", move || unsafe { crate::r#impl::<module>::<fn>(<args>) })`,
-//!   where the implementation is `pub(crate) unsafe fn <fn>(<same raw C args>) -> CuResult<()>`;
+//!   `crate::entry::call("<name>", &[<args as Debug>], move || unsafe {
+//!   crate::r#impl::<module>::<fn>(<FromCuda::from_cuda(arg)?>...) })`, where the implementation
+//!   is `pub(crate) unsafe fn <fn>(<one parameter per C argument>) -> CuResult<()>` and each
+//!   parameter has the C argument's type or one `crate::entry::FromCuda` converts it to
+//!   (`&mut T` or `Option<&mut T>` for a `*mut T`);
+//! - for names in `aliases` (`cuStreamQuery_ptsz => cuStreamQuery`: versioned and per-thread
+//!   variants with the same C signature and the same meaning in rgpu), the body of the target,
+//!   traced under the alias's own name;
 //! - for every other name, `crate::entry::unsupported("<name>", &LOGGED)`, which logs the name
 //!   once (per name, process-wide) and returns `CUDA_ERROR_NOT_SUPPORTED`;
 //! - `pub(crate) fn symbol_address(name: &str) -> Option<*mut c_void>` at the invocation site:
@@ -23,9 +30,10 @@
 //! The argument types are spelled as in `functions.rs` and resolved through
 //! `use crate::cuda::types::*;` inside `exports`.
 //!
-//! `implemented` must be sorted (byte order, as `sort` with `LC_ALL=C` or Rust's `str` ordering
+//! `implemented` and `aliases` must be sorted (byte order, as `sort` with `LC_ALL=C` or Rust's `str` ordering
 //! sorts: `cuMemAllocHost_v2` comes before `cuMemAlloc_v2`), without duplicates, and name only
-//! declared functions; the macro reports a compile error otherwise.
+//! declared functions (an alias: a declared function not itself implemented, whose target is
+//! implemented and has the same C signature); the macro reports a compile error otherwise.
 //!
 //! # Name → module rule
 //!
@@ -189,6 +197,22 @@ pub(crate) fn snake_case(s: &str) -> String {
 
 struct Input {
     implemented: Vec<Ident>,
+    /// (alias, the implemented function it runs).
+    aliases: Vec<(Ident, Ident)>,
+}
+
+struct Alias {
+    name: Ident,
+    target: Ident,
+}
+
+impl Parse for Alias {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let name: Ident = input.parse()?;
+        input.parse::<Token![=>]>()?;
+        let target: Ident = input.parse()?;
+        Ok(Alias { name, target })
+    }
 }
 
 impl Parse for Input {
@@ -202,10 +226,23 @@ impl Parse for Input {
         bracketed!(content in input);
         let names: Punctuated<Ident, Token![,]> = Punctuated::parse_terminated(&content)?;
         let _ = input.parse::<Option<Token![,]>>()?;
+        let mut aliases = vec![];
         if !input.is_empty() {
-            return Err(input.error("unexpected tokens after the `implemented` list"));
+            let key: Ident = input.parse()?;
+            if key != "aliases" {
+                return Err(syn::Error::new(key.span(), "expected `aliases: [ NAME => TARGET, ... ]`"));
+            }
+            input.parse::<Token![:]>()?;
+            let content;
+            bracketed!(content in input);
+            let list: Punctuated<Alias, Token![,]> = Punctuated::parse_terminated(&content)?;
+            aliases = list.into_iter().map(|a| (a.name, a.target)).collect();
+            let _ = input.parse::<Option<Token![,]>>()?;
         }
-        Ok(Input { implemented: names.into_iter().collect() })
+        if !input.is_empty() {
+            return Err(input.error("unexpected tokens after the `aliases` list"));
+        }
+        Ok(Input { implemented: names.into_iter().collect(), aliases })
     }
 }
 
@@ -282,6 +319,44 @@ fn expand(input: Input) -> syn::Result<TokenStream2> {
         previous = Some(s);
     }
 
+    // Check the aliases: each names a declared, not implemented function and an implemented
+    // one with exactly the same C signature.
+    let by_name: std::collections::BTreeMap<String, &Declaration> =
+        decls.iter().map(|d| (d.name.to_string(), d)).collect();
+    let signature = |d: &Declaration| {
+        let args: Vec<String> = d.args.iter().map(|(_, t)| quote!(#t).to_string()).collect();
+        let out = &d.output;
+        format!("({}) {}", args.join(", "), quote!(#out))
+    };
+    let mut alias_of = std::collections::BTreeMap::new();
+    let mut previous: Option<String> = None;
+    for (alias, target) in &input.aliases {
+        let (a, t) = (alias.to_string(), target.to_string());
+        let Some(ad) = by_name.get(&a) else {
+            return Err(syn::Error::new(alias.span(), format!("`{a}` is not declared in {FUNCTIONS_PATH}")));
+        };
+        if implemented.contains(&a) {
+            return Err(syn::Error::new(alias.span(), format!("`{a}` is implemented; it cannot also be an alias")));
+        }
+        if !implemented.contains(&t) {
+            return Err(syn::Error::new(target.span(), format!("alias target `{t}` is not in `implemented`")));
+        }
+        let td = by_name[&t];
+        if signature(ad) != signature(td) {
+            return Err(syn::Error::new(
+                alias.span(),
+                format!("`{a}` {} and `{t}` {} differ in signature", signature(ad), signature(td)),
+            ));
+        }
+        if let Some(p) = &previous {
+            if *p >= a {
+                return Err(syn::Error::new(alias.span(), format!("keep `aliases` sorted, without duplicates: `{a}` after `{p}`")));
+            }
+        }
+        previous = Some(a.clone());
+        alias_of.insert(a, t);
+    }
+
     let path_str = path.to_string_lossy().into_owned();
     let mut fns = vec![];
     let mut arms = vec![];
@@ -291,14 +366,25 @@ fn expand(input: Input) -> syn::Result<TokenStream2> {
         let arg_names: Vec<&Ident> = d.args.iter().map(|(n, _)| n).collect();
         let arg_types: Vec<&syn::Type> = d.args.iter().map(|(_, t)| t).collect();
         let output = &d.output;
-        let body = if implemented.contains(&name_str) {
-            let (module, function) = normalize(&name_str);
+        let runs = if implemented.contains(&name_str) { Some(name_str.clone()) } else { alias_of.get(&name_str).cloned() };
+        let body = if let Some(target) = runs {
+            let (module, function) = normalize(&target);
             let module = Ident::new(&module, Span::call_site());
             let function = Ident::new(&function, Span::call_site());
+            // Each raw C argument is converted to the type the implementation declares
+            // (`crate::entry::FromCuda`): `&mut T` for a required out-pointer (null is
+            // CUDA_ERROR_INVALID_VALUE), `Option<&mut T>` for an optional one, the value itself
+            // otherwise. The raw arguments are traced, lazily, before the conversion.
             quote! {
-                crate::entry::call(#name_str, move || unsafe {
-                    crate::r#impl::#module::#function(#(#arg_names),*)
-                })
+                crate::entry::call(
+                    #name_str,
+                    &[#(&#arg_names as &dyn ::std::fmt::Debug),*],
+                    move || unsafe {
+                        crate::r#impl::#module::#function(
+                            #(crate::entry::FromCuda::from_cuda(#arg_names)?),*
+                        )
+                    },
+                )
             }
         } else {
             quote! {

@@ -14,7 +14,7 @@ use crate::runtime::DRIVER_VERSION;
 const KEY: [u8; 16] = [0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F];
 
 pub(super) unsafe extern "C" fn check(version: u32, unix_secs: u64, out: *mut [u64; 2]) -> CUresult {
-    crate::entry::call("INTEGRITY_CHECK[1]", || {
+    crate::entry::call("INTEGRITY_CHECK[1]", &[], || {
         let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
         *out = match version % 10 {
             0 => [0x3341181C03CB675C, 0x8ED383AA1F4CD1E8],

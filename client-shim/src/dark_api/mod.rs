@@ -41,9 +41,9 @@ extern "C" fn success() -> CUresult {
 // ---- CUDART_INTERFACE {6bd5fb6c-5bf4-e74a-8987-d93912fd9df9} -------------
 
 unsafe extern "C" fn cudart_primary_context(out: *mut CUcontext, dev: CUdevice) -> CUresult {
-    crate::entry::call("CUDART_INTERFACE[2]", || {
+    crate::entry::call("CUDART_INTERFACE[2]", &[], || {
         let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
-        *out = crate::r#impl::context::from_handle(crate::r#impl::primary_context::handle(dev)?);
+        *out = crate::objects::context::from_handle(crate::objects::objects().primaries.handle(dev)?);
         Ok(())
     })
 }

@@ -6,15 +6,13 @@ use std::ffi::{c_char, CStr};
 use crate::cuda::types::*;
 use crate::runtime;
 
-pub(crate) unsafe fn get(device: *mut CUdevice, ordinal: i32) -> CuResult<()> {
-    let device = device.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get(device: &mut CUdevice, ordinal: i32) -> CuResult<()> {
     runtime::get()?.device(ordinal)?;
     *device = ordinal;
     Ok(())
 }
 
-pub(crate) unsafe fn get_count(count: *mut i32) -> CuResult<()> {
-    let count = count.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_count(count: &mut i32) -> CuResult<()> {
     *count = runtime::get()?.devices.len() as i32;
     Ok(())
 }
@@ -31,49 +29,35 @@ pub(crate) unsafe fn get_name(name: *mut c_char, len: i32, dev: CUdevice) -> CuR
     Ok(())
 }
 
-pub(crate) unsafe fn total_mem_v2(bytes: *mut usize, dev: CUdevice) -> CuResult<()> {
-    let bytes = bytes.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn total_mem_v2(bytes: &mut usize, dev: CUdevice) -> CuResult<()> {
     *bytes = runtime::get()?.device(dev)?.remote.total_mem as usize;
     Ok(())
 }
 
-pub(crate) unsafe fn total_mem(bytes: *mut u32, dev: CUdevice) -> CuResult<()> {
-    let bytes = bytes.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn total_mem(bytes: &mut u32, dev: CUdevice) -> CuResult<()> {
     let total = runtime::get()?.device(dev)?.remote.total_mem;
     *bytes = total.min(u32::MAX as u64) as u32;
     Ok(())
 }
 
-/// The value of one attribute, from the server's list.
-pub fn attribute(dev: CUdevice, attrib: u32) -> CuResult<i32> {
+pub(crate) unsafe fn get_attribute(pi: &mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CuResult<()> {
+    *pi = runtime::get()?.device(dev)?.attribute(attrib)?;
+    Ok(())
+}
+
+pub(crate) unsafe fn compute_capability(major: &mut i32, minor: &mut i32, dev: CUdevice) -> CuResult<()> {
     let d = runtime::get()?.device(dev)?;
-    d.attributes.get(&attrib).copied().ok_or(CuError::INVALID_VALUE)
-}
-
-pub(crate) unsafe fn get_attribute(pi: *mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CuResult<()> {
-    let pi = pi.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    *pi = attribute(dev, attrib.0)?;
+    *major = d.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    *minor = d.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
     Ok(())
 }
 
-pub(crate) unsafe fn compute_capability(major: *mut i32, minor: *mut i32, dev: CUdevice) -> CuResult<()> {
-    let (major, minor) = (major.as_mut().ok_or(CuError::INVALID_VALUE)?, minor.as_mut().ok_or(CuError::INVALID_VALUE)?);
-    *major = attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR.0)?;
-    *minor = attribute(dev, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR.0)?;
-    Ok(())
-}
-
-pub(crate) unsafe fn get_uuid(uuid: *mut CUuuid, dev: CUdevice) -> CuResult<()> {
-    let uuid = uuid.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_uuid(uuid: &mut CUuuid, dev: CUdevice) -> CuResult<()> {
     let d = runtime::get()?.device(dev)?;
     for (dst, src) in uuid.bytes.iter_mut().zip(d.remote.uuid) {
         *dst = src as c_char;
     }
     Ok(())
-}
-
-pub(crate) unsafe fn get_uuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CuResult<()> {
-    get_uuid(uuid, dev)
 }
 
 fn pci_bus_id(dev: CUdevice) -> CuResult<String> {
@@ -92,8 +76,7 @@ pub(crate) unsafe fn get_pci_bus_id(out: *mut c_char, len: i32, dev: CUdevice) -
     Ok(())
 }
 
-pub(crate) unsafe fn get_by_pci_bus_id(dev: *mut CUdevice, id: *const c_char) -> CuResult<()> {
-    let dev = dev.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_by_pci_bus_id(dev: &mut CUdevice, id: *const c_char) -> CuResult<()> {
     if id.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
@@ -118,8 +101,7 @@ fn parse_pci(s: &str) -> Option<(i32, i32, i32)> {
     }
 }
 
-pub(crate) unsafe fn can_access_peer(can: *mut i32, dev: CUdevice, peer: CUdevice) -> CuResult<()> {
-    let can = can.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn can_access_peer(can: &mut i32, dev: CUdevice, peer: CUdevice) -> CuResult<()> {
     let rt = runtime::get()?;
     rt.device(dev)?;
     rt.device(peer)?;
@@ -129,8 +111,7 @@ pub(crate) unsafe fn can_access_peer(can: *mut i32, dev: CUdevice, peer: CUdevic
     Ok(())
 }
 
-pub(crate) unsafe fn get_p2p_attribute(value: *mut i32, _attrib: CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> CuResult<()> {
-    let value = value.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_p2p_attribute(value: &mut i32, _attrib: CUdevice_P2PAttribute, src: CUdevice, dst: CUdevice) -> CuResult<()> {
     let rt = runtime::get()?;
     rt.device(src)?;
     rt.device(dst)?;

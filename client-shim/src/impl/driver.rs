@@ -14,8 +14,7 @@ pub(crate) unsafe fn init(flags: u32) -> CuResult<()> {
     runtime::init().map(|_| ())
 }
 
-pub(crate) unsafe fn driver_get_version(version: *mut c_int) -> CuResult<()> {
-    let version = version.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn driver_get_version(version: &mut c_int) -> CuResult<()> {
     *version = runtime::DRIVER_VERSION;
     Ok(())
 }
@@ -24,14 +23,13 @@ pub(crate) unsafe fn get_error_string(error: CUresult, out: *mut *const c_char) 
     describe(error, out, |i| i.description.as_ptr())
 }
 
-pub(crate) unsafe fn get_error_name(error: CUresult, out: *mut *const c_char) -> CuResult<()> {
+pub(crate) unsafe fn get_error_name(error: CUresult, out: &mut *const c_char) -> CuResult<()> {
     describe(error, out, |i| i.name.as_ptr())
 }
 
 /// Writes a static string about `error`, or null and INVALID_VALUE for a
 /// value cuda.h does not name, as the real driver does.
 unsafe fn describe(error: CUresult, out: *mut *const c_char, pick: fn(&CuResultInfo) -> *const c_char) -> CuResult<()> {
-    let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
     match cu_result_info(error.0) {
         Some(i) => {
             *out = pick(i);

@@ -5,9 +5,10 @@
 use std::ffi::c_void;
 
 use crate::cuda::types::*;
+use crate::objects::library::resolve_function;
+use crate::objects::module::{self, check_launchable};
+use crate::objects::stream;
 use crate::runtime::{self, cu_err, Runtime};
-
-use super::{kernel, module, stream};
 
 /// CU_LAUNCH_PARAM_* markers of the `extra` array.
 const PARAM_END: usize = 0x00;
@@ -30,13 +31,13 @@ pub(crate) unsafe fn kernel(
 ) -> CuResult<()> {
     let rt = runtime::get()?;
     // A function handle lives exactly as long as its module.
-    let func = kernel::resolve_function(f as usize as u64)?;
+    let func = resolve_function(f)?;
     let (sh, dev) = stream::device_of(s)?;
     if dev != func.device {
         return Err(CuError::INVALID_HANDLE);
     }
     check_dims(rt, &func, [gx, gy, gz], [bx, by, bz], shared)?;
-    module::check_launchable(&func)?;
+    check_launchable(&func)?;
     // Packed on the stack: CUDA caps a kernel's parameters at 32 KiB, and
     // most are a few dozen bytes.
     let mut stack = [0u8; 4096];
@@ -133,32 +134,10 @@ fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], sha
         .map_err(cu_err)
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn kernel_ptsz(
-    f: CUfunction,
-    gx: u32,
-    gy: u32,
-    gz: u32,
-    bx: u32,
-    by: u32,
-    bz: u32,
-    shared: u32,
-    s: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CuResult<()> {
-    kernel(f, gx, gy, gz, bx, by, bz, shared, s, params, extra)
-}
-
-pub(crate) unsafe fn kernel_ex(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
-    let c = config.as_ref().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn kernel_ex(c: &CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
     if c.numAttrs != 0 {
         // Launch attributes (clusters, priorities, ...) are not forwarded yet.
         return Err(CuError::NOT_SUPPORTED);
     }
     kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
-}
-
-pub(crate) unsafe fn kernel_ex_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
-    kernel_ex(config, f, params, extra)
 }

@@ -1,17 +1,17 @@
-//! Device memory, copies, memsets and page-locked host memory.
+//! Device memory, copies, memsets and page-locked host memory (cuMem*).
 //!
-//! The shim keeps its own table of device allocations: it routes generic
-//! copies (cuMemcpy with unified addresses), answers pointer queries, and
-//! rejects out-of-range copies before anything is sent. The server checks
-//! every range again against the session's own allocations.
+//! Copies and memsets are checked against the shim's tables of allocations
+//! (`objects::memory`) before anything is sent; the server checks every range
+//! again against the session's own allocations.
 
 use std::ffi::c_void;
 
 use crate::client::connection::Sink;
+use crate::client::ClientError;
 use crate::cuda::types::*;
-use crate::runtime::{self, cu_err, Alloc, HostAlloc, Runtime};
-
-use super::{context, stream};
+use crate::objects::memory::{self as mem, Alloc, HostAlloc};
+use crate::objects::{context, objects, stream};
+use crate::runtime::{self, cu_err, Runtime};
 
 /// Largest payload sent in one frame; bigger copies are split.
 const CHUNK: usize = 1 << 30;
@@ -22,8 +22,7 @@ fn current_device(rt: &Runtime) -> CuResult<(u64, CUdevice)> {
     Ok((h, c.device))
 }
 
-pub(crate) unsafe fn alloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CuResult<()> {
-    let dptr = dptr.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn alloc_v2(dptr: &mut CUdeviceptr, bytesize: usize) -> CuResult<()> {
     if bytesize == 0 {
         return Err(CuError::INVALID_VALUE);
     }
@@ -34,7 +33,7 @@ pub(crate) unsafe fn alloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CuResu
 }
 
 /// Allocates on `dev` and records the allocation; returns the client address.
-pub fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u64> {
+fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u64> {
     let remote_dev = rt.device(dev)?.remote.ordinal;
     let remote = rt
         .conn(dev)?
@@ -48,17 +47,13 @@ pub fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u6
             Sink::None,
             |reply| match reply.which() {
                 Ok(rgpu_protocol::data_capnp::reply::MemAlloc(p)) => Ok(p),
-                _ => Err(crate::client::ClientError::Cuda(CuError::UNKNOWN.0.get())),
+                _ => Err(ClientError::Cuda(CuError::UNKNOWN.code())),
             },
         )
         .map_err(cu_err)?;
     let ptr = rt.to_client(dev, remote);
-    record(rt, ptr, Alloc { size, device: dev, ctx });
+    objects().memory.record(ptr, Alloc { size, device: dev, ctx });
     Ok(ptr)
-}
-
-pub fn record(rt: &Runtime, ptr: u64, a: Alloc) {
-    rt.allocs.lock().unwrap_or_else(|e| e.into_inner()).insert(ptr, a);
 }
 
 pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
@@ -67,37 +62,17 @@ pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
         return Ok(());
     }
     let a = {
-        let mut m = rt.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = objects().memory.allocs.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(&dptr) {
             // Module globals are freed with their module, never by cuMemFree.
             Some(a) if a.ctx != 0 => m.remove(&dptr).ok_or(CuError::INVALID_VALUE)?,
             _ => return Err(CuError::INVALID_VALUE),
         }
     };
-    free_remote(rt, a.device, dptr)
+    mem::release(rt, a.device, dptr)
 }
 
-fn free_remote(rt: &Runtime, dev: CUdevice, ptr: u64) -> CuResult<()> {
-    // cuMemFree orders after earlier work on the device; the server executes
-    // in order, so the free itself can be sent without waiting.
-    rt.conn(dev)?
-        .post(|r| r.init_mem_free().set_ptr(Runtime::to_remote(ptr)), &[])
-        .map_err(cu_err)
-}
-
-/// Frees every allocation a context made (context destroy, primary reset).
-pub fn free_context(rt: &Runtime, ctx: u64, _dev: CUdevice) {
-    let victims: Vec<(u64, Alloc)> = {
-        let mut m = rt.allocs.lock().unwrap_or_else(|e| e.into_inner());
-        let keys: Vec<u64> = m.iter().filter(|(_, a)| a.ctx == ctx).map(|(k, _)| *k).collect();
-        keys.into_iter().filter_map(|k| m.remove(&k).map(|a| (k, a))).collect()
-    };
-    for (ptr, a) in victims {
-        let _ = free_remote(rt, a.device, ptr);
-    }
-}
-
-pub(crate) unsafe fn get_info_v2(free: *mut usize, total: *mut usize) -> CuResult<()> {
+pub(crate) unsafe fn get_info_v2(free: Option<&mut usize>, total: Option<&mut usize>) -> CuResult<()> {
     let rt = runtime::get()?;
     let (_, dev) = current_device(rt)?;
     let remote_dev = rt.device(dev)?.remote.ordinal;
@@ -109,27 +84,26 @@ pub(crate) unsafe fn get_info_v2(free: *mut usize, total: *mut usize) -> CuResul
             Sink::None,
             |reply| match reply.which() {
                 Ok(rgpu_protocol::data_capnp::reply::MemGetInfo(Ok(i))) => Ok((i.get_free(), i.get_total())),
-                _ => Err(crate::client::ClientError::Cuda(CuError::UNKNOWN.0.get())),
+                _ => Err(ClientError::Cuda(CuError::UNKNOWN.code())),
             },
         )
         .map_err(cu_err)?;
-    if let Some(free) = free.as_mut() {
+    if let Some(free) = free {
         *free = f as usize;
     }
-    if let Some(total) = total.as_mut() {
+    if let Some(total) = total {
         *total = t as usize;
     }
     Ok(())
 }
 
 pub(crate) unsafe fn alloc_pitch_v2(
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
+    dptr: &mut CUdeviceptr,
+    pitch: &mut usize,
     width: usize,
     height: usize,
     element_size: u32,
 ) -> CuResult<()> {
-    let pitch = pitch.as_mut().ok_or(CuError::INVALID_VALUE)?;
     if width == 0 || height == 0 || !matches!(element_size, 4 | 8 | 16) {
         return Err(CuError::INVALID_VALUE);
     }
@@ -141,13 +115,13 @@ pub(crate) unsafe fn alloc_pitch_v2(
     Ok(())
 }
 
-pub(crate) unsafe fn get_address_range_v2(base: *mut CUdeviceptr, size: *mut usize, dptr: CUdeviceptr) -> CuResult<()> {
-    let rt = runtime::get()?;
-    let (start, a) = rt.find_alloc(dptr).ok_or(CuError::NOT_FOUND)?;
-    if let Some(b) = base.as_mut() {
+pub(crate) unsafe fn get_address_range_v2(base: Option<&mut CUdeviceptr>, size: Option<&mut usize>, dptr: CUdeviceptr) -> CuResult<()> {
+    runtime::get()?;
+    let (start, a) = objects().memory.find_alloc(dptr).ok_or(CuError::NOT_FOUND)?;
+    if let Some(b) = base {
         *b = start;
     }
-    if let Some(s) = size.as_mut() {
+    if let Some(s) = size {
         *s = a.size as usize;
     }
     Ok(())
@@ -163,7 +137,7 @@ unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64
     if src.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
-    let dev = rt.check_range(dst, n as u64)?;
+    let dev = objects().memory.check_range(dst, n as u64)?;
     let conn = rt.conn(dev)?;
     let bytes = std::slice::from_raw_parts(src as *const u8, n);
     for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
@@ -189,7 +163,7 @@ unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) 
     if dst.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
-    let dev = rt.check_range(src, n as u64)?;
+    let dev = objects().memory.check_range(src, n as u64)?;
     let conn = rt.conn(dev)?;
     let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
     for (i, chunk) in out.chunks_mut(CHUNK).enumerate() {
@@ -220,7 +194,7 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
     if dst.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
-    let dev = rt.check_range(src, n as u64)?;
+    let dev = objects().memory.check_range(src, n as u64)?;
     let conn = rt.conn(dev)?;
     let mut off = 0usize;
     while off < n {
@@ -246,8 +220,8 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
     if n == 0 {
         return Ok(());
     }
-    let ddev = rt.check_range(dst, n as u64)?;
-    let sdev = rt.check_range(src, n as u64)?;
+    let ddev = objects().memory.check_range(dst, n as u64)?;
+    let sdev = objects().memory.check_range(src, n as u64)?;
     if rt.device(ddev)?.server != rt.device(sdev)?.server {
         // Different servers: stage through this host.
         let mut buf = vec![0u8; n];
@@ -271,8 +245,8 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
 /// A copy between unified addresses: each side is device memory if it lies
 /// in one of our allocations, host memory otherwise.
 unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, asynchronous: bool) -> CuResult<()> {
-    let d_dev = rt.find_alloc(dst).is_some();
-    let s_dev = rt.find_alloc(src).is_some();
+    let d_dev = objects().memory.find_alloc(dst).is_some();
+    let s_dev = objects().memory.find_alloc(src).is_some();
     match (d_dev, s_dev) {
         (true, true) => dtod(rt, dst, src, n, stream),
         (true, false) => htod(rt, dst, src as usize as *const c_void, n, stream),
@@ -333,33 +307,6 @@ pub(crate) unsafe fn memcpy_peer_async(
     dtod(runtime::get()?, dst, src, n, st)
 }
 
-// The per-thread-default-stream variants: the server runs a session's work
-// in order, which is at least as strong as either default-stream semantics.
-pub(crate) unsafe fn memcpy_htod_v2_ptds(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
-    memcpy_htod_v2(dst, src, n)
-}
-pub(crate) unsafe fn memcpy_dtoh_v2_ptds(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    memcpy_dtoh_v2(dst, src, n)
-}
-pub(crate) unsafe fn memcpy_dtod_v2_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    memcpy_dtod_v2(dst, src, n)
-}
-pub(crate) unsafe fn memcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    memcpy(dst, src, n)
-}
-pub(crate) unsafe fn memcpy_async_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
-    memcpy_async(dst, src, n, s)
-}
-pub(crate) unsafe fn memcpy_htod_async_v2_ptsz(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CuResult<()> {
-    memcpy_htod_async_v2(dst, src, n, s)
-}
-pub(crate) unsafe fn memcpy_dtoh_async_v2_ptsz(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
-    memcpy_dtoh_async_v2(dst, src, n, s)
-}
-pub(crate) unsafe fn memcpy_dtod_async_v2_ptsz(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
-    memcpy_dtod_async_v2(dst, src, n, s)
-}
-
 // ---- memsets ------------------------------------------------------------
 
 fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usize, stream: u64) -> CuResult<()> {
@@ -379,7 +326,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         }
         (pitch as u64) * (rows as u64 - 1) + row_bytes
     };
-    let dev = rt.check_range(dst, span)?;
+    let dev = objects().memory.check_range(dst, span)?;
     rt.conn(dev)?
         .post(
             |r| {
@@ -433,33 +380,13 @@ pub(crate) unsafe fn memset_d2d16_async(d: CUdeviceptr, pitch: usize, v: u16, w:
 pub(crate) unsafe fn memset_d2d32_async(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize, s: CUstream) -> CuResult<()> {
     memset(d, v, 4, w, pitch, h, stream::remote(s)?)
 }
-pub(crate) unsafe fn memset_d8_v2_ptds(d: CUdeviceptr, v: u8, n: usize) -> CuResult<()> {
-    memset_d8_v2(d, v, n)
-}
-pub(crate) unsafe fn memset_d16_v2_ptds(d: CUdeviceptr, v: u16, n: usize) -> CuResult<()> {
-    memset_d16_v2(d, v, n)
-}
-pub(crate) unsafe fn memset_d32_v2_ptds(d: CUdeviceptr, v: u32, n: usize) -> CuResult<()> {
-    memset_d32_v2(d, v, n)
-}
-pub(crate) unsafe fn memset_d8_async_ptsz(d: CUdeviceptr, v: u8, n: usize, s: CUstream) -> CuResult<()> {
-    memset_d8_async(d, v, n, s)
-}
-pub(crate) unsafe fn memset_d16_async_ptsz(d: CUdeviceptr, v: u16, n: usize, s: CUstream) -> CuResult<()> {
-    memset_d16_async(d, v, n, s)
-}
-pub(crate) unsafe fn memset_d32_async_ptsz(d: CUdeviceptr, v: u32, n: usize, s: CUstream) -> CuResult<()> {
-    memset_d32_async(d, v, n, s)
-}
-
 // ---- page-locked host memory --------------------------------------------
 
 /// Host memory stays on this host: a remote GPU cannot map it, so it is
 /// ordinary memory here, and copies from it go over the network like any
 /// other. It is tracked so pointer queries and cuMemFreeHost behave.
-pub(crate) unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u32) -> CuResult<()> {
-    let pp = pp.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    let rt = runtime::get()?;
+pub(crate) unsafe fn host_alloc(pp: &mut *mut c_void, bytesize: usize, flags: u32) -> CuResult<()> {
+    runtime::get()?;
     context::current()?;
     if bytesize == 0 {
         return Err(CuError::INVALID_VALUE);
@@ -468,7 +395,7 @@ pub(crate) unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u3
     if libc::posix_memalign(&mut p, 4096, bytesize) != 0 || p.is_null() {
         return Err(CuError::OUT_OF_MEMORY);
     }
-    rt.host_allocs
+    objects().memory.host
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(p as usize, HostAlloc { size: bytesize, flags, owned: true });
@@ -476,13 +403,13 @@ pub(crate) unsafe fn host_alloc(pp: *mut *mut c_void, bytesize: usize, flags: u3
     Ok(())
 }
 
-pub(crate) unsafe fn alloc_host_v2(pp: *mut *mut c_void, bytesize: usize) -> CuResult<()> {
+pub(crate) unsafe fn alloc_host_v2(pp: &mut *mut c_void, bytesize: usize) -> CuResult<()> {
     host_alloc(pp, bytesize, 0)
 }
 
 pub(crate) unsafe fn free_host(p: *mut c_void) -> CuResult<()> {
-    let rt = runtime::get()?;
-    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    runtime::get()?;
+    let mut m = objects().memory.host.lock().unwrap_or_else(|e| e.into_inner());
     match m.get(&(p as usize)) {
         Some(a) if a.owned => {
             m.remove(&(p as usize));
@@ -493,19 +420,18 @@ pub(crate) unsafe fn free_host(p: *mut c_void) -> CuResult<()> {
     }
 }
 
-pub(crate) unsafe fn host_get_flags(flags: *mut u32, p: *mut c_void) -> CuResult<()> {
-    let flags = flags.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    let (_, a) = runtime::get()?.find_host(p as usize).ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn host_get_flags(flags: &mut u32, p: *mut c_void) -> CuResult<()> {
+    let (_, a) = objects().memory.find_host(p as usize).ok_or(CuError::INVALID_VALUE)?;
     *flags = a.flags;
     Ok(())
 }
 
 pub(crate) unsafe fn host_register_v2(p: *mut c_void, bytesize: usize, flags: u32) -> CuResult<()> {
-    let rt = runtime::get()?;
+    runtime::get()?;
     if p.is_null() || bytesize == 0 {
         return Err(CuError::INVALID_VALUE);
     }
-    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    let mut m = objects().memory.host.lock().unwrap_or_else(|e| e.into_inner());
     if m.contains_key(&(p as usize)) {
         return Err(CuError::HOST_MEMORY_ALREADY_REGISTERED);
     }
@@ -514,8 +440,8 @@ pub(crate) unsafe fn host_register_v2(p: *mut c_void, bytesize: usize, flags: u3
 }
 
 pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
-    let rt = runtime::get()?;
-    let mut m = rt.host_allocs.lock().unwrap_or_else(|e| e.into_inner());
+    runtime::get()?;
+    let mut m = objects().memory.host.lock().unwrap_or_else(|e| e.into_inner());
     match m.get(&(p as usize)) {
         Some(a) if !a.owned => {
             m.remove(&(p as usize));
@@ -534,12 +460,12 @@ enum Side {
     Device(u64),
 }
 
-fn side(rt: &Runtime, ty: CUmemorytype, host: usize, dev: u64) -> CuResult<Side> {
+fn side(ty: CUmemorytype, host: usize, dev: u64) -> CuResult<Side> {
     Ok(match ty {
         CUmemorytype::CU_MEMORYTYPE_HOST => Side::Host(host),
         CUmemorytype::CU_MEMORYTYPE_DEVICE => Side::Device(dev),
         // Unified: the address says which.
-        CUmemorytype::CU_MEMORYTYPE_UNIFIED if rt.find_alloc(dev).is_some() => Side::Device(dev),
+        CUmemorytype::CU_MEMORYTYPE_UNIFIED if objects().memory.find_alloc(dev).is_some() => Side::Device(dev),
         CUmemorytype::CU_MEMORYTYPE_UNIFIED => Side::Host(dev as usize),
         // CUDA arrays (texture memory) are not offered by rgpu.
         _ => return Err(CuError::NOT_SUPPORTED),
@@ -567,8 +493,8 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
     if h > 1 && (c.srcPitch < w || c.dstPitch < w) {
         return Err(CuError::INVALID_VALUE);
     }
-    let src = side(rt, c.srcMemoryType, c.srcHost as usize, c.srcDevice)?.at(c.srcY * c.srcPitch + c.srcXInBytes);
-    let dst = side(rt, c.dstMemoryType, c.dstHost as usize, c.dstDevice)?.at(c.dstY * c.dstPitch + c.dstXInBytes);
+    let src = side(c.srcMemoryType, c.srcHost as usize, c.srcDevice)?.at(c.srcY * c.srcPitch + c.srcXInBytes);
+    let dst = side(c.dstMemoryType, c.dstHost as usize, c.dstDevice)?.at(c.dstY * c.dstPitch + c.dstXInBytes);
     let span = (h - 1) * c.srcPitch + w;
     match (src, dst) {
         (Side::Device(s), Side::Host(d)) => {
@@ -603,18 +529,6 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
 pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
     copy_2d(c, 0)
 }
-pub(crate) unsafe fn memcpy_2d_unaligned_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
-    copy_2d(c, 0)
-}
 pub(crate) unsafe fn memcpy_2d_async_v2(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {
     copy_2d(c, stream::remote(s)?)
-}
-pub(crate) unsafe fn memcpy_2d_v2_ptds(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
-    copy_2d(c, 0)
-}
-pub(crate) unsafe fn memcpy_2d_unaligned_v2_ptds(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
-    copy_2d(c, 0)
-}
-pub(crate) unsafe fn memcpy_2d_async_v2_ptsz(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {
-    memcpy_2d_async_v2(c, s)
 }

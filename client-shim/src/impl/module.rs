@@ -1,269 +1,28 @@
-//! Modules: images loaded on one device's server session.
-//!
-//! The server answers a load with every kernel's parameter layout and every
-//! global's address, so getting a function or a global, and launching,
-//! needs no further round trip.
+//! Modules (cuModule*): loading images on the current context's device, and finding their
+//! functions and globals. The objects, the image reader and the load itself are in
+//! `objects::module`.
 
-use std::collections::HashMap;
-use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::ffi::{c_char, c_void, CStr};
 
-use rgpu_protocol::data_capnp::reply;
-
-use crate::client::connection::Sink;
-use crate::client::ClientError;
 use crate::cuda::types::*;
-use crate::handles::{tag, Table};
-use crate::runtime::{self, cu_err, Alloc, Runtime};
+use crate::objects::module::{self as modules, image_bytes, load_image};
+use crate::objects::context;
+use crate::runtime;
 
-use super::context;
-
-pub struct Module {
-    pub ctx: u64,
-    pub device: CUdevice,
-    /// Function handles, in the server's order.
-    pub functions: Vec<u64>,
-    pub by_name: HashMap<String, u64>,
-    /// name -> (client address, size)
-    pub globals: HashMap<String, (u64, u64)>,
-    /// Why kernels of this module cannot run on its server, if they cannot.
-    pub launch_note: String,
-    pub note_logged: AtomicBool,
-}
-
-pub struct Function {
-    pub module: u64,
-    pub device: CUdevice,
-    pub index: u32,
-    pub name: CString,
-    /// (offset, size) of each parameter in the kernelParams layout.
-    pub params: Vec<(u32, u32)>,
-    pub max_threads_per_block: i32,
-    pub shared_size_bytes: i32,
-    pub const_size_bytes: i32,
-    pub local_size_bytes: i32,
-    pub num_regs: i32,
-    pub ptx_version: i32,
-    pub binary_version: i32,
-    pub max_dynamic_shared: AtomicI32,
-    pub carveout: AtomicI32,
-    pub cache_config: AtomicI32,
-    /// Why this kernel cannot run on its server, if it cannot.
-    pub launch_note: String,
-    pub note_logged: AtomicBool,
-}
-
-impl Function {
-    /// Size of the packed parameter buffer.
-    pub fn param_bytes(&self) -> usize {
-        self.params.iter().map(|&(o, s)| (o + s) as usize).max().unwrap_or(0)
-    }
-}
-
-pub static MODULES: LazyLock<Table<Module>> = LazyLock::new(|| Table::new(tag::MODULE));
-pub static FUNCTIONS: LazyLock<Table<Function>> = LazyLock::new(|| Table::new(tag::FUNCTION));
-
-/// Default dynamic shared memory a kernel may use without opting in.
-const DEFAULT_DYNAMIC_SHARED: i32 = 48 << 10;
-
-const FATBIN_WRAPPER_MAGIC: u32 = 0x466243B1;
-const FATBIN_MAGIC: u32 = 0xBA55ED50;
-const ELF_MAGIC: u32 = 0x464C457F;
-/// Refuse to believe a header that claims a bigger image than this.
-const MAX_IMAGE: u64 = 2 << 30;
-
-/// The bytes of a module image the program handed us by pointer: a fatbin
-/// wrapper (followed to its fatbin), a fatbin, an ELF cubin or PTX text.
-/// Only the headers say how long an image is.
-///
-/// # Safety
-/// `image` must point at one of those images, readable for the length its
-/// header gives (or up to its NUL for PTX), as the driver API requires.
-pub unsafe fn image_bytes<'a>(image: *const c_void) -> CuResult<&'a [u8]> {
-    if image.is_null() {
-        return Err(CuError::INVALID_VALUE);
-    }
-    let p = image as *const u8;
-    let magic = (p as *const u32).read_unaligned();
-    match magic {
-        FATBIN_WRAPPER_MAGIC => {
-            let fatbin = (p.add(8) as *const *const c_void).read_unaligned();
-            let inner = image_bytes(fatbin)?;
-            Ok(inner)
-        }
-        FATBIN_MAGIC => {
-            let header = (p.add(4) as *const u16).add(1).read_unaligned() as u64;
-            let size = (p.add(8) as *const u64).read_unaligned();
-            let total = header.checked_add(size).filter(|&t| t <= MAX_IMAGE).ok_or(CuError::INVALID_IMAGE)?;
-            Ok(std::slice::from_raw_parts(p, total as usize))
-        }
-        ELF_MAGIC => {
-            if *p.add(4) != 2 {
-                return Err(CuError::INVALID_IMAGE); // not ELF64
-            }
-            let shoff = (p.add(0x28) as *const u64).read_unaligned();
-            let shentsize = (p.add(0x3A) as *const u16).read_unaligned() as u64;
-            let shnum = (p.add(0x3C) as *const u16).read_unaligned() as u64;
-            let phoff = (p.add(0x20) as *const u64).read_unaligned();
-            let phentsize = (p.add(0x36) as *const u16).read_unaligned() as u64;
-            let phnum = (p.add(0x38) as *const u16).read_unaligned() as u64;
-            let end = (shoff + shentsize * shnum).max(phoff + phentsize * phnum).max(64);
-            if end > MAX_IMAGE {
-                return Err(CuError::INVALID_IMAGE);
-            }
-            Ok(std::slice::from_raw_parts(p, end as usize))
-        }
-        _ => {
-            // PTX text.
-            let s = CStr::from_ptr(p as *const c_char).to_bytes();
-            if s.is_empty() {
-                return Err(CuError::INVALID_IMAGE);
-            }
-            Ok(s)
-        }
-    }
-}
-
-/// Loads an image on `dev` for context `ctx`; returns the module handle.
-pub fn load_image(rt: &Runtime, dev: CUdevice, ctx: u64, image: &[u8]) -> CuResult<u64> {
-    let h = MODULES.mint();
-    let remote_dev = rt.device(dev)?.remote.ordinal;
-    let loaded = rt
-        .conn(dev)?
-        .call(
-            |r| {
-                let mut m = r.init_module_load();
-                m.set_handle(h);
-                m.set_device(remote_dev);
-            },
-            image,
-            Sink::None,
-            |reply| match reply.which() {
-                Ok(reply::ModuleLoad(Ok(m))) => decode_loaded(m).map_err(|e| ClientError::Protocol {
-                    addr: String::new(),
-                    reason: e.to_string(),
-                }),
-                _ => Err(ClientError::Cuda(CuError::UNKNOWN.0.get())),
-            },
-        )
-        .map_err(cu_err)?;
-    let (funcs, globals, launch_note) = loaded;
-    let mut module = Module {
-        ctx,
-        device: dev,
-        functions: Vec::with_capacity(funcs.len()),
-        by_name: HashMap::new(),
-        globals: HashMap::new(),
-        launch_note,
-        note_logged: AtomicBool::new(false),
-    };
-    for (i, f) in funcs.into_iter().enumerate() {
-        let name = f.name.clone();
-        let (fh, _) = FUNCTIONS.insert(Function {
-            module: h,
-            device: dev,
-            index: i as u32,
-            name: CString::new(f.name).unwrap_or_default(),
-            params: f.params,
-            max_threads_per_block: f.attrs[0],
-            shared_size_bytes: f.attrs[1],
-            const_size_bytes: f.attrs[2],
-            local_size_bytes: f.attrs[3],
-            num_regs: f.attrs[4],
-            ptx_version: f.attrs[5],
-            binary_version: f.attrs[6],
-            max_dynamic_shared: AtomicI32::new(DEFAULT_DYNAMIC_SHARED - f.attrs[1]),
-            carveout: AtomicI32::new(-1),
-            cache_config: AtomicI32::new(0),
-            launch_note: f.launch_note,
-            note_logged: AtomicBool::new(false),
-        });
-        module.functions.push(fh);
-        module.by_name.insert(name, fh);
-    }
-    for (name, remote, size) in globals {
-        let ptr = rt.to_client(dev, remote);
-        super::memory::record(rt, ptr, Alloc { size, device: dev, ctx: 0 });
-        module.globals.insert(name, (ptr, size));
-    }
-    // Insert under the handle the server already knows.
-    MODULES.insert_with_handle(h, module);
-    Ok(h)
-}
-
-struct LoadedFunction {
-    name: String,
-    params: Vec<(u32, u32)>,
-    attrs: [i32; 7],
-    launch_note: String,
-}
-
-type Loaded = (Vec<LoadedFunction>, Vec<(String, u64, u64)>, String);
-
-fn decode_loaded(m: rgpu_protocol::data_capnp::module_loaded::Reader<'_>) -> capnp::Result<Loaded> {
-    let mut funcs = Vec::new();
-    for f in m.get_functions()?.iter() {
-        let params = f.get_params()?.iter().map(|p| (p.get_offset(), p.get_size())).collect();
-        funcs.push(LoadedFunction {
-            name: f.get_name()?.to_string()?,
-            params,
-            attrs: [
-                f.get_max_threads_per_block(),
-                f.get_shared_size_bytes(),
-                f.get_const_size_bytes(),
-                f.get_local_size_bytes(),
-                f.get_num_regs(),
-                f.get_ptx_version(),
-                f.get_binary_version(),
-            ],
-            launch_note: f.get_launch_note()?.to_string()?,
-        });
-    }
-    let mut globals = Vec::new();
-    for g in m.get_globals()?.iter() {
-        globals.push((g.get_name()?.to_string()?, g.get_ptr(), g.get_size()));
-    }
-    Ok((funcs, globals, m.get_launch_note()?.to_string()?))
-}
-
-/// Unloads a module on its server and forgets its functions and globals.
-pub fn unload_handle(rt: &Runtime, h: u64) -> CuResult<()> {
-    let m = MODULES.remove(h).ok_or(CuError::INVALID_HANDLE)?;
-    for f in &m.functions {
-        FUNCTIONS.remove(*f);
-    }
-    {
-        let mut allocs = rt.allocs.lock().unwrap_or_else(|e| e.into_inner());
-        for (ptr, _) in m.globals.values() {
-            allocs.remove(ptr);
-        }
-    }
-    rt.conn(m.device)?.post(|r| r.init_module_unload().set_handle(h), &[]).map_err(cu_err)
-}
-
-pub fn unload_context(rt: &Runtime, ctx: u64) {
-    for h in MODULES.select(|m| m.ctx == ctx) {
-        let _ = unload_handle(rt, h);
-    }
-    super::library::forget_context(ctx);
-}
-
-pub fn get(h: CUmodule) -> CuResult<Arc<Module>> {
-    MODULES.get(h as usize as u64).ok_or(CuError::INVALID_HANDLE)
-}
-
-pub(crate) unsafe fn load_data(module: *mut CUmodule, image: *const c_void) -> CuResult<()> {
-    let module = module.as_mut().ok_or(CuError::INVALID_VALUE)?;
+unsafe fn load_bytes(module: &mut CUmodule, bytes: &[u8]) -> CuResult<()> {
     let rt = runtime::get()?;
     let (ctx, c) = context::current()?;
-    let bytes = image_bytes(image)?;
     *module = load_image(rt, c.device, ctx, bytes)? as usize as CUmodule;
     Ok(())
 }
 
+pub(crate) unsafe fn load_data(module: &mut CUmodule, image: *const c_void) -> CuResult<()> {
+    let bytes = image_bytes(image)?;
+    load_bytes(module, bytes)
+}
+
 pub(crate) unsafe fn load_data_ex(
-    module: *mut CUmodule,
+    module: &mut CUmodule,
     image: *const c_void,
     _num_options: u32,
     _options: *mut CUjit_option,
@@ -273,46 +32,36 @@ pub(crate) unsafe fn load_data_ex(
     load_data(module, image)
 }
 
-pub(crate) unsafe fn load_fat_binary(module: *mut CUmodule, fat: *const c_void) -> CuResult<()> {
-    load_data(module, fat)
-}
-
-pub(crate) unsafe fn load(module: *mut CUmodule, fname: *const c_char) -> CuResult<()> {
-    let module = module.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn load(module: &mut CUmodule, fname: *const c_char) -> CuResult<()> {
     if fname.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
     let path = CStr::from_ptr(fname).to_str().map_err(|_| CuError::INVALID_VALUE)?;
     let bytes = std::fs::read(path).map_err(|_| CuError::FILE_NOT_FOUND)?;
-    let rt = runtime::get()?;
-    let (ctx, c) = context::current()?;
-    *module = load_image(rt, c.device, ctx, &bytes)? as usize as CUmodule;
-    Ok(())
+    load_bytes(module, &bytes)
 }
 
 pub(crate) unsafe fn unload(m: CUmodule) -> CuResult<()> {
-    unload_handle(runtime::get()?, m as usize as u64)
+    modules::unload(runtime::get()?, m as usize as u64)
 }
 
-pub(crate) unsafe fn get_function(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) -> CuResult<()> {
-    let hfunc = hfunc.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_function(hfunc: &mut CUfunction, hmod: CUmodule, name: *const c_char) -> CuResult<()> {
     if name.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
-    let m = get(hmod)?;
+    let m = modules::get(hmod)?;
     let name = CStr::from_ptr(name).to_str().map_err(|_| CuError::NOT_FOUND)?;
     *hfunc = *m.by_name.get(name).ok_or(CuError::NOT_FOUND)? as usize as CUfunction;
     Ok(())
 }
 
-pub(crate) unsafe fn get_function_count(count: *mut u32, hmod: CUmodule) -> CuResult<()> {
-    let count = count.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    *count = get(hmod)?.functions.len() as u32;
+pub(crate) unsafe fn get_function_count(count: &mut u32, hmod: CUmodule) -> CuResult<()> {
+    *count = modules::get(hmod)?.functions.len() as u32;
     Ok(())
 }
 
 pub(crate) unsafe fn enumerate_functions(out: *mut CUfunction, n: u32, hmod: CUmodule) -> CuResult<()> {
-    let m = get(hmod)?;
+    let m = modules::get(hmod)?;
     if out.is_null() || (n as usize) < m.functions.len() {
         return Err(CuError::INVALID_VALUE);
     }
@@ -322,37 +71,25 @@ pub(crate) unsafe fn enumerate_functions(out: *mut CUfunction, n: u32, hmod: CUm
     Ok(())
 }
 
-pub(crate) unsafe fn get_global_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) -> CuResult<()> {
-    if name.is_null() {
-        return Err(CuError::INVALID_VALUE);
-    }
-    let m = get(hmod)?;
-    let name = CStr::from_ptr(name).to_str().map_err(|_| CuError::NOT_FOUND)?;
-    let &(ptr, size) = m.globals.get(name).ok_or(CuError::NOT_FOUND)?;
-    if let Some(d) = dptr.as_mut() {
+pub(crate) unsafe fn get_global_v2(
+    dptr: Option<&mut CUdeviceptr>,
+    bytes: Option<&mut usize>,
+    hmod: CUmodule,
+    name: *const c_char,
+) -> CuResult<()> {
+    let (ptr, size) = modules::get(hmod)?.global(name)?;
+    if let Some(d) = dptr {
         *d = ptr;
     }
-    if let Some(b) = bytes.as_mut() {
+    if let Some(b) = bytes {
         *b = size as usize;
     }
     Ok(())
 }
 
-pub(crate) unsafe fn get_loading_mode(mode: *mut CUmoduleLoadingMode) -> CuResult<()> {
-    let mode = mode.as_mut().ok_or(CuError::INVALID_VALUE)?;
+pub(crate) unsafe fn get_loading_mode(mode: &mut CUmoduleLoadingMode) -> CuResult<()> {
     // Lazy, as current drivers default to: cudart then loads each module on
     // the first use of one of its kernels or symbols.
     *mode = CUmoduleLoadingMode::CU_MODULE_LAZY_LOADING;
     Ok(())
-}
-
-/// Logs once per kernel why it cannot run, and fails the launch.
-pub fn check_launchable(f: &Function) -> CuResult<()> {
-    if f.launch_note.is_empty() {
-        return Ok(());
-    }
-    if !f.note_logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!("launch of {} refused: {}", f.name.to_string_lossy(), f.launch_note);
-    }
-    Err(CuError::NOT_SUPPORTED)
 }

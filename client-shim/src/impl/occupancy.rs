@@ -5,12 +5,18 @@
 
 use crate::cuda::types::*;
 
-use super::{device, kernel, module};
+use crate::objects::library::resolve_function;
+use crate::objects::module;
+use crate::runtime;
 
 type D = CUdevice_attribute;
 
 /// Shared memory the driver reserves per block on sm_80 and later.
 const RESERVED_SHARED_PER_BLOCK: i64 = 1024;
+
+fn device_attribute(dev: CUdevice, attr: CUdevice_attribute) -> CuResult<i32> {
+    runtime::get()?.device(dev)?.attribute(attr)
+}
 
 fn blocks_per_sm(f: &module::Function, block: i32, dyn_smem: usize) -> CuResult<i32> {
     if block <= 0 {
@@ -19,7 +25,7 @@ fn blocks_per_sm(f: &module::Function, block: i32, dyn_smem: usize) -> CuResult<
     if block > f.max_threads_per_block {
         return Ok(0);
     }
-    let a = |attr: CUdevice_attribute| device::attribute(f.device, attr.0).map(|v| v as i64);
+    let a = |attr: CUdevice_attribute| device_attribute(f.device, attr).map(|v| v as i64);
     let warp = a(D::CU_DEVICE_ATTRIBUTE_WARP_SIZE)?.max(1);
     let threads = (block as i64 + warp - 1) / warp * warp;
     let by_threads = a(D::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? / threads;
@@ -31,15 +37,14 @@ fn blocks_per_sm(f: &module::Function, block: i32, dyn_smem: usize) -> CuResult<
     Ok(by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0) as i32)
 }
 
-pub(crate) unsafe fn max_active_blocks_per_multiprocessor(n: *mut i32, f: CUfunction, block: i32, dyn_smem: usize) -> CuResult<()> {
-    let n = n.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    let func = kernel::resolve_function(f as usize as u64)?;
+pub(crate) unsafe fn max_active_blocks_per_multiprocessor(n: &mut i32, f: CUfunction, block: i32, dyn_smem: usize) -> CuResult<()> {
+    let func = resolve_function(f)?;
     *n = blocks_per_sm(&func, block, dyn_smem)?;
     Ok(())
 }
 
 pub(crate) unsafe fn max_active_blocks_per_multiprocessor_with_flags(
-    n: *mut i32,
+    n: &mut i32,
     f: CUfunction,
     block: i32,
     dyn_smem: usize,
@@ -51,8 +56,8 @@ pub(crate) unsafe fn max_active_blocks_per_multiprocessor_with_flags(
 }
 
 pub(crate) unsafe fn max_potential_block_size(
-    min_grid: *mut i32,
-    block_size: *mut i32,
+    min_grid: &mut i32,
+    block_size: &mut i32,
     f: CUfunction,
     smem_for_block: CUoccupancyB2DSize,
     dyn_smem: usize,
@@ -62,17 +67,16 @@ pub(crate) unsafe fn max_potential_block_size(
 }
 
 pub(crate) unsafe fn max_potential_block_size_with_flags(
-    min_grid: *mut i32,
-    block_size: *mut i32,
+    min_grid: &mut i32,
+    block_size: &mut i32,
     f: CUfunction,
     smem_for_block: CUoccupancyB2DSize,
     dyn_smem: usize,
     limit: i32,
     _flags: u32,
 ) -> CuResult<()> {
-    let (min_grid, block_size) = (min_grid.as_mut().ok_or(CuError::INVALID_VALUE)?, block_size.as_mut().ok_or(CuError::INVALID_VALUE)?);
-    let func = kernel::resolve_function(f as usize as u64)?;
-    let sms = device::attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0)?;
+    let func = resolve_function(f)?;
+    let sms = device_attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
     let mut max = func.max_threads_per_block;
     if limit > 0 {
         max = max.min(limit);
@@ -97,14 +101,13 @@ pub(crate) unsafe fn max_potential_block_size_with_flags(
     Ok(())
 }
 
-pub(crate) unsafe fn available_dynamic_s_mem_per_block(out: *mut usize, f: CUfunction, num_blocks: i32, block: i32) -> CuResult<()> {
-    let out = out.as_mut().ok_or(CuError::INVALID_VALUE)?;
-    let func = kernel::resolve_function(f as usize as u64)?;
+pub(crate) unsafe fn available_dynamic_s_mem_per_block(out: &mut usize, f: CUfunction, num_blocks: i32, block: i32) -> CuResult<()> {
+    let func = resolve_function(f)?;
     if num_blocks <= 0 || block <= 0 {
         return Err(CuError::INVALID_VALUE);
     }
-    let per_sm = device::attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR.0)? as i64;
-    let optin = device::attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN.0)? as i64;
+    let per_sm = device_attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as i64;
+    let optin = device_attribute(func.device, D::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as i64;
     let per_block = per_sm / num_blocks as i64 - RESERVED_SHARED_PER_BLOCK - func.shared_size_bytes as i64;
     *out = per_block.min(optin - func.shared_size_bytes as i64).max(0) as usize;
     Ok(())

@@ -4,9 +4,7 @@
 use std::ffi::c_void;
 
 use crate::cuda::types::*;
-use crate::runtime;
-
-use super::context;
+use crate::objects::{context, objects};
 
 type P = CUpointer_attribute;
 
@@ -18,12 +16,13 @@ enum Kind {
 }
 
 fn classify(ptr: u64) -> CuResult<Kind> {
-    let rt = runtime::get()?;
-    if let Some((start, a)) = rt.find_alloc(ptr) {
-        let ctx = if a.ctx != 0 { a.ctx } else { super::primary_context::handle(a.device)? };
+    crate::runtime::get()?;
+    let o = objects();
+    if let Some((start, a)) = o.memory.find_alloc(ptr) {
+        let ctx = if a.ctx != 0 { a.ctx } else { o.primaries.handle(a.device)? };
         return Ok(Kind::Device { start, size: a.size, device: a.device, ctx });
     }
-    if let Some((start, h)) = rt.find_host(ptr as usize) {
+    if let Some((start, h)) = o.memory.find_host(ptr as usize) {
         return Ok(Kind::Host { start, size: h.size });
     }
     Ok(Kind::Unknown)
