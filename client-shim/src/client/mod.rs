@@ -8,7 +8,13 @@
 pub mod connection;
 pub mod control;
 pub mod output;
+pub mod session_core;
 pub mod transport_select;
+
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod connection_tests;
 
 use thiserror::Error;
 

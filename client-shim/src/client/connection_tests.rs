@@ -1,0 +1,472 @@
+//! The I/O shell over an in-memory transport, against a fake server that
+//! decodes requests with the protocol crate and answers (or misbehaves) as
+//! each test scripts. Every test is bounded: a hang fails it.
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rgpu_protocol::data_capnp::reply;
+
+use super::connection::{Connection, Sink};
+use super::session_core::{Tuning, FLUSH_THRESHOLD, INLINE_BULK};
+use super::testing::{pair, within, Ask, FakeServer, MemTransport, Req, SendLog};
+use super::ClientError;
+
+const LIMIT: Duration = Duration::from_secs(20);
+/// A host-to-device copy to this address fails on the fake server.
+const FAIL_DST: u64 = 0xdead;
+/// A device-to-host copy from this address fails on the fake server.
+const FAIL_SRC: u64 = 0xbad;
+const LAUNCH_FAILED: u32 = 719;
+const INVALID_VALUE: u32 = 1;
+
+fn no_flusher() -> Tuning {
+    Tuning { flush_delay: None, ..Tuning::default() }
+}
+
+fn connect(tuning: Tuning) -> (Connection<MemTransport>, std::sync::Arc<SendLog>, MemTransport) {
+    let (client, server) = pair();
+    let log = client.log();
+    (Connection::with_tuning(client, "mem-server", tuning).unwrap(), log, server)
+}
+
+fn pattern(src: u64, size: u64) -> Vec<u8> {
+    (0..size).map(|i| (src as u8).wrapping_add(i as u8)).collect()
+}
+
+/// Answers like rgpu-server: requests in order, failed asynchronous ones
+/// remembered (the first) and reported with the next reply. Returns every
+/// request seen once the client hangs up.
+fn well_behaved(t: MemTransport) -> JoinHandle<Vec<Req>> {
+    std::thread::spawn(move || {
+        let mut s = FakeServer::new(t);
+        let mut seen = Vec::new();
+        let mut deferred = 0u32;
+        while let Some(req) = s.next() {
+            if !req.wants_reply {
+                if req.ask == (Ask::HtoD { dst: FAIL_DST }) && deferred == 0 {
+                    deferred = LAUNCH_FAILED;
+                }
+            } else {
+                let d = std::mem::take(&mut deferred);
+                match req.ask {
+                    Ask::MemAlloc { size: 0 } => s.reply(req.seq, INVALID_VALUE, d, &[]),
+                    Ask::MemAlloc { size } => s.reply_with(req.seq, 0, d, |mut r| r.set_mem_alloc(0x1000_0000 + size), &[]),
+                    Ask::DtoH { src: FAIL_SRC, .. } => s.reply(req.seq, INVALID_VALUE, d, &[]),
+                    Ask::DtoH { src, size } => s.reply(req.seq, 0, d, &pattern(src, size)),
+                    _ => s.reply(req.seq, 0, d, &[]),
+                }
+            }
+            seen.push(Req { bulk: Vec::new(), ..req });
+        }
+        seen
+    })
+}
+
+fn ping(c: &Connection<MemTransport>) -> Result<(), ClientError> {
+    c.call(|mut r| r.set_ping(()), &[], Sink::None, |_| Ok(()))
+}
+
+fn alloc(c: &Connection<MemTransport>, size: u64) -> Result<u64, ClientError> {
+    c.call(
+        |r| r.init_mem_alloc().set_size(size),
+        &[],
+        Sink::None,
+        |rep| match rep.which() {
+            Ok(reply::MemAlloc(p)) => Ok(p),
+            _ => Err(ClientError::Cuda(999)),
+        },
+    )
+}
+
+fn htod(c: &Connection<MemTransport>, dst: u64, bytes: &[u8]) -> Result<(), ClientError> {
+    c.post(|r| r.init_memcpy_hto_d().set_dst(dst), bytes)
+}
+
+fn dtoh(c: &Connection<MemTransport>, src: u64, out: &mut [u8]) -> Result<(), ClientError> {
+    let size = out.len() as u64;
+    c.call(
+        |r| {
+            let mut m = r.init_memcpy_dto_h();
+            m.set_src(src);
+            m.set_size(size);
+        },
+        &[],
+        Sink::Host(out),
+        |_| Ok(()),
+    )
+}
+
+/// # Safety
+/// `out` must outlive the next synchronising call.
+unsafe fn dtoh_async(c: &Connection<MemTransport>, src: u64, out: &mut [u8]) -> Result<(), ClientError> {
+    let size = out.len() as u64;
+    c.post_read(
+        |r| {
+            let mut m = r.init_memcpy_dto_h();
+            m.set_src(src);
+            m.set_size(size);
+        },
+        out.as_mut_ptr(),
+        out.len(),
+    )
+}
+
+// ---- sequence matching ----------------------------------------------------
+
+#[test]
+fn calls_get_their_own_replies() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        for size in 1..=20u64 {
+            htod(&c, 0x100, &[size as u8; 8]).unwrap();
+            assert_eq!(alloc(&c, size).unwrap(), 0x1000_0000 + size);
+        }
+        let mut buf = vec![0u8; 300];
+        dtoh(&c, 7, &mut buf).unwrap();
+        assert_eq!(buf, pattern(7, 300));
+        drop(c);
+        let seen = srv.join().unwrap();
+        let seqs: Vec<u64> = seen.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, (1..=41).collect::<Vec<_>>(), "sequence numbers count up from 1 across posts and calls");
+    });
+}
+
+#[test]
+fn a_reply_with_the_wrong_sequence_number_breaks_the_connection() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let r = s.next().unwrap();
+            s.reply(r.seq, 0, 0, &[]);
+            let r = s.next().unwrap();
+            // Answers as if an older request were due.
+            s.reply(r.seq + 5, 0, 0, &[]);
+            // The client gives up on the connection: nothing more arrives.
+            assert!(s.next().is_none());
+        });
+        ping(&c).unwrap();
+        let e = ping(&c).unwrap_err();
+        assert!(matches!(&e, ClientError::Protocol { reason, .. } if reason.contains("#7") && reason.contains("#2")), "{e}");
+        srv.join().unwrap();
+        // Fails fast, with the same error, sending nothing.
+        let sends = log.count();
+        let t = Instant::now();
+        assert!(matches!(ping(&c), Err(ClientError::Protocol { .. })));
+        assert!(matches!(htod(&c, 1, &[0; 4]), Err(ClientError::Protocol { .. })));
+        assert!(matches!(c.flush(), Err(ClientError::Protocol { .. })));
+        assert!(t.elapsed() < Duration::from_secs(1));
+        assert_eq!(log.count(), sends);
+    });
+}
+
+#[test]
+fn a_reply_to_a_request_that_wanted_none_is_a_protocol_error() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let post = s.next().unwrap();
+            assert!(!post.wants_reply);
+            let call = s.next().unwrap();
+            s.reply(post.seq, 0, 0, &[]);
+            s.reply(call.seq, 0, 0, &[]);
+        });
+        htod(&c, 1, &[1, 2, 3]).unwrap();
+        let e = ping(&c).unwrap_err();
+        assert!(matches!(&e, ClientError::Protocol { reason, .. } if reason.contains("reply #1 arrived while #2 was due")), "{e}");
+        srv.join().unwrap();
+    });
+}
+
+// ---- deferred errors --------------------------------------------------------
+
+#[test]
+fn an_async_error_surfaces_at_the_next_sync_call_exactly_once() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        htod(&c, FAIL_DST, &[0; 16]).unwrap();
+        htod(&c, 0x100, &[0; 16]).unwrap();
+        assert!(matches!(ping(&c), Err(ClientError::Cuda(LAUNCH_FAILED))));
+        ping(&c).unwrap();
+        assert_eq!(alloc(&c, 5).unwrap(), 0x1000_0005);
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+#[test]
+fn a_call_that_fails_itself_leaves_the_async_error_for_the_next_one() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        htod(&c, FAIL_DST, &[0; 16]).unwrap();
+        assert!(matches!(alloc(&c, 0), Err(ClientError::Cuda(INVALID_VALUE))));
+        assert!(matches!(ping(&c), Err(ClientError::Cuda(LAUNCH_FAILED))));
+        ping(&c).unwrap();
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+#[test]
+fn a_failed_async_read_defers_its_error_and_leaves_its_buffer_alone() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        let mut buf = vec![0xaau8; 64];
+        unsafe { dtoh_async(&c, FAIL_SRC, &mut buf).unwrap() };
+        assert!(matches!(ping(&c), Err(ClientError::Cuda(INVALID_VALUE))));
+        assert!(buf.iter().all(|&b| b == 0xaa));
+        ping(&c).unwrap();
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+// ---- asynchronous device-to-host -----------------------------------------
+
+#[test]
+fn async_reads_land_in_their_buffers_when_a_later_call_reads_past_them() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        // Replies trickle in: header, message and bulk in separate pieces.
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            while let Some(req) = s.next() {
+                if !req.wants_reply {
+                    continue;
+                }
+                let bulk = match req.ask {
+                    Ask::DtoH { src, size } => pattern(src, size),
+                    _ => Vec::new(),
+                };
+                let frame = super::testing::reply_frame(req.seq, 0, 0, &bulk);
+                for piece in frame.chunks(frame.len() / 4 + 1) {
+                    std::thread::sleep(Duration::from_millis(1));
+                    s.send_raw(piece);
+                }
+            }
+        });
+        let mut a = vec![0u8; 5000];
+        let mut b = vec![0u8; 100];
+        let mut d = vec![0u8; INLINE_BULK * 2];
+        unsafe {
+            dtoh_async(&c, 1, &mut a).unwrap();
+            dtoh_async(&c, 2, &mut b).unwrap();
+            dtoh_async(&c, 3, &mut d).unwrap();
+        }
+        htod(&c, 0x100, &[9; 32]).unwrap();
+        ping(&c).unwrap();
+        assert_eq!(a, pattern(1, 5000));
+        assert_eq!(b, pattern(2, 100));
+        assert_eq!(d, pattern(3, d.len() as u64));
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+#[test]
+fn a_read_answered_with_the_wrong_length_breaks_the_connection() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let r = s.next().unwrap();
+            s.reply(r.seq, 0, 0, &[1; 10]);
+            let _ = s.next();
+        });
+        let mut buf = vec![0u8; 64];
+        unsafe { dtoh_async(&c, 1, &mut buf).unwrap() };
+        let e = ping(&c).unwrap_err();
+        assert!(matches!(&e, ClientError::Protocol { reason, .. } if reason.contains("10 bulk bytes where 64")), "{e}");
+        assert!(buf.iter().all(|&b| b == 0));
+        assert!(matches!(ping(&c), Err(ClientError::Protocol { .. })));
+        srv.join().unwrap();
+    });
+}
+
+// ---- batching ---------------------------------------------------------------
+
+#[test]
+fn posts_leave_in_one_send_with_the_next_call() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        for i in 0..10u64 {
+            htod(&c, 0x100 + i, &[i as u8; 1024]).unwrap();
+        }
+        assert_eq!(log.count(), 0, "posts wait for a sync call");
+        ping(&c).unwrap();
+        assert_eq!(log.count(), 1, "ten posts and the call in one send");
+        drop(c);
+        let seen = srv.join().unwrap();
+        assert_eq!(seen.len(), 11);
+        assert!(seen[..10].iter().all(|r| !r.wants_reply));
+        assert!(seen[10].wants_reply);
+    });
+}
+
+#[test]
+fn a_full_batch_leaves_without_a_sync_call() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        let chunk = vec![5u8; INLINE_BULK];
+        let fit = FLUSH_THRESHOLD / INLINE_BULK - 1;
+        for _ in 0..fit {
+            htod(&c, 0x100, &chunk).unwrap();
+        }
+        assert_eq!(log.count(), 0);
+        htod(&c, 0x100, &chunk).unwrap();
+        assert_eq!(log.count(), 1, "the post that filled the batch sent it");
+        let r = &log.records()[0];
+        assert_eq!(r.lens.len(), 1);
+        assert!(r.lens[0] >= FLUSH_THRESHOLD);
+        drop(c);
+        assert_eq!(srv.join().unwrap().len(), fit + 1);
+    });
+}
+
+#[test]
+fn large_payloads_go_out_from_the_callers_buffer() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let mut got = Vec::new();
+            while let Some(r) = s.next() {
+                got.push(r);
+            }
+            got
+        });
+        let big: Vec<u8> = (0..(1u32 << 20)).map(|i| i as u8).collect();
+        htod(&c, 0x100, &[1; 100]).unwrap();
+        htod(&c, 0x200, &big).unwrap();
+        assert_eq!(log.count(), 1, "the batch leaves with the large payload");
+        let r = &log.records()[0];
+        assert_eq!(r.lens.len(), 2, "batch, then the payload itself");
+        assert_eq!(r.lens[1], big.len());
+        assert_eq!(r.ptrs[1], big.as_ptr() as usize, "sent from the caller's memory, not a copy");
+        drop(c);
+        let got = srv.join().unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].ask, Ask::HtoD { dst: 0x200 });
+        assert!(got[1].bulk == big);
+    });
+}
+
+// ---- the flusher --------------------------------------------------------------
+
+#[test]
+fn the_flusher_sends_a_lone_post_within_the_delay() {
+    within(LIMIT, || {
+        let delay = Duration::from_millis(100);
+        let (c, log, server) = connect(Tuning { flush_delay: Some(delay), ..Tuning::default() });
+        let srv = well_behaved(server);
+        let t0 = Instant::now();
+        htod(&c, 0x100, &[1; 64]).unwrap();
+        htod(&c, 0x100, &[2; 64]).unwrap();
+        assert!(log.wait_for(1, Duration::from_secs(10)), "the batch never left");
+        let r = &log.records()[0];
+        assert!(r.at >= t0 + delay, "left after {:?}, before the delay", r.at - t0);
+        assert_eq!(log.count(), 1, "both posts in one send");
+        // A second batch gets a deadline of its own.
+        let t1 = Instant::now();
+        htod(&c, 0x100, &[3; 64]).unwrap();
+        assert!(log.wait_for(2, Duration::from_secs(10)));
+        assert!(log.records()[1].at >= t1 + delay);
+        drop(c);
+        assert_eq!(srv.join().unwrap().len(), 3);
+    });
+}
+
+#[test]
+fn without_a_flusher_a_post_waits_for_a_sync_call() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        htod(&c, 0x100, &[1; 64]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(log.count(), 0);
+        c.flush().unwrap();
+        assert_eq!(log.count(), 1);
+        htod(&c, 0x100, &[1; 64]).unwrap();
+        ping(&c).unwrap();
+        assert_eq!(log.count(), 2);
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+#[test]
+fn dropping_the_connection_ends_the_flusher_and_closes_the_stream() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(Tuning { flush_delay: Some(Duration::from_millis(1)), ..Tuning::default() });
+        let srv = well_behaved(server);
+        ping(&c).unwrap();
+        drop(c);
+        // The server sees the end of the stream only if nothing holds it open.
+        assert_eq!(srv.join().unwrap().len(), 1);
+    });
+}
+
+// ---- a dead peer ------------------------------------------------------------
+
+#[test]
+fn a_peer_that_dies_mid_reply_fails_the_call_and_every_later_one() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(Tuning { flush_delay: Some(Duration::from_millis(1)), ..Tuning::default() });
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let r = s.next().unwrap();
+            let frame = super::testing::reply_frame(r.seq, 0, 0, &[7; 4096]);
+            s.send_raw(&frame[..frame.len() - 1000]);
+            // Dropping `s` closes the stream mid-bulk.
+        });
+        let mut buf = vec![0u8; 4096];
+        let e = dtoh(&c, 1, &mut buf).unwrap_err();
+        assert!(matches!(&e, ClientError::Lost { .. }), "{e}");
+        srv.join().unwrap();
+        let sends = log.count();
+        let t = Instant::now();
+        assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
+        assert!(matches!(htod(&c, 1, &[0; 4]), Err(ClientError::Lost { .. })));
+        assert!(matches!(unsafe { dtoh_async(&c, 1, &mut buf) }, Err(ClientError::Lost { .. })));
+        assert!(t.elapsed() < Duration::from_secs(1), "later calls must fail fast");
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(log.count(), sends, "nothing is sent on a broken connection");
+    });
+}
+
+#[test]
+fn a_peer_that_dies_while_async_reads_are_owed_fails_the_next_call() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let _ = s.next().unwrap();
+            // Never answers; hangs up.
+        });
+        let mut buf = vec![0u8; 64];
+        unsafe { dtoh_async(&c, 1, &mut buf).unwrap() };
+        srv.join().unwrap();
+        assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
+        assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
+        assert!(buf.iter().all(|&b| b == 0));
+    });
+}
+
+#[test]
+fn a_peer_gone_before_a_post_leaves_fails_the_flush() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        drop(server);
+        htod(&c, 1, &[0; 4]).unwrap();
+        assert!(matches!(c.flush(), Err(ClientError::Lost { .. })));
+        assert!(matches!(htod(&c, 1, &[0; 4]), Err(ClientError::Lost { .. })));
+    });
+}

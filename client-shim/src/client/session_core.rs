@@ -1,0 +1,722 @@
+//! The data plane's client protocol with no I/O in it: no sockets, no
+//! threads, no clock reads (the caller passes the time where it matters).
+//!
+//! [`SessionCore`] turns calls into request frames in one batch buffer and
+//! turns reply bytes back into completed calls. The I/O shell
+//! ([`super::connection::Connection`]) moves the bytes: it sends
+//! [`SessionCore::batch`] (followed, for a large payload, by the caller's
+//! own buffer, which is never copied) and fills the slices
+//! [`SessionCore::recv_buf`] hands out, which point straight into the host
+//! buffers replies must land in. Splitting it so lets every rule below be
+//! tested without a network or a thread.
+//!
+//! The rules:
+//! - sequence numbers count up from 1; the replies owed come back in the
+//!   order their requests went out, and one that does not match the next
+//!   reply owed is a [`ProtocolError`]: the stream is out of step and
+//!   nothing after it can be trusted;
+//! - a request that wants no reply stays in the batch until a synchronising
+//!   call, until the batch reaches [`Tuning::flush_threshold`], or until the
+//!   flush deadline passes; one that wants a reply flushes the batch;
+//! - before a batch is sent, every reply owed to requests already sent must
+//!   be received ([`SessionCore::replies_due`]): the server may be blocked
+//!   writing them, and if neither end read both would stall on full buffers;
+//! - an asynchronous request's failure (reported by the server with the
+//!   next reply, or by the reply to an asynchronous read) is kept and
+//!   returned by the next synchronising call that does not fail itself,
+//!   once, as CUDA reports asynchronous errors; the first one wins.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use rgpu_protocol::data_capnp::{reply, request};
+use rgpu_protocol::frame::{FrameError, FrameHeader, Kind, HEADER_LEN, MAX_BULK_LEN};
+use rgpu_protocol::message::{Encoder, RecvBuf};
+use thiserror::Error;
+
+/// Batches are sent when they reach this size even without a sync point.
+pub const FLUSH_THRESHOLD: usize = 256 << 10;
+/// Bulk payloads up to this size are copied into the batch; larger ones are
+/// sent straight from the caller's memory.
+pub const INLINE_BULK: usize = 64 << 10;
+/// How long a batch may wait for more calls before it is sent anyway.
+pub const FLUSH_DELAY: Duration = Duration::from_micros(200);
+/// Bulk that lands nowhere (an error reply's, say) is read through this.
+const SCRATCH: usize = 4096;
+
+/// The batching knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tuning {
+    pub flush_threshold: usize,
+    pub inline_bulk: usize,
+    /// None: a batch leaves only at a synchronising call or when full.
+    pub flush_delay: Option<Duration>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning { flush_threshold: FLUSH_THRESHOLD, inline_bulk: INLINE_BULK, flush_delay: Some(FLUSH_DELAY) }
+    }
+}
+
+impl Tuning {
+    /// The defaults, with RGPU_FLUSH_DELAY_US (microseconds; 0 turns the
+    /// flush deadline off) applied.
+    pub fn from_env() -> Self {
+        let mut t = Tuning::default();
+        if let Some(us) = std::env::var("RGPU_FLUSH_DELAY_US").ok().and_then(|v| v.parse::<u64>().ok()) {
+            t.flush_delay = (us != 0).then(|| Duration::from_micros(us));
+        }
+        t
+    }
+}
+
+/// What the server sent cannot be right; the connection must be given up.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum ProtocolError {
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error("server sent a request frame")]
+    RequestFrame,
+    #[error("unexpected reply #{0}: no reply is owed")]
+    Unexpected(u64),
+    #[error("reply #{got} arrived while #{due} was due")]
+    OutOfOrder { got: u64, due: u64 },
+    #[error("reply #{seq} cannot be decoded: {reason}")]
+    BadMessage { seq: u64, reason: String },
+    #[error("reply #{seq} carried {got} bulk bytes where {want} were expected")]
+    WrongBulk { seq: u64, want: usize, got: usize },
+}
+
+/// A request the frame format cannot carry; nothing was queued.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("payload of {0} bytes exceeds one frame")]
+pub struct TooLarge(pub usize);
+
+/// What the shell must do once a request is queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    /// Nothing yet. `starts_batch`: the batch was empty before, so this is
+    /// the moment to [`SessionCore::arm`] the flush deadline.
+    Keep { starts_batch: bool },
+    /// Send the batch now (a reply is wanted, or the batch is full).
+    Flush,
+    /// Send the batch now with the caller's bulk right behind it, in the
+    /// same send: the batch ends with a header announcing those bytes.
+    FlushWithBulk,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub seq: u64,
+    pub then: Then,
+}
+
+/// A reply fully received.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completed {
+    /// An asynchronous read's: its bytes are in its host buffer, or it
+    /// failed and the error waits for the next synchronising call.
+    Read { seq: u64, output: bool },
+    /// The synchronising call's: `result` is what the call returns (0, its
+    /// own error, or an earlier asynchronous one). Its message stays
+    /// readable through [`SessionCore::with_reply`] until the next frame.
+    Call { seq: u64, result: u32, output: bool },
+}
+
+// `output`: the reply carries kernel printf text for the program's stdout
+// (read it with `with_reply`); rare, so nobody decodes a reply twice for it.
+
+struct Owed {
+    seq: u64,
+    sync: bool,
+    /// Where the reply's bulk lands; null (or len 0) for none.
+    dst: *mut u8,
+    len: usize,
+}
+
+/// What a reply said, kept from its message until its bulk is read.
+#[derive(Clone, Copy)]
+struct Said {
+    seq: u64,
+    result: u32,
+    deferred: u32,
+    output: bool,
+}
+
+enum Rx {
+    Header { got: usize },
+    Message { got: usize, len: usize, bulk: usize, seq: u64 },
+    Bulk { got: usize, total: usize, land: bool, said: Said },
+}
+
+pub struct SessionCore {
+    tuning: Tuning,
+    enc: Encoder,
+    /// The batch: whole frames, except that with `tail_due` the last one's
+    /// bulk is the caller's buffer, sent behind it.
+    out: Vec<u8>,
+    tail_due: bool,
+    next_seq: u64,
+    /// Replies owed, in order; the last `unsent` belong to requests still
+    /// in `out`.
+    owed: VecDeque<Owed>,
+    unsent: usize,
+    deferred: u32,
+    batch_since: Option<Instant>,
+    rx: Rx,
+    hdr: [u8; HEADER_LEN],
+    recv: RecvBuf,
+    last_seq: u64,
+    scratch: Box<[u8]>,
+}
+
+// The raw destinations are host buffers the CUDA program handed over and
+// promised to keep alive until it synchronises (asynchronous reads), or the
+// buffer of a call the shell is still blocked in; `abandon` forgets them.
+unsafe impl Send for SessionCore {}
+
+impl SessionCore {
+    pub fn new(tuning: Tuning) -> Self {
+        SessionCore {
+            tuning,
+            enc: Encoder::default(),
+            out: Vec::with_capacity(tuning.flush_threshold.saturating_mul(2)),
+            tail_due: false,
+            next_seq: 1,
+            owed: VecDeque::new(),
+            unsent: 0,
+            deferred: 0,
+            batch_since: None,
+            rx: Rx::Header { got: 0 },
+            hdr: [0; HEADER_LEN],
+            recv: RecvBuf::default(),
+            last_seq: 0,
+            scratch: vec![0; SCRATCH].into_boxed_slice(),
+        }
+    }
+
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    // ---- requests ------------------------------------------------------
+
+    /// Queues a request that wants no reply (its error, if any, is deferred).
+    /// With [`Then::FlushWithBulk`] the shell sends `bulk` itself.
+    pub fn post(&mut self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<Queued, TooLarge> {
+        let was_empty = self.out.is_empty();
+        let (seq, behind) = self.encode(false, build, bulk)?;
+        let then = if behind {
+            Then::FlushWithBulk
+        } else if self.out.len() >= self.tuning.flush_threshold {
+            Then::Flush
+        } else {
+            Then::Keep { starts_batch: was_empty }
+        };
+        Ok(Queued { seq, then })
+    }
+
+    /// Queues an asynchronous read whose reply bulk (exactly `len` bytes on
+    /// success) lands at `dst` when the reply is received.
+    ///
+    /// # Safety
+    /// `dst..dst+len` must stay writable until the reply is completed or
+    /// [`SessionCore::abandon`] is called.
+    pub unsafe fn post_read(&mut self, build: impl FnOnce(request::Builder<'_>), dst: *mut u8, len: usize) -> Queued {
+        let (seq, _) = self.encode(true, build, &[]).expect("no bulk cannot be too large");
+        self.owe(seq, false, dst, len);
+        // Sent at once, so the transfer overlaps with the caller's work.
+        Queued { seq, then: Then::Flush }
+    }
+
+    /// Queues a synchronising call whose reply bulk (exactly `dst.len()`
+    /// bytes on success; none for an empty `dst`) lands in `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay writable until the reply is completed or
+    /// [`SessionCore::abandon`] is called, although the borrow ends here.
+    pub unsafe fn call(
+        &mut self,
+        build: impl FnOnce(request::Builder<'_>),
+        bulk: &[u8],
+        dst: &mut [u8],
+    ) -> Result<Queued, TooLarge> {
+        let (seq, behind) = self.encode(true, build, bulk)?;
+        self.owe(seq, true, dst.as_mut_ptr(), dst.len());
+        Ok(Queued { seq, then: if behind { Then::FlushWithBulk } else { Then::Flush } })
+    }
+
+    fn owe(&mut self, seq: u64, sync: bool, dst: *mut u8, len: usize) {
+        self.owed.push_back(Owed { seq, sync, dst, len });
+        self.unsent += 1;
+    }
+
+    fn encode(
+        &mut self,
+        wants_reply: bool,
+        build: impl FnOnce(request::Builder<'_>),
+        bulk: &[u8],
+    ) -> Result<(u64, bool), TooLarge> {
+        debug_assert!(!self.tail_due, "a zero-copy payload was never sent behind its batch");
+        if bulk.len() as u64 > MAX_BULK_LEN {
+            return Err(TooLarge(bulk.len()));
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let at = self.out.len();
+        self.out.extend_from_slice(&[0u8; HEADER_LEN]);
+        let n = self.enc.request(&mut self.out, build);
+        let h = FrameHeader::request(seq, wants_reply, n, bulk.len() as u64).encode();
+        self.out[at..at + HEADER_LEN].copy_from_slice(&h);
+        let behind = bulk.len() > self.tuning.inline_bulk;
+        if behind {
+            self.tail_due = true;
+        } else {
+            self.out.extend_from_slice(bulk);
+        }
+        Ok((seq, behind))
+    }
+
+    // ---- sending -------------------------------------------------------
+
+    /// The bytes to send (then the caller's bulk, after [`Then::FlushWithBulk`]).
+    pub fn batch(&self) -> &[u8] {
+        &self.out
+    }
+
+    /// Replies owed to requests already sent: receive them all before
+    /// sending the batch.
+    pub fn replies_due(&self) -> usize {
+        self.owed.len() - self.unsent
+    }
+
+    /// The batch (and any bulk behind it) went out in full.
+    pub fn sent(&mut self) {
+        debug_assert_eq!(self.replies_due(), 0, "a batch was sent while replies were due");
+        self.out.clear();
+        self.tail_due = false;
+        self.unsent = 0;
+        self.batch_since = None;
+    }
+
+    // ---- the flush deadline -------------------------------------------
+
+    /// Starts the flush deadline of the batch, begun at `now`.
+    pub fn arm(&mut self, now: Instant) {
+        if !self.out.is_empty() && self.batch_since.is_none() {
+            self.batch_since = Some(now);
+        }
+    }
+
+    /// When the batch must be sent without waiting for a synchronising call.
+    pub fn flush_deadline(&self) -> Option<Instant> {
+        Some(self.batch_since? + self.tuning.flush_delay?)
+    }
+
+    pub fn flush_due(&self, now: Instant) -> bool {
+        self.flush_deadline().is_some_and(|d| now >= d)
+    }
+
+    // ---- receiving -----------------------------------------------------
+
+    /// Where the next received bytes go: fill a prefix and report its
+    /// length with [`SessionCore::recv_advance`]. Only read while
+    /// [`SessionCore::replies_due`] is non-zero. Bulk of a reply owed to a
+    /// host buffer is that buffer.
+    pub fn recv_buf(&mut self) -> &mut [u8] {
+        match self.rx {
+            Rx::Header { got } => &mut self.hdr[got..],
+            Rx::Message { got, len, .. } => &mut self.recv.prepare(len)[got..],
+            Rx::Bulk { got, total, land: true, .. } => {
+                let o = &self.owed[0];
+                // SAFETY: `o.dst..o.dst+o.len` is writable (the contract of
+                // post_read / call) and total == o.len.
+                unsafe { std::slice::from_raw_parts_mut(o.dst.add(got), total - got) }
+            }
+            Rx::Bulk { got, total, land: false, .. } => {
+                let k = (total - got).min(self.scratch.len());
+                &mut self.scratch[..k]
+            }
+        }
+    }
+
+    /// `n` bytes of the last [`SessionCore::recv_buf`] were filled.
+    pub fn recv_advance(&mut self, n: usize) -> Result<Option<Completed>, ProtocolError> {
+        match &mut self.rx {
+            Rx::Header { got } => {
+                *got += n;
+                if *got < HEADER_LEN {
+                    return Ok(None);
+                }
+                let h = FrameHeader::decode(&self.hdr)?;
+                if h.kind != Kind::Reply {
+                    return Err(ProtocolError::RequestFrame);
+                }
+                if self.replies_due() == 0 {
+                    return Err(ProtocolError::Unexpected(h.seq));
+                }
+                let due = self.owed[0].seq;
+                if h.seq != due {
+                    return Err(ProtocolError::OutOfOrder { got: h.seq, due });
+                }
+                let len = h.msg_len as usize;
+                self.rx = Rx::Message { got: 0, len, bulk: h.bulk_len as usize, seq: h.seq };
+                if len == 0 {
+                    return self.message_done();
+                }
+                Ok(None)
+            }
+            Rx::Message { got, len, .. } => {
+                *got += n;
+                if *got < *len {
+                    return Ok(None);
+                }
+                self.message_done()
+            }
+            Rx::Bulk { got, total, .. } => {
+                *got += n;
+                if *got < *total {
+                    return Ok(None);
+                }
+                Ok(Some(self.frame_done()))
+            }
+        }
+    }
+
+    fn message_done(&mut self) -> Result<Option<Completed>, ProtocolError> {
+        let Rx::Message { bulk, seq, .. } = self.rx else { unreachable!("message_done outside a message") };
+        self.last_seq = seq;
+        let (result, deferred, output) = self
+            .read_reply(|r| (r.get_result(), r.get_deferred_error(), r.has_output()))?;
+        let o = &self.owed[0];
+        let want = if o.dst.is_null() { 0 } else { o.len };
+        if result == 0 && bulk != want {
+            return Err(ProtocolError::WrongBulk { seq, want, got: bulk });
+        }
+        // An error reply's bulk (there should be none) never lands in the
+        // program's memory.
+        let land = result == 0 && want != 0;
+        let said = Said { seq, result, deferred, output };
+        self.rx = Rx::Bulk { got: 0, total: bulk, land, said };
+        if bulk == 0 {
+            return Ok(Some(self.frame_done()));
+        }
+        Ok(None)
+    }
+
+    fn frame_done(&mut self) -> Completed {
+        let Rx::Bulk { said, .. } = std::mem::replace(&mut self.rx, Rx::Header { got: 0 }) else {
+            unreachable!("frame_done outside a bulk")
+        };
+        let o = self.owed.pop_front().expect("a reply was due");
+        // The server's deferred error is older than this reply's own result.
+        self.note(said.deferred);
+        if o.sync {
+            let result = if said.result != 0 { said.result } else { std::mem::take(&mut self.deferred) };
+            Completed::Call { seq: said.seq, result, output: said.output }
+        } else {
+            self.note(said.result);
+            Completed::Read { seq: said.seq, output: said.output }
+        }
+    }
+
+    fn note(&mut self, code: u32) {
+        if self.deferred == 0 {
+            self.deferred = code;
+        }
+    }
+
+    /// Reads the last reply received (a call's, once it completed).
+    pub fn with_reply<R>(&self, f: impl FnOnce(reply::Reader<'_>) -> R) -> Result<R, ProtocolError> {
+        self.read_reply(f)
+    }
+
+    fn read_reply<R>(&self, f: impl FnOnce(reply::Reader<'_>) -> R) -> Result<R, ProtocolError> {
+        let bad = |e: capnp::Error| ProtocolError::BadMessage { seq: self.last_seq, reason: e.to_string() };
+        let msg = self.recv.reader().map_err(bad)?;
+        let r = msg.get_root::<reply::Reader>().map_err(bad)?;
+        Ok(f(r))
+    }
+
+    /// An asynchronous error not yet returned by a synchronising call.
+    #[cfg(test)]
+    pub fn deferred(&self) -> u32 {
+        self.deferred
+    }
+
+    /// Forgets everything owed and queued, and every host buffer named: the
+    /// connection is given up.
+    pub fn abandon(&mut self) {
+        self.owed.clear();
+        self.unsent = 0;
+        self.out.clear();
+        self.tail_due = false;
+        self.batch_since = None;
+        self.rx = Rx::Header { got: 0 };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::testing::reply_frame;
+
+    fn core() -> SessionCore {
+        SessionCore::new(Tuning { flush_delay: None, ..Tuning::default() })
+    }
+
+    fn ping(r: request::Builder<'_>) {
+        let mut r = r;
+        r.set_ping(());
+    }
+
+    /// Feeds `bytes` in pieces of at most `piece`, as a transport with
+    /// short reads would; returns what completed.
+    fn feed(c: &mut SessionCore, mut bytes: &[u8], piece: usize) -> Result<Vec<Completed>, ProtocolError> {
+        let mut done = Vec::new();
+        while !bytes.is_empty() {
+            let buf = c.recv_buf();
+            let k = buf.len().min(piece).min(bytes.len());
+            buf[..k].copy_from_slice(&bytes[..k]);
+            bytes = &bytes[k..];
+            if let Some(d) = c.recv_advance(k)? {
+                done.push(d);
+            }
+        }
+        Ok(done)
+    }
+
+    /// The frames in a batch: (seq, wants reply, bulk length carried inline).
+    fn frames(mut b: &[u8]) -> Vec<(u64, bool, usize)> {
+        let mut v = Vec::new();
+        while !b.is_empty() {
+            let h = FrameHeader::decode(b[..HEADER_LEN].try_into().unwrap()).unwrap();
+            let inline = (b.len() - HEADER_LEN - h.msg_len as usize).min(h.bulk_len as usize);
+            v.push((h.seq, h.wants_reply(), inline));
+            b = &b[HEADER_LEN + h.msg_len as usize + inline..];
+        }
+        v
+    }
+
+    #[test]
+    fn posts_batch_until_a_call_and_sequence_numbers_count_up() {
+        let mut c = core();
+        assert_eq!(c.post(ping, &[]).unwrap(), Queued { seq: 1, then: Then::Keep { starts_batch: true } });
+        assert_eq!(c.post(ping, &[1; 100]).unwrap(), Queued { seq: 2, then: Then::Keep { starts_batch: false } });
+        let q = unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        assert_eq!(q, Queued { seq: 3, then: Then::Flush });
+        assert_eq!(frames(c.batch()), vec![(1, false, 0), (2, false, 100), (3, true, 0)]);
+        assert_eq!(c.replies_due(), 0, "the call's reply is not due before its request leaves");
+        c.sent();
+        assert!(c.batch().is_empty());
+        assert_eq!(c.replies_due(), 1);
+        assert_eq!(c.post(ping, &[]).unwrap().then, Then::Keep { starts_batch: true });
+    }
+
+    #[test]
+    fn a_batch_is_flushed_once_it_reaches_the_threshold() {
+        let mut c = SessionCore::new(Tuning { flush_threshold: 1000, inline_bulk: 400, flush_delay: None });
+        assert!(matches!(c.post(ping, &[0; 400]).unwrap().then, Then::Keep { .. }));
+        assert!(matches!(c.post(ping, &[0; 400]).unwrap().then, Then::Keep { .. }));
+        assert_eq!(c.post(ping, &[0; 400]).unwrap().then, Then::Flush);
+        assert!(c.batch().len() >= 1000);
+    }
+
+    #[test]
+    fn a_large_payload_is_left_for_the_shell_to_send_behind_the_batch() {
+        let mut c = SessionCore::new(Tuning { inline_bulk: 16, ..Tuning::default() });
+        c.post(ping, &[0; 16]).unwrap();
+        let before = c.batch().len();
+        assert_eq!(c.post(ping, &[0; 17]).unwrap().then, Then::FlushWithBulk);
+        let f = frames(c.batch());
+        assert_eq!(f.len(), 2);
+        assert_eq!(f[1].2, 0, "the 17 bytes are not in the batch");
+        let h = FrameHeader::decode(c.batch()[before..before + HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.bulk_len, 17);
+        assert_eq!(c.batch().len(), before + HEADER_LEN + h.msg_len as usize);
+    }
+
+    #[test]
+    fn a_payload_too_large_for_a_frame_queues_nothing() {
+        // Never touched: only its length is looked at.
+        let huge = unsafe { std::slice::from_raw_parts(std::ptr::NonNull::<u8>::dangling().as_ptr(), (MAX_BULK_LEN + 1) as usize) };
+        let mut c = core();
+        assert_eq!(c.post(ping, huge), Err(TooLarge(huge.len())));
+        assert!(c.batch().is_empty());
+        assert_eq!(c.post(ping, &[]).unwrap().seq, 1);
+    }
+
+    #[test]
+    fn replies_must_answer_the_request_due() {
+        let mut c = core();
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        // Nothing was sent yet, so nothing is owed.
+        assert_eq!(feed(&mut c, &reply_frame(1, 0, 0, &[]), 64), Err(ProtocolError::Unexpected(1)));
+
+        let mut c = core();
+        c.post(ping, &[]).unwrap();
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(1, 0, 0, &[]), 64), Err(ProtocolError::OutOfOrder { got: 1, due: 2 }));
+
+        let mut c = core();
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        let mut f = reply_frame(1, 0, 0, &[]);
+        f[2] = Kind::Request as u8;
+        assert_eq!(feed(&mut c, &f, 64), Err(ProtocolError::RequestFrame));
+        f[0] = 0;
+        assert!(matches!(feed(&mut core_owing_one(), &f, 64), Err(ProtocolError::Frame(FrameError::BadMagic(_)))));
+    }
+
+    fn core_owing_one() -> SessionCore {
+        let mut c = core();
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        c
+    }
+
+    #[test]
+    fn reply_bulk_lands_in_the_buffers_named_even_byte_by_byte() {
+        let mut c = core();
+        let mut a = [0u8; 10];
+        let mut b = [0u8; 5];
+        unsafe {
+            c.post_read(ping, a.as_mut_ptr(), a.len());
+            c.sent();
+            c.post_read(ping, b.as_mut_ptr(), b.len());
+            c.sent();
+            c.call(ping, &[], &mut []).unwrap();
+        }
+        c.sent();
+        assert_eq!(c.replies_due(), 3);
+        let mut wire = reply_frame(1, 0, 0, b"0123456789");
+        wire.extend(reply_frame(2, 0, 0, b"abcde"));
+        wire.extend(reply_frame(3, 0, 0, &[]));
+        let done = feed(&mut c, &wire, 1).unwrap();
+        assert_eq!(
+            done,
+            vec![
+                Completed::Read { seq: 1, output: false },
+                Completed::Read { seq: 2, output: false },
+                Completed::Call { seq: 3, result: 0, output: false }
+            ]
+        );
+        assert_eq!(&a, b"0123456789");
+        assert_eq!(&b, b"abcde");
+        assert_eq!(c.replies_due(), 0);
+    }
+
+    #[test]
+    fn a_call_reads_its_own_reply_bulk_and_message() {
+        let mut c = core();
+        let mut out = [0u8; 3];
+        unsafe { c.call(ping, &[], &mut out) }.unwrap();
+        c.sent();
+        let f = crate::client::testing::reply_frame_with(
+            &mut Encoder::default(),
+            1,
+            0,
+            0,
+            |mut r| r.set_mem_alloc(42),
+            b"xyz",
+        );
+        assert_eq!(feed(&mut c, &f, 7).unwrap(), vec![Completed::Call { seq: 1, result: 0, output: false }]);
+        assert_eq!(&out, b"xyz");
+        assert!(matches!(c.with_reply(|r| r.which().map(|w| matches!(w, reply::MemAlloc(42)))), Ok(Ok(true))));
+    }
+
+    #[test]
+    fn an_error_reply_never_writes_the_buffer_and_wrong_lengths_are_refused() {
+        let mut c = core();
+        let mut a = [9u8; 4];
+        unsafe { c.post_read(ping, a.as_mut_ptr(), 4) };
+        c.sent();
+        // A failed read with bytes after all: read past, not into the buffer.
+        assert_eq!(feed(&mut c, &reply_frame(1, 1, 0, b"oops"), 64).unwrap().len(), 1);
+        assert_eq!(a, [9; 4]);
+        assert_eq!(c.deferred(), 1);
+
+        let mut c = core();
+        unsafe { c.post_read(ping, a.as_mut_ptr(), 4) };
+        c.sent();
+        assert_eq!(
+            feed(&mut c, &reply_frame(1, 0, 0, b"toolong"), 64),
+            Err(ProtocolError::WrongBulk { seq: 1, want: 4, got: 7 })
+        );
+        let mut c = core_owing_one();
+        assert_eq!(feed(&mut c, &reply_frame(1, 0, 0, b"x"), 64), Err(ProtocolError::WrongBulk { seq: 1, want: 0, got: 1 }));
+    }
+
+    #[test]
+    fn deferred_errors_surface_once_at_the_next_call_the_first_one_winning() {
+        let mut c = core();
+        let mut a = [0u8; 4];
+        unsafe { c.post_read(ping, a.as_mut_ptr(), 4) };
+        c.sent();
+        // The read fails; the server also reports an older async failure with it.
+        feed(&mut c, &reply_frame(1, 1, 719, &[]), 64).unwrap();
+        assert_eq!(c.deferred(), 719);
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        // A later failure reported by the server does not replace the first.
+        assert_eq!(feed(&mut c, &reply_frame(2, 0, 2, &[]), 64).unwrap(), vec![Completed::Call { seq: 2, result: 719, output: false }]);
+        assert_eq!(c.deferred(), 0);
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(3, 0, 0, &[]), 64).unwrap(), vec![Completed::Call { seq: 3, result: 0, output: false }]);
+
+        // A call failing itself returns its own error and keeps the deferred one.
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(4, 1, 700, &[]), 64).unwrap(), vec![Completed::Call { seq: 4, result: 1, output: false }]);
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(5, 0, 0, &[]), 64).unwrap(), vec![Completed::Call { seq: 5, result: 700, output: false }]);
+    }
+
+    #[test]
+    fn the_flush_deadline_follows_the_time_passed_in() {
+        let delay = Duration::from_micros(200);
+        let mut c = SessionCore::new(Tuning { flush_delay: Some(delay), ..Tuning::default() });
+        let t0 = Instant::now();
+        assert_eq!(c.flush_deadline(), None);
+        assert_eq!(c.post(ping, &[]).unwrap().then, Then::Keep { starts_batch: true });
+        c.arm(t0);
+        c.post(ping, &[]).unwrap();
+        // Only the batch's start counts.
+        c.arm(t0 + delay / 2);
+        assert_eq!(c.flush_deadline(), Some(t0 + delay));
+        assert!(!c.flush_due(t0 + delay / 2));
+        assert!(c.flush_due(t0 + delay));
+        c.sent();
+        assert_eq!(c.flush_deadline(), None);
+        assert!(!c.flush_due(t0 + delay * 10));
+
+        let mut c = core();
+        c.post(ping, &[]).unwrap();
+        c.arm(t0);
+        assert_eq!(c.flush_deadline(), None, "no deadline without a delay");
+    }
+
+    #[test]
+    fn kernel_output_is_flagged_on_the_reply_that_carries_it() {
+        let mut c = core_owing_one();
+        let f = crate::client::testing::reply_frame_with(&mut Encoder::default(), 1, 0, 0, |mut r| r.set_output(b"hi\n"), &[]);
+        assert_eq!(feed(&mut c, &f, 64).unwrap(), vec![Completed::Call { seq: 1, result: 0, output: true }]);
+        assert_eq!(c.with_reply(|r| r.get_output().unwrap().to_vec()).unwrap(), b"hi\n");
+    }
+
+    #[test]
+    fn abandon_forgets_what_was_owed() {
+        let mut c = core();
+        let mut a = [0u8; 4];
+        unsafe { c.post_read(ping, a.as_mut_ptr(), 4) };
+        c.sent();
+        c.post(ping, &[]).unwrap();
+        c.abandon();
+        assert_eq!(c.replies_due(), 0);
+        assert!(c.batch().is_empty());
+    }
+}
