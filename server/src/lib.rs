@@ -3,9 +3,11 @@
 //! - [`listener`]: accept loop, connection cap, preamble dispatch, shutdown;
 //! - [`control`]: the capnp-rpc control plane (hello, devices, sessions);
 //! - [`session`]: one data connection per session on its own thread: frames
-//!   in, replies out, the session's handle tables;
-//! - [`command`]: one file per driver-API group, each command's decode and apply;
-//! - [`backend`]: the [`backend::Backend`] trait and the `sim` backend;
+//!   in, replies out, a tracing span per session and per call;
+//! - [`command`]: the table of data-plane messages (decode, name, bulk rule,
+//!   dispatch, reply) and one handler file per driver-API group;
+//! - [`state`]: one session's handle tables, which the handlers check and change;
+//! - [`backend`]: the [`backend::Backend`] trait, the `sim` and `cuda` backends;
 //! - [`module`]: reading CUDA module images (fatbin, cubin, PTX).
 pub mod module;
 
@@ -18,6 +20,7 @@ pub mod lease;
 pub mod listener;
 pub mod service;
 pub mod session;
+pub mod state;
 pub mod transport_select;
 
 use std::sync::Arc;

@@ -20,12 +20,12 @@ use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, info_span, warn};
 
-use rgpu_cuda_types::CuError;
 use crate::service::Service;
 use crate::session::registry::AttachError;
-use crate::session::state::SessionState;
+use crate::state::SessionState;
+use rgpu_cuda_types::CuError;
 
 /// How long a new connection may take to say what it is.
 const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -199,22 +199,35 @@ async fn attach(
             return warn!(%peer, "cannot set up data connection: {e}");
         }
     };
-    info!(session = format_args!("{id:#x}"), %peer, %client, "session attached");
+    // Every event of the session, down to each forwarded call, is logged in
+    // this span, so none of them needs to name the session itself. Info
+    // level: the default filter keeps it, and it costs once per session.
+    let span = info_span!(
+        "session",
+        id = %format_args!("{id:#x}"),
+        %client,
+        transport = tracing::field::Empty,
+    );
+    span.in_scope(|| info!(%peer, "session attached"));
     let svc = service.clone();
+    let thread_span = span.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("rgpu-session-{id:x}"))
         .spawn(move || {
+            let span = thread_span;
+            let _in_session = span.enter();
             let _held = (permit, guard);
             if let Some(transport) = crate::transport_select::upgrade(transport, rdma, pkey) {
-                crate::session::serve(id, transport, state);
+                span.record("transport", transport.kind());
+                crate::session::serve(transport, state);
             }
             svc.sessions.detach(id);
             svc.leases.unbind(id);
-            info!(session = format_args!("{id:#x}"), "session ended; its resources are freed");
+            info!("session ended; its resources are freed");
         });
     if let Err(e) = spawned {
         // The closure (and with it the state, permit and guard) is dropped.
-        error!(session = format_args!("{id:#x}"), "cannot start session thread: {e}");
+        span.in_scope(|| error!("cannot start session thread: {e}"));
         service.sessions.detach(id);
     }
 }

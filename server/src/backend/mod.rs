@@ -9,14 +9,19 @@
 //!   inline in arrival order, streams and events are bookkeeping.
 //! - `cuda` (on cudarc, see [`cuda`]): a session owns a context per device it
 //!   touches; a [`StreamToken`]/[`EventToken`]/[`ModuleToken`] carries the raw
-//!   `CUstream`/`CUevent`/`CUmodule`; `write`/`read` go through a pinned
-//!   staging buffer chunk by chunk, which is why they take callbacks instead of
-//!   handing out a slice of device memory.
+//!   `CUstream`/`CUevent`/`CUmodule`; `memcpy_htod`/`memcpy_dtoh` go through a
+//!   pinned staging buffer chunk by chunk, which is why they take callbacks
+//!   instead of handing out a slice of device memory.
 //!
-//! The session layer above checks every client handle and pointer against the
-//! session's own tables before calling in here, so a backend may assume the
-//! ranges it gets were allocated by this session; it must still never touch
-//! memory outside its devices (the sim bounds-checks again).
+//! Each [`BackendSession`] method is named after the data-plane message whose
+//! handler calls it (`eventElapsedTime` → `command::event::EventElapsedTime`
+//! → [`BackendSession::event_elapsed_time`]), so the three read as one chain.
+//!
+//! The handlers above check every client handle and pointer against the
+//! session's own tables ([`crate::state`]) before calling in here, so a
+//! backend may assume the ranges it gets were allocated by this session; it
+//! must still never touch memory outside its devices (the sim bounds-checks
+//! again).
 
 pub mod cuda;
 pub mod sim;
@@ -60,7 +65,7 @@ pub enum StreamRef {
 
 /// `cuMemsetD{8,16,32}` and their 2-D forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Memset {
+pub struct MemsetOp {
     pub dst: u64,
     /// The pattern, in its low `element_size` bytes.
     pub value: u32,
@@ -74,7 +79,7 @@ pub struct Memset {
     pub rows: u64,
 }
 
-impl Memset {
+impl MemsetOp {
     /// The byte range the memset touches, `[dst, dst + span)`; `None` if it
     /// overflows or the shape is invalid.
     pub fn span(&self) -> Option<u64> {
@@ -142,16 +147,12 @@ pub struct LaunchDims {
 /// A device-memory transfer failed either on the device side (a CUDA error
 /// for the request) or on the host side (the callback's I/O error, which
 /// means the connection is gone).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum TransferError {
-    Device(rgpu_cuda_types::CuError),
+    #[error(transparent)]
+    Device(#[from] rgpu_cuda_types::CuError),
+    #[error("connection failed during a device transfer: {0}")]
     Io(io::Error),
-}
-
-impl From<rgpu_cuda_types::CuError> for TransferError {
-    fn from(e: rgpu_cuda_types::CuError) -> Self {
-        TransferError::Device(e)
-    }
 }
 
 /// The device memory one lease may hold on this server, over all of its
@@ -271,7 +272,7 @@ pub trait BackendSession: Send {
     /// Writes `len` bytes at `dst`, produced by `fill`: it is called with
     /// device-visible buffers (the destination itself, or staging chunks) in
     /// order, and must fill each completely.
-    fn write(
+    fn memcpy_htod(
         &mut self,
         stream: StreamRef,
         dst: u64,
@@ -280,15 +281,15 @@ pub trait BackendSession: Send {
     ) -> Result<(), TransferError>;
     /// Reads `len` bytes at `src`, handing them to `sink` in order, in one or
     /// more pieces.
-    fn read(
+    fn memcpy_dtoh(
         &mut self,
         stream: StreamRef,
         src: u64,
         len: u64,
         sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> Result<(), TransferError>;
-    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult;
-    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult;
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult;
+    fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult;
 
     // --- streams and events -------------------------------------------------
     fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken>;
@@ -303,7 +304,7 @@ pub trait BackendSession: Send {
     fn event_synchronize(&mut self, event: EventToken) -> CuResult;
     fn event_query(&mut self, event: EventToken) -> CuResult;
     /// Milliseconds from `start` to `end`.
-    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32>;
+    fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32>;
     fn ctx_synchronize(&mut self, device: u32) -> CuResult;
 
     // --- modules and launches ---------------------------------------------
@@ -317,7 +318,7 @@ pub trait BackendSession: Send {
     fn module_unload(&mut self, module: ModuleToken) -> CuResult;
     /// Launches function `function` of `module`; `params` is the packed
     /// kernelParams buffer, already checked against the function's layout.
-    fn launch(
+    fn launch_kernel(
         &mut self,
         module: ModuleToken,
         function: u32,

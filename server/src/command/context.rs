@@ -1,9 +1,9 @@
-//! Context-level commands: cuCtxSynchronize, and the protocol's ping.
+//! Context-level commands: `ctxSynchronize`, and the protocol's `ping`.
 
 use rgpu_protocol::data_capnp::device;
 
-use super::{Fail, ReplyBody};
-use crate::session::state::SessionState;
+use super::{Fail, Handler};
+use crate::state::SessionState;
 
 #[derive(Debug)]
 pub struct CtxSynchronize {
@@ -14,11 +14,14 @@ impl CtxSynchronize {
     pub fn decode(r: device::Reader<'_>) -> Self {
         CtxSynchronize { device: r.get_device() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for CtxSynchronize {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         s.check_device(self.device)?;
         s.backend.ctx_synchronize(self.device)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -27,7 +30,14 @@ impl CtxSynchronize {
 pub struct Ping;
 
 impl Ping {
-    pub fn apply(self, _s: &mut SessionState) -> Result<ReplyBody, Fail> {
-        Ok(ReplyBody::None)
+    pub fn decode((): ()) -> Self {
+        Ping
+    }
+}
+
+impl Handler for Ping {
+    type Reply = ();
+    fn apply(self, _s: &mut SessionState) -> Result<(), Fail> {
+        Ok(())
     }
 }

@@ -1,11 +1,12 @@
-//! Event commands: cuEventCreate, cuEventDestroy, cuEventRecord,
-//! cuEventSynchronize, cuEventQuery, cuEventElapsedTime.
+//! Event commands: `eventCreate`, `eventDestroy`, `eventRecord`,
+//! `eventSynchronize`, `eventQuery`, `eventElapsedTime` (the driver
+//! functions that send each are listed in the table in `mod.rs`).
 
-use rgpu_protocol::data_capnp::{event_create, event_pair, event_record, handle};
+use rgpu_protocol::data_capnp::{event_create, event_pair, event_record, handle, reply};
 
-use super::{Fail, ReplyBody};
+use super::{EncodeReply, Fail, Handler};
+use crate::state::{Event, SessionState};
 use rgpu_cuda_types::CuError;
-use crate::session::state::{Event, SessionState};
 
 #[derive(Debug)]
 pub struct EventCreate {
@@ -18,15 +19,18 @@ impl EventCreate {
     pub fn decode(r: event_create::Reader<'_>) -> Self {
         EventCreate { handle: r.get_handle(), device: r.get_device(), flags: r.get_flags() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventCreate {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         if self.handle == 0 || s.events.contains_key(&self.handle) {
             return Err(CuError::INVALID_VALUE.into());
         }
         s.check_device(self.device)?;
         let token = s.backend.event_create(self.device, self.flags)?;
         s.events.insert(self.handle, Event { token, device: self.device });
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -39,12 +43,15 @@ impl EventDestroy {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         EventDestroy { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventDestroy {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let ev = s.event(self.handle)?;
         s.backend.event_destroy(ev.token)?;
         s.events.remove(&self.handle);
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -58,12 +65,15 @@ impl EventRecord {
     pub fn decode(r: event_record::Reader<'_>) -> Self {
         EventRecord { event: r.get_event(), stream: r.get_stream() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventRecord {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let ev = s.event(self.event)?;
         let st = s.stream(self.stream, ev.device)?;
         s.backend.event_record(ev.token, st)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -76,11 +86,14 @@ impl EventSynchronize {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         EventSynchronize { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventSynchronize {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let ev = s.event(self.handle)?;
         s.backend.event_synchronize(ev.token)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -93,11 +106,14 @@ impl EventQuery {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         EventQuery { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventQuery {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let ev = s.event(self.handle)?;
         s.backend.event_query(ev.token)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -111,11 +127,26 @@ impl EventElapsedTime {
     pub fn decode(r: event_pair::Reader<'_>) -> Self {
         EventElapsedTime { start: r.get_start(), end: r.get_end() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for EventElapsedTime {
+    type Reply = EventElapsedTimeReply;
+    fn apply(self, s: &mut SessionState) -> Result<EventElapsedTimeReply, Fail> {
         let a = s.event(self.start)?;
         let b = s.event(self.end)?;
-        let ms = s.backend.event_elapsed(a.token, b.token)?;
-        Ok(ReplyBody::EventElapsedTime(ms))
+        let ms = s.backend.event_elapsed_time(a.token, b.token)?;
+        Ok(EventElapsedTimeReply { ms })
+    }
+}
+
+/// Milliseconds from the start event to the end event.
+#[derive(Debug)]
+pub struct EventElapsedTimeReply {
+    pub ms: f32,
+}
+
+impl EncodeReply for EventElapsedTimeReply {
+    fn encode(&self, mut r: reply::Builder<'_>) {
+        r.set_event_elapsed_time(self.ms);
     }
 }

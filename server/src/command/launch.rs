@@ -1,11 +1,12 @@
-//! cuLaunchKernel: the packed kernelParams buffer is the bulk.
+//! `launchKernel` (cuLaunchKernel and its forms): the packed kernelParams
+//! buffer is the bulk.
 
 use rgpu_protocol::data_capnp::launch_kernel;
 
-use super::{Bulk, Fail, ReplyBody};
+use super::{Bulk, BulkHandler, Fail};
 use crate::backend::LaunchDims;
+use crate::state::SessionState;
 use rgpu_cuda_types::CuError;
-use crate::session::state::SessionState;
 
 /// Parameter buffers above this are refused unread (CUDA's own limit is 32 KiB).
 const MAX_PARAMS_LEN: u64 = 1 << 20;
@@ -31,8 +32,11 @@ impl LaunchKernel {
             stream: r.get_stream(),
         }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<ReplyBody, Fail> {
+impl BulkHandler for LaunchKernel {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<(), Fail> {
         let m = s.module(self.module)?;
         let (token, device) = (m.token, m.device);
         let want = *m.param_lens.get(self.function as usize).ok_or(CuError::INVALID_HANDLE)?;
@@ -44,7 +48,7 @@ impl LaunchKernel {
             return Err(CuError::INVALID_VALUE.into());
         }
         let params = bulk.read_to_vec()?;
-        s.backend.launch(token, self.function, &self.dims, stream, &params)?;
-        Ok(ReplyBody::None)
+        s.backend.launch_kernel(token, self.function, &self.dims, stream, &params)?;
+        Ok(())
     }
 }

@@ -1,12 +1,13 @@
-//! Memory commands: cuMemAlloc, cuMemFree, cuMemGetInfo, cuMemcpy{HtoD,DtoH,DtoD}
-//! and cuMemsetD{8,16,32}[2D].
+//! Memory commands: `memAlloc`, `memFree`, `memGetInfo`, `memcpyHtoD`,
+//! `memcpyDtoH`, `memcpyDtoD` and `memset` (the driver functions that send
+//! each are listed in the table in `mod.rs`).
 
-use rgpu_protocol::data_capnp::{device, mem_alloc, mem_free, memcpy_dto_d, memcpy_dto_h, memcpy_hto_d, memset};
+use rgpu_protocol::data_capnp::{device, mem_alloc, mem_free, memcpy_dto_d, memcpy_dto_h, memcpy_hto_d, memset, reply};
 
-use super::{Bulk, Fail, ReplyBody};
-use crate::backend::Memset;
+use super::{Bulk, BulkHandler, DeviceBytes, EncodeReply, Fail, Handler};
+use crate::backend::MemsetOp;
+use crate::state::{Alloc, Owner, SessionState};
 use rgpu_cuda_types::CuError;
-use crate::session::state::{Alloc, Owner, SessionState};
 
 #[derive(Debug)]
 pub struct MemAlloc {
@@ -18,15 +19,18 @@ impl MemAlloc {
     pub fn decode(r: mem_alloc::Reader<'_>) -> Self {
         MemAlloc { device: r.get_device(), size: r.get_size() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for MemAlloc {
+    type Reply = MemAllocReply;
+    fn apply(self, s: &mut SessionState) -> Result<MemAllocReply, Fail> {
         s.check_device(self.device)?;
         if self.size == 0 {
             return Err(CuError::INVALID_VALUE.into());
         }
         let ptr = s.backend.mem_alloc(self.device, self.size)?;
         s.allocs.insert(ptr, Alloc { device: self.device, size: self.size, owner: Owner::Client });
-        Ok(ReplyBody::MemAlloc(ptr))
+        Ok(MemAllocReply { ptr })
     }
 }
 
@@ -39,8 +43,11 @@ impl MemFree {
     pub fn decode(r: mem_free::Reader<'_>) -> Self {
         MemFree { ptr: r.get_ptr() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for MemFree {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         // Only the exact start of one of this session's own allocations:
         // not an interior pointer, not a module's global, not another
         // session's memory, not twice.
@@ -50,7 +57,7 @@ impl MemFree {
         }
         s.backend.mem_free(self.ptr)?;
         s.allocs.remove(&self.ptr);
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -63,11 +70,14 @@ impl MemGetInfo {
     pub fn decode(r: device::Reader<'_>) -> Self {
         MemGetInfo { device: r.get_device() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for MemGetInfo {
+    type Reply = MemGetInfoReply;
+    fn apply(self, s: &mut SessionState) -> Result<MemGetInfoReply, Fail> {
         s.check_device(self.device)?;
         let (free, total) = s.backend.mem_get_info(self.device)?;
-        Ok(ReplyBody::MemGetInfo { free, total })
+        Ok(MemGetInfoReply { free, total })
     }
 }
 
@@ -82,17 +92,20 @@ impl MemcpyHtoD {
     pub fn decode(r: memcpy_hto_d::Reader<'_>) -> Self {
         MemcpyHtoD { dst: r.get_dst(), stream: r.get_stream() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<ReplyBody, Fail> {
+impl BulkHandler for MemcpyHtoD {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<(), Fail> {
         let len = bulk.remaining();
         if len == 0 {
-            return Ok(ReplyBody::None);
+            return Ok(());
         }
         // Checked before a byte is read; on failure the caller skips the bulk.
         let device = s.check_range(self.dst, len)?;
         let stream = s.stream(self.stream, device)?;
-        s.backend.write(stream, self.dst, len, &mut |buf| bulk.read_exact(buf))?;
-        Ok(ReplyBody::None)
+        s.backend.memcpy_htod(stream, self.dst, len, &mut |buf| bulk.read_exact(buf))?;
+        Ok(())
     }
 }
 
@@ -108,17 +121,22 @@ impl MemcpyDtoH {
     pub fn decode(r: memcpy_dto_h::Reader<'_>) -> Self {
         MemcpyDtoH { src: r.get_src(), size: r.get_size(), stream: r.get_stream() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for MemcpyDtoH {
+    /// None for an empty copy; the session reads the bytes from the backend
+    /// while it sends the reply, so they never wait in a buffer here.
+    type Reply = Option<DeviceBytes>;
+    fn apply(self, s: &mut SessionState) -> Result<Option<DeviceBytes>, Fail> {
         if self.size == 0 {
-            return Ok(ReplyBody::None);
+            return Ok(None);
         }
         if self.size > rgpu_protocol::frame::MAX_BULK_LEN {
             return Err(CuError::INVALID_VALUE.into());
         }
         let device = s.check_range(self.src, self.size)?;
         let stream = s.stream(self.stream, device)?;
-        Ok(ReplyBody::DeviceBytes { src: self.src, len: self.size, stream })
+        Ok(Some(DeviceBytes { src: self.src, len: self.size, stream }))
     }
 }
 
@@ -134,30 +152,33 @@ impl MemcpyDtoD {
     pub fn decode(r: memcpy_dto_d::Reader<'_>) -> Self {
         MemcpyDtoD { dst: r.get_dst(), src: r.get_src(), size: r.get_size(), stream: r.get_stream() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for MemcpyDtoD {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         if self.size == 0 {
-            return Ok(ReplyBody::None);
+            return Ok(());
         }
         s.check_range(self.src, self.size)?;
         let device = s.check_range(self.dst, self.size)?;
         let stream = s.stream(self.stream, device)?;
-        s.backend.copy(stream, self.dst, self.src, self.size)?;
-        Ok(ReplyBody::None)
+        s.backend.memcpy_dtod(stream, self.dst, self.src, self.size)?;
+        Ok(())
     }
 }
 
 #[derive(Debug)]
-pub struct MemsetCmd {
-    pub op: Memset,
+pub struct Memset {
+    pub op: MemsetOp,
     pub stream: u64,
 }
 
-impl MemsetCmd {
+impl Memset {
     pub fn decode(r: memset::Reader<'_>) -> Self {
         let pitch = r.get_pitch();
-        MemsetCmd {
-            op: Memset {
+        Memset {
+            op: MemsetOp {
                 dst: r.get_dst(),
                 value: r.get_value(),
                 element_size: r.get_element_size(),
@@ -169,15 +190,45 @@ impl MemsetCmd {
             stream: r.get_stream(),
         }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for Memset {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let span = self.op.span().ok_or(CuError::INVALID_VALUE)?;
         if span == 0 {
-            return Ok(ReplyBody::None);
+            return Ok(());
         }
         let device = s.check_range(self.op.dst, span)?;
         let stream = s.stream(self.stream, device)?;
         s.backend.memset(stream, &self.op)?;
-        Ok(ReplyBody::None)
+        Ok(())
+    }
+}
+
+/// The new allocation's device pointer.
+#[derive(Debug)]
+pub struct MemAllocReply {
+    pub ptr: u64,
+}
+
+impl EncodeReply for MemAllocReply {
+    fn encode(&self, mut r: reply::Builder<'_>) {
+        r.set_mem_alloc(self.ptr);
+    }
+}
+
+/// Free and total bytes, as the session may see them (a lease's share).
+#[derive(Debug)]
+pub struct MemGetInfoReply {
+    pub free: u64,
+    pub total: u64,
+}
+
+impl EncodeReply for MemGetInfoReply {
+    fn encode(&self, r: reply::Builder<'_>) {
+        let mut m = r.init_mem_get_info();
+        m.set_free(self.free);
+        m.set_total(self.total);
     }
 }

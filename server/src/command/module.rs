@@ -1,12 +1,13 @@
-//! Module commands: cuModuleLoadData (the image is the bulk) and cuModuleUnload.
+//! Module commands: `moduleLoad` (the image is the bulk; its reply lists the
+//! module's functions and globals) and `moduleUnload`.
 
-use rgpu_protocol::data_capnp::{handle, module_load, module_loaded};
+use rgpu_protocol::data_capnp::{handle, module_load, reply};
 use tracing::warn;
 
-use super::{Bulk, Fail, ReplyBody};
+use super::{Bulk, BulkHandler, EncodeReply, Fail, Handler};
 use crate::backend::LoadedModule;
+use crate::state::{Alloc, Module, Owner, SessionState};
 use rgpu_cuda_types::CuError;
-use crate::session::state::{Alloc, Module, Owner, SessionState};
 
 /// Largest module image accepted; a bigger bulk is skipped and refused
 /// rather than buffered.
@@ -22,8 +23,11 @@ impl ModuleLoad {
     pub fn decode(r: module_load::Reader<'_>) -> Self {
         ModuleLoad { handle: r.get_handle(), device: r.get_device() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<ReplyBody, Fail> {
+impl BulkHandler for ModuleLoad {
+    type Reply = LoadedModule;
+    fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<LoadedModule, Fail> {
         if self.handle == 0 || s.modules.contains_key(&self.handle) {
             return Err(CuError::INVALID_VALUE.into());
         }
@@ -57,7 +61,7 @@ impl ModuleLoad {
                 globals: loaded.globals.iter().map(|g| g.ptr).collect(),
             },
         );
-        Ok(ReplyBody::ModuleLoad(Box::new(loaded)))
+        Ok(loaded)
     }
 }
 
@@ -70,8 +74,11 @@ impl ModuleUnload {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         ModuleUnload { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for ModuleUnload {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let m = s.module(self.handle)?;
         let token = m.token;
         s.backend.module_unload(token)?;
@@ -80,37 +87,42 @@ impl ModuleUnload {
                 s.allocs.remove(&p);
             }
         }
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
-/// Encodes `ModuleLoaded`.
-pub fn encode_loaded(m: &LoadedModule, mut b: module_loaded::Builder<'_>) {
-    let mut fs = b.reborrow().init_functions(m.functions.len() as u32);
-    for (i, f) in m.functions.iter().enumerate() {
-        let mut fb = fs.reborrow().get(i as u32);
-        fb.set_name(&f.name);
-        let mut ps = fb.reborrow().init_params(f.params.len() as u32);
-        for (j, &(offset, size)) in f.params.iter().enumerate() {
-            let mut p = ps.reborrow().get(j as u32);
-            p.set_offset(offset);
-            p.set_size(size);
+/// `ModuleLoaded`: what the client needs to launch the module's kernels
+/// and find its globals without asking again.
+impl EncodeReply for LoadedModule {
+    fn encode(&self, r: reply::Builder<'_>) {
+        let m = self;
+        let mut b = r.init_module_load();
+        let mut fs = b.reborrow().init_functions(m.functions.len() as u32);
+        for (i, f) in m.functions.iter().enumerate() {
+            let mut fb = fs.reborrow().get(i as u32);
+            fb.set_name(&f.name);
+            let mut ps = fb.reborrow().init_params(f.params.len() as u32);
+            for (j, &(offset, size)) in f.params.iter().enumerate() {
+                let mut p = ps.reborrow().get(j as u32);
+                p.set_offset(offset);
+                p.set_size(size);
+            }
+            fb.set_max_threads_per_block(f.max_threads_per_block);
+            fb.set_shared_size_bytes(f.shared_size_bytes);
+            fb.set_const_size_bytes(f.const_size_bytes);
+            fb.set_local_size_bytes(f.local_size_bytes);
+            fb.set_num_regs(f.num_regs);
+            fb.set_ptx_version(f.ptx_version);
+            fb.set_binary_version(f.binary_version);
+            fb.set_launch_note(&f.launch_note);
         }
-        fb.set_max_threads_per_block(f.max_threads_per_block);
-        fb.set_shared_size_bytes(f.shared_size_bytes);
-        fb.set_const_size_bytes(f.const_size_bytes);
-        fb.set_local_size_bytes(f.local_size_bytes);
-        fb.set_num_regs(f.num_regs);
-        fb.set_ptx_version(f.ptx_version);
-        fb.set_binary_version(f.binary_version);
-        fb.set_launch_note(&f.launch_note);
+        let mut gs = b.reborrow().init_globals(m.globals.len() as u32);
+        for (i, g) in m.globals.iter().enumerate() {
+            let mut gb = gs.reborrow().get(i as u32);
+            gb.set_name(&g.name);
+            gb.set_ptr(g.ptr);
+            gb.set_size(g.size);
+        }
+        b.set_launch_note(&m.launch_note);
     }
-    let mut gs = b.reborrow().init_globals(m.globals.len() as u32);
-    for (i, g) in m.globals.iter().enumerate() {
-        let mut gb = gs.reborrow().get(i as u32);
-        gb.set_name(&g.name);
-        gb.set_ptr(g.ptr);
-        gb.set_size(g.size);
-    }
-    b.set_launch_note(&m.launch_note);
 }

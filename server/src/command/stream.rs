@@ -1,5 +1,6 @@
-//! Stream commands: cuStreamCreate[WithPriority], cuStreamDestroy,
-//! cuStreamSynchronize, cuStreamQuery, cuStreamWaitEvent.
+//! Stream commands: `streamCreate`, `streamDestroy`, `streamSynchronize`,
+//! `streamQuery`, `streamWaitEvent` (the driver functions that send each
+//! are listed in the table in `mod.rs`).
 //!
 //! Handles are minted by the client; 0 is the default stream and always
 //! valid. The data plane's `Handle` does not say which device a default
@@ -9,9 +10,9 @@
 
 use rgpu_protocol::data_capnp::{handle, stream_create, stream_wait_event};
 
-use super::{Fail, ReplyBody};
+use super::{Fail, Handler};
+use crate::state::{SessionState, Stream};
 use rgpu_cuda_types::CuError;
-use crate::session::state::{SessionState, Stream};
 
 #[derive(Debug)]
 pub struct StreamCreate {
@@ -30,15 +31,18 @@ impl StreamCreate {
             priority: r.get_priority(),
         }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for StreamCreate {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         if self.handle == 0 || s.streams.contains_key(&self.handle) {
             return Err(CuError::INVALID_VALUE.into());
         }
         s.check_device(self.device)?;
         let token = s.backend.stream_create(self.device, self.flags, self.priority)?;
         s.streams.insert(self.handle, Stream { token, device: self.device });
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -51,12 +55,15 @@ impl StreamDestroy {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         StreamDestroy { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for StreamDestroy {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let st = s.streams.get(&self.handle).copied().ok_or(CuError::INVALID_HANDLE)?;
         s.backend.stream_destroy(st.token)?;
         s.streams.remove(&self.handle);
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -69,11 +76,14 @@ impl StreamSynchronize {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         StreamSynchronize { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for StreamSynchronize {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let st = s.stream(self.handle, 0)?;
         s.backend.stream_synchronize(st)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -86,11 +96,14 @@ impl StreamQuery {
     pub fn decode(r: handle::Reader<'_>) -> Self {
         StreamQuery { handle: r.get_handle() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for StreamQuery {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let st = s.stream(self.handle, 0)?;
         s.backend.stream_query(st)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }
 
@@ -105,11 +118,14 @@ impl StreamWaitEvent {
     pub fn decode(r: stream_wait_event::Reader<'_>) -> Self {
         StreamWaitEvent { stream: r.get_stream(), event: r.get_event(), flags: r.get_flags() }
     }
+}
 
-    pub fn apply(self, s: &mut SessionState) -> Result<ReplyBody, Fail> {
+impl Handler for StreamWaitEvent {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
         let ev = s.event(self.event)?;
         let st = s.stream(self.stream, ev.device)?;
         s.backend.stream_wait_event(st, ev.token, self.flags)?;
-        Ok(ReplyBody::None)
+        Ok(())
     }
 }

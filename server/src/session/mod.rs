@@ -5,6 +5,14 @@
 //! applies it (bulk bytes go straight between the socket and device memory)
 //! and queues the reply. Queued replies are sent together when no further
 //! request is already buffered, so a burst of requests costs one write.
+//! What each message does is the command table's business
+//! ([`crate::command`]); this loop only knows frames, replies and the
+//! deferred error.
+//!
+//! Logging: the caller runs the loop inside the session's span (id, client,
+//! transport), so every event here carries them; each request gets a
+//! trace-level span (`call`: message name and sequence number) and a
+//! trace event with its result code, both free when trace is off.
 //!
 //! Asynchronous requests (no WANTS_REPLY) report failure as the deferred
 //! error: the first one since the last reply, returned in the next reply and
@@ -13,7 +21,6 @@
 //! the session ends, dropping its [`SessionState`] frees everything it held.
 
 pub mod registry;
-pub mod state;
 
 use std::io;
 
@@ -23,12 +30,12 @@ use rgpu_protocol::message::{Encoder, RecvBuf};
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp::TcpTransport;
 use rgpu_transport::Transport;
-use tracing::{debug, warn};
+use tracing::{debug, trace, trace_span, warn};
 
 use crate::backend::TransferError;
-use crate::command::{Bulk, Command, Fail, ReplyBody};
-use rgpu_cuda_types::CuError;
-use self::state::SessionState;
+use crate::command::{Bulk, Command, DeviceBytes, EncodeReply, Fail, Reply};
+use crate::state::SessionState;
+use rgpu_cuda_types::{code_of, CuError};
 
 /// A transport that can tell whether more input is already buffered, so the
 /// session knows it may hold its replies back and batch them.
@@ -49,18 +56,20 @@ impl Pending for DataTransport {
 }
 
 /// How a session ended.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum End {
     /// The client closed the connection between frames.
+    #[error("closed by the client")]
     Closed,
     /// The connection failed (reset, timeout, or closed mid-frame).
+    #[error("connection ended: {0}")]
     Io(io::Error),
     /// The client sent something that is not a valid frame.
+    #[error("stream out of sync: {0}")]
     OutOfSync(String),
 }
 
 pub struct Session<T> {
-    id: u64,
     transport: T,
     state: SessionState,
     recv: RecvBuf,
@@ -72,9 +81,8 @@ pub struct Session<T> {
 }
 
 impl<T: Transport + Pending> Session<T> {
-    pub fn new(id: u64, transport: T, state: SessionState) -> Self {
+    pub fn new(transport: T, state: SessionState) -> Self {
         Session {
-            id,
             transport,
             state,
             recv: RecvBuf::default(),
@@ -132,15 +140,17 @@ impl<T: Transport + Pending> Session<T> {
             Command::decode(req).map_err(|e| End::OutOfSync(format!("bad request: {e}")))?
         };
         let name = cmd.name();
+        let call = trace_span!("call", msg = name, seq = h.seq);
+        let _in_call = call.enter();
         let mut bulk = Bulk::new(&mut self.transport, h.bulk_len, &mut self.scratch);
-        let result = cmd.apply(&mut self.state, &mut bulk);
-        let result = match result {
+        let result = match cmd.apply(&mut self.state, &mut bulk) {
             Ok(body) => Ok(body),
             Err(Fail::Cuda(e)) => Err(e),
             Err(Fail::Io(e)) => return Err(End::Io(e)),
         };
+        trace!(result = code_of(&result), "applied");
         if let Err(e) = &result {
-            debug!(session = self.id, seq = h.seq, "{name} failed: {e}");
+            debug!(seq = h.seq, "{name} failed: {e}");
         }
         if !h.wants_reply() {
             if let Err(e) = result {
@@ -152,29 +162,29 @@ impl<T: Transport + Pending> Session<T> {
     }
 
     /// Queues (or, with device bytes, sends) the reply to request `seq`.
-    fn reply(&mut self, seq: u64, result: Result<ReplyBody, CuError>) -> Result<(), End> {
+    fn reply(&mut self, seq: u64, result: Result<Reply, CuError>) -> Result<(), End> {
         let deferred = self.deferred.take().map_or(0, |e| e.code());
         // Kernel printf output rides on the next reply (CUDA too shows it at
         // synchronisation points).
         let output = self.state.backend.take_output();
         let mark = self.out.len();
-        let (code, body) = match result {
-            Ok(b) => (0, b),
-            Err(e) => (e.code(), ReplyBody::None),
+        let body = match result {
+            Ok(b) => b,
+            Err(e) => {
+                self.encode(seq, e.code(), deferred, &(), 0, &output);
+                return Ok(());
+            }
         };
-        let bulk_len = match &body {
-            ReplyBody::DeviceBytes { len, .. } => *len,
-            _ => 0,
-        };
-        self.encode(seq, code, deferred, &body, bulk_len, &output);
-        let ReplyBody::DeviceBytes { src, len, stream } = body else {
+        let bytes = body.device_bytes();
+        self.encode(seq, 0, deferred, &body, bytes.map_or(0, |b| b.len), &output);
+        let Some(DeviceBytes { src, len, stream }) = bytes else {
             return Ok(());
         };
         // Send everything queued, this reply's header and message, then the
         // bytes as the backend produces them.
         let mut sent = 0u64;
         let (out, transport) = (&mut self.out, &mut self.transport);
-        let r = self.state.backend.read(stream, src, len, &mut |chunk| {
+        let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
             if sent == 0 {
                 transport.send(&[out, chunk])?;
                 out.clear();
@@ -191,7 +201,7 @@ impl<T: Transport + Pending> Session<T> {
             Err(TransferError::Device(e)) if sent == 0 => {
                 // Nothing of this reply went out yet: answer the error instead.
                 self.out.truncate(mark);
-                self.encode(seq, e.code(), deferred, &ReplyBody::None, 0, &output);
+                self.encode(seq, e.code(), deferred, &(), 0, &output);
                 Ok(())
             }
             Err(TransferError::Device(e)) => Err(End::Io(io::Error::other(format!(
@@ -200,7 +210,7 @@ impl<T: Transport + Pending> Session<T> {
         }
     }
 
-    fn encode(&mut self, seq: u64, code: u32, deferred: u32, body: &ReplyBody, bulk_len: u64, output: &[u8]) {
+    fn encode(&mut self, seq: u64, code: u32, deferred: u32, body: &impl EncodeReply, bulk_len: u64, output: &[u8]) {
         let at = self.out.len();
         self.out.extend_from_slice(&[0u8; HEADER_LEN]);
         let n = self.enc.reply(&mut self.out, |mut r| {
@@ -216,15 +226,11 @@ impl<T: Transport + Pending> Session<T> {
     }
 }
 
-/// Runs a session on the calling thread and logs how it ended.
-pub fn serve(id: u64, transport: DataTransport, state: SessionState) {
-    let peer = transport.peer().to_string();
-    debug!(session = id, %peer, "session attached");
-    match Session::new(id, transport, state).run() {
-        End::Closed => debug!(session = id, %peer, "session closed by the client"),
-        End::Io(e) => debug!(session = id, %peer, "session connection ended: {e}"),
-        End::OutOfSync(why) => {
-            warn!(session = id, %peer, "closing data connection, stream out of sync: {why}")
-        }
+/// Runs a session on the calling thread (inside the session's span, which
+/// names it) and logs how it ended.
+pub fn serve(transport: DataTransport, state: SessionState) {
+    match Session::new(transport, state).run() {
+        e @ (End::Closed | End::Io(_)) => debug!("session {e}"),
+        e @ End::OutOfSync(_) => warn!("closing data connection: {e}"),
     }
 }

@@ -44,7 +44,7 @@ use self::driver::{cu, CudaInitError, DriverLibrary};
 use self::library::{Library, LibraryCache};
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, MemoryAccount,
-    MemoryBudget, Memset,
+    MemoryBudget, MemsetOp,
     ModuleToken, StreamRef, StreamToken, TransferError,
 };
 use rgpu_cuda_types::{CuError, CuResult};
@@ -411,7 +411,7 @@ impl BackendSession for CudaSession {
         Ok(self.account.info(free, total))
     }
 
-    fn write(
+    fn memcpy_htod(
         &mut self,
         stream: StreamRef,
         dst: u64,
@@ -439,7 +439,7 @@ impl BackendSession for CudaSession {
         Ok(())
     }
 
-    fn read(
+    fn memcpy_dtoh(
         &mut self,
         stream: StreamRef,
         src: u64,
@@ -477,12 +477,12 @@ impl BackendSession for CudaSession {
         Ok(())
     }
 
-    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
         let s = self.stream(stream)?;
         cu!(sys::cuMemcpyDtoDAsync_v2(dst, src, len as usize, s))
     }
 
-    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult {
+    fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult {
         op.span().ok_or(CuError::INVALID_VALUE)?;
         let s = self.stream(stream)?;
         let (n, pitch, rows) = (op.count as usize, op.pitch as usize, op.rows as usize);
@@ -575,7 +575,7 @@ impl BackendSession for CudaSession {
         cu!(sys::cuEventQuery(e))
     }
 
-    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
+    fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
         let (device, a) = self.event(start)?;
         let (_, b) = self.event(end)?;
         self.bind(device)?;
@@ -628,7 +628,7 @@ impl BackendSession for CudaSession {
         Ok(())
     }
 
-    fn launch(
+    fn launch_kernel(
         &mut self,
         module: ModuleToken,
         function: u32,

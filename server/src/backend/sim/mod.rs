@@ -23,7 +23,7 @@ use self::attributes::SimDeviceParams;
 use self::memory::DeviceMemory;
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, FunctionInfo, GlobalInfo, LaunchDims,
-    LoadedModule, MemoryAccount, MemoryBudget, Memset, ModuleToken, StreamRef, StreamToken, TransferError,
+    LoadedModule, MemoryAccount, MemoryBudget, MemsetOp, ModuleToken, StreamRef, StreamToken, TransferError,
 };
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
@@ -226,7 +226,7 @@ impl BackendSession for SimSession {
         Ok(self.account.info(free, total))
     }
 
-    fn write(
+    fn memcpy_htod(
         &mut self,
         stream: StreamRef,
         dst: u64,
@@ -238,7 +238,7 @@ impl BackendSession for SimSession {
         m.with_slice_mut(dst, len, |s| fill(s))?.map_err(TransferError::Io)
     }
 
-    fn read(
+    fn memcpy_dtoh(
         &mut self,
         stream: StreamRef,
         src: u64,
@@ -250,7 +250,7 @@ impl BackendSession for SimSession {
         m.with_slice(src, len, |s| sink(s))?.map_err(TransferError::Io)
     }
 
-    fn copy(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+    fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
         self.check_stream(stream)?;
         if len == 0 {
             return Ok(());
@@ -264,7 +264,7 @@ impl BackendSession for SimSession {
         sm.with_slice(src, len, |s| dm.with_slice_mut(dst, len, |d| d.copy_from_slice(s)))?
     }
 
-    fn memset(&mut self, stream: StreamRef, op: &Memset) -> CuResult {
+    fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult {
         self.check_stream(stream)?;
         let span = op.span().ok_or(CuError::INVALID_VALUE)?;
         let m = self.shared.device_of(op.dst)?;
@@ -343,7 +343,7 @@ impl BackendSession for SimSession {
         self.event(event).map(|_| ())
     }
 
-    fn event_elapsed(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
+    fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
         let stamp = |s: &Self, e: EventToken| -> CuResult<Instant> {
             let ev = s.events.get(&e.0).ok_or(CuError::INVALID_HANDLE)?;
             if ev.flags & EVENT_DISABLE_TIMING != 0 {
@@ -463,7 +463,7 @@ impl BackendSession for SimSession {
         Ok(())
     }
 
-    fn launch(
+    fn launch_kernel(
         &mut self,
         module: ModuleToken,
         function: u32,

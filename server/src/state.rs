@@ -1,6 +1,11 @@
 //! One session's objects, by the handles and pointers the client knows them
 //! by. Every pointer or handle a request names is looked up here first, so a
 //! session can only ever touch what it created itself.
+//!
+//! It sits below [`crate::command`] (whose handlers read and change it) and
+//! above [`crate::backend`]; the connection loop in [`crate::session`] owns
+//! one and hands it to each command, so commands never depend on the
+//! connection loop that runs them.
 
 use std::collections::{BTreeMap, HashMap};
 
