@@ -1,0 +1,93 @@
+//! The shim's object layer: every CUDA object the shim mints, in one place.
+//!
+//! It owns every handle table, the per-thread context stack, the primary contexts, the tables of
+//! device and page-locked host allocations, context-local storage, and the ownership tree:
+//!
+//! ```text
+//! context ─┬─ streams, events          (each records its context)
+//!          ├─ modules ── functions     (a module lists its functions; globals are allocations)
+//!          ├─ allocations              (cuMemAlloc; module globals belong to their module)
+//!          └─ context-local storage    (cudart's per-context state, with destructors)
+//! library ─┬─ one module per context that used it
+//!          └─ kernels                  (resolve to that module's function by name)
+//! ```
+//!
+//! Destroying a context or resetting a primary context is one walk of that tree,
+//! [`Objects::teardown_context`], and each kind of object is released on its server by one
+//! function in its own file here. `r#impl` (the driver API's semantics, one file per API group)
+//! builds on this layer and on the wire client; its files never import each other.
+//!
+//! Below this layer: `runtime` (the servers and their devices, set up by `cuInit`) and `client`
+//! (the wire). Nothing here knows the C ABI beyond the handle types.
+
+pub mod cls;
+pub mod context;
+pub mod event;
+pub mod library;
+pub mod memory;
+pub mod module;
+pub mod stream;
+pub mod table;
+
+use std::sync::LazyLock;
+
+use crate::runtime;
+use rgpu_cuda_types::tag;
+use table::Table;
+
+/// Every object table of the process.
+pub struct Objects {
+    pub contexts: Table<context::Context>,
+    pub primaries: context::Primaries,
+    pub streams: Table<stream::Stream>,
+    pub events: Table<event::Event>,
+    pub modules: Table<module::Module>,
+    pub functions: Table<module::Function>,
+    pub libraries: Table<library::Library>,
+    pub kernels: Table<library::Kernel>,
+    pub memory: memory::Memory,
+    pub cls: cls::Store,
+}
+
+static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
+    contexts: Table::new(tag::CONTEXT),
+    primaries: context::Primaries::default(),
+    streams: Table::new(tag::STREAM),
+    events: Table::new(tag::EVENT),
+    modules: Table::new(tag::MODULE),
+    functions: Table::new(tag::FUNCTION),
+    libraries: Table::new(tag::LIBRARY),
+    kernels: Table::new(tag::KERNEL),
+    memory: memory::Memory::default(),
+    cls: cls::Store::default(),
+});
+
+/// The process's objects.
+pub fn objects() -> &'static Objects {
+    &OBJECTS
+}
+
+impl Objects {
+    /// Frees everything context `h` owns, on its servers and here, after running the destructors
+    /// cudart registered on it. The context object itself stays (a primary context is reused
+    /// after a reset; the caller removes a destroyed user context).
+    pub fn teardown_context(&self, h: u64) {
+        self.cls.run_destructors(h);
+        let Ok(rt) = runtime::get() else { return };
+        for m in self.modules.select(|m| m.ctx == h) {
+            let _ = module::unload(rt, m);
+        }
+        library::forget_context(h);
+        for s in self.streams.select(|s| s.ctx == h) {
+            if let Some(st) = self.streams.remove(s) {
+                let _ = stream::release(rt, s, &st);
+            }
+        }
+        for e in self.events.select(|e| e.ctx == h) {
+            if let Some(ev) = self.events.remove(e) {
+                let _ = event::release(rt, e, &ev);
+            }
+        }
+        self.memory.free_context(rt, h);
+    }
+}
