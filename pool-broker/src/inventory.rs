@@ -4,6 +4,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Where a server sits in the fabric is named per [`Scope`]; placement
+/// reads it from here ([`Server::unit_key`]).
+pub use rgpu_protocol::scope::Scope;
+
 /// Unix time in milliseconds. Every pure function takes `now` as one.
 pub type Millis = u64;
 
@@ -122,8 +126,7 @@ impl Server {
     }
 
     /// The label of this server's unit at `scope`.
-    pub fn unit_key(&self, scope: crate::placement::Scope) -> &str {
-        use crate::placement::Scope;
+    pub fn unit_key(&self, scope: Scope) -> &str {
         match scope {
             Scope::Node => &self.spec.node,
             Scope::Leaf => &self.spec.leaf,

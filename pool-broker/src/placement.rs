@@ -14,44 +14,18 @@ use serde::{Deserialize, Serialize};
 
 use crate::inventory::{Gpu, Server, WHOLE_MILLI};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-pub enum Scope {
-    #[default]
-    Any,
-    Node,
-    Leaf,
-    Spine,
-}
+// A [`Demand`] names one; re-exported so placement's callers (the
+// simulator) find it beside the demand.
+pub use crate::inventory::Scope;
 
-impl Scope {
-    pub fn name(self) -> &'static str {
-        match self {
-            Scope::Any => "any",
-            Scope::Node => "node",
-            Scope::Leaf => "leaf",
-            Scope::Spine => "spine",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Scope> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "any" => Scope::Any,
-            "node" => Scope::Node,
-            "leaf" => Scope::Leaf,
-            "spine" => Scope::Spine,
-            _ => return None,
-        })
-    }
-
-    /// The unit sizes tried, smallest first, for a constraint.
-    fn levels(self, required: bool) -> &'static [Scope] {
-        const ALL: &[Scope] = &[Scope::Node, Scope::Leaf, Scope::Spine, Scope::Any];
-        match (self, required) {
-            (Scope::Node, true) => &ALL[..1],
-            (Scope::Leaf, true) => &ALL[..2],
-            (Scope::Spine, true) => &ALL[..3],
-            _ => ALL,
-        }
+/// The unit sizes tried, smallest first, for a constraint.
+fn levels(scope: Scope, required: bool) -> &'static [Scope] {
+    const ALL: &[Scope] = &[Scope::Node, Scope::Leaf, Scope::Spine, Scope::Any];
+    match (scope, required) {
+        (Scope::Node, true) => &ALL[..1],
+        (Scope::Leaf, true) => &ALL[..2],
+        (Scope::Spine, true) => &ALL[..3],
+        _ => ALL,
     }
 }
 
@@ -344,7 +318,7 @@ fn place_whole(
             if d.scope_required && d.scope != Scope::Any { d.scope.name() } else { "pool" },
         )));
     }
-    for &level in d.scope.levels(d.scope_required) {
+    for &level in levels(d.scope, d.scope_required) {
         let chosen: Option<Vec<usize>> = if n == 1 || (level == Scope::Node && single_server_nodes(servers, &cand)) {
             // Each server is its own unit.
             let mut best: Option<(i64, usize)> = None;

@@ -10,13 +10,13 @@ use std::time::Duration;
 use capnp::capability::Rc;
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
 use futures::AsyncReadExt;
-use rgpu_protocol::broker_capnp::{broker, lease as lease_p, server_status, Scope as WireScope};
+use rgpu_protocol::broker_capnp::{broker, lease as lease_p, server_status};
 use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::inventory::{GpuSpec, Server, ServerSpec};
-use crate::placement::{Demand, Scope};
+use crate::inventory::{GpuSpec, Scope, Server, ServerSpec};
+use crate::placement::Demand;
 use crate::service::Service;
 use crate::state::{BrokerError, Lease, LeaseRequest, LeaseState, State};
 
@@ -167,12 +167,7 @@ impl broker::Server for Broker {
 
     async fn lease(self: Rc<Self>, params: broker::LeaseParams, mut results: broker::LeaseResults) -> Result<(), capnp::Error> {
         let r = params.get()?.get_request()?;
-        let scope = match r.get_scope() {
-            Ok(WireScope::Any) | Err(_) => Scope::Any,
-            Ok(WireScope::Node) => Scope::Node,
-            Ok(WireScope::Leaf) => Scope::Leaf,
-            Ok(WireScope::Spine) => Scope::Spine,
-        };
+        let scope = Scope::from_wire(r.get_scope());
         let req = LeaseRequest {
             tenant: text(r.get_tenant()),
             demand: Demand {

@@ -4,7 +4,8 @@
 //!   sessions. Cold path only.
 //! - `data_capnp`: the data plane's messages, one `Request` or `Reply` per frame.
 //! - `broker_capnp`: the GPU pool broker (capnp-rpc): registration,
-//!   heartbeats, leases, drain; [`token`]: the lease tokens it signs.
+//!   heartbeats, leases, drain; [`token`]: the lease tokens it signs;
+//!   [`scope`]: the topology unit a lease request names.
 //! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
 //!   then raw bulk bytes.
 //!
@@ -30,6 +31,7 @@ pub mod data_capnp {
 
 pub mod frame;
 pub mod message;
+pub mod scope;
 pub mod token;
 
 /// Bumped on any incompatible change of the schemas or the framing; client
