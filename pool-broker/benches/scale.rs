@@ -9,6 +9,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rgpu_broker_client::rpc::{Connection, CONNECT_TIMEOUT};
 use rgpu_pool_broker::config::{Args, Config};
 use rgpu_protocol::broker_capnp::broker;
 use rgpu_protocol::token::sign_bytes;
@@ -84,22 +85,8 @@ fn run_local<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::task::LocalSet::new().block_on(&rt, f)
 }
 
-async fn connect(addr: &str) -> broker::Client {
-    use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
-    use futures::AsyncReadExt;
-    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.set_nodelay(true).unwrap();
-    let (r, w) = tokio_util::compat::TokioAsyncReadCompatExt::compat(s).split();
-    let net = twoparty::VatNetwork::new(
-        futures::io::BufReader::new(r),
-        futures::io::BufWriter::new(w),
-        rpc_twoparty_capnp::Side::Client,
-        Default::default(),
-    );
-    let mut rpc = RpcSystem::new(Box::new(net), None);
-    let c: broker::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-    tokio::task::spawn_local(rpc);
-    c
+async fn connect(addr: &str) -> Connection<broker::Client> {
+    rgpu_broker_client::rpc::connect(addr, CONNECT_TIMEOUT).await.unwrap()
 }
 
 fn server_id(i: usize) -> String {
@@ -107,7 +94,8 @@ fn server_id(i: usize) -> String {
 }
 
 async fn register_all(addr: String, key: Vec<u8>) {
-    let c = connect(&addr).await;
+    let conn = connect(&addr).await;
+    let c = conn.client();
     let mut pending = Vec::new();
     for i in 0..SERVERS {
         let mut req = c.register_request();
@@ -146,7 +134,8 @@ async fn register_all(addr: String, key: Vec<u8>) {
 }
 
 async fn heartbeats(addr: String, key: Vec<u8>, stop: CancellationToken) {
-    let c = connect(&addr).await;
+    let conn = connect(&addr).await;
+    let c = conn.client();
     let proofs: Vec<Vec<u8>> =
         (0..SERVERS).map(|i| sign_bytes(&key, format!("rgpu-register:{}", server_id(i)).as_bytes())).collect();
     while !stop.is_cancelled() {
@@ -170,7 +159,8 @@ async fn clients(addr: String, n: usize, deadline: Instant) -> (Vec<f64>, u64) {
     for i in 0..n {
         let addr = addr.clone();
         tasks.push(tokio::task::spawn_local(async move {
-            let c = connect(&addr).await;
+            let conn = connect(&addr).await;
+            let c = conn.client();
             let mut lat = Vec::new();
             let mut errors = 0u64;
             let tenant = format!("bench{i}");

@@ -6,13 +6,14 @@
 //!   placement take `now` and return decisions, changes and events;
 //! - [`store`]: durability in redb, group-committed by one writer thread;
 //! - [`service`]: orchestration: lock the state, apply, persist, answer;
-//! - [`rpc`]: the capnp-rpc `Broker` (decode, one service call, encode);
-//! - [`client`]: the client library the `rgpu` CLI uses.
+//! - [`rpc`]: the capnp-rpc `Broker` (decode, one service call, encode).
+//!
+//! The client side of the same API (what the `rgpu` CLI and GPU servers
+//! call) is the `rgpu-broker-client` crate, which does not link this one.
 pub mod inventory;
 pub mod placement;
 pub mod policies;
 pub mod state;
-pub mod client;
 pub mod config;
 pub mod rpc;
 pub mod service;

@@ -9,8 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rgpu_pool_broker::client::{BrokerClient, ClientError, LeaseSpec, LeaseView};
-use rgpu_pool_broker::placement::Scope;
+use rgpu_broker_client::{BrokerClient, ClientError, LeaseSpec, LeaseView, Scope};
 
 fn bin_dir() -> PathBuf {
     Path::new(env!("CARGO_BIN_EXE_rgpu-broker")).parent().unwrap().to_path_buf()

@@ -1,0 +1,27 @@
+//! The client side of the pool broker's capnp-rpc API
+//! (`protocol/schema/broker.capnp`), for everything that talks to a broker
+//! without being one: the `rgpu` CLI, GPU servers, the broker's own tests
+//! and benchmark. It does not link the broker (no store, no state machine).
+//!
+//! - [`rpc`]: a capnp-rpc connection over TCP, for any interface
+//!   (`connect::<broker::Client>`, `connect::<gpu_server::Client>`): written
+//!   once here instead of in every client;
+//! - [`BrokerClient`] ([`client`]): the blocking client the CLI uses, and
+//!   what it returns ([`LeaseView`], [`ServerView`], [`StatusView`]);
+//! - [`admin`]: the proof that signs drain and undrain;
+//! - [`duration`]: durations as people write them (`90s`, `10m`).
+
+pub mod admin;
+pub mod client;
+pub mod duration;
+pub mod rpc;
+pub mod views;
+
+pub use client::{BrokerClient, ClientError};
+pub use rgpu_protocol::scope::Scope;
+pub use views::{format_lease_id, parse_lease_id, GpuView, LeaseSpec, LeaseView, ServerView, StatusView};
+
+/// Unix time in milliseconds, as the broker's API carries it.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
