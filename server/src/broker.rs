@@ -14,8 +14,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
-use futures::AsyncReadExt;
+use rgpu_broker_client::admin::{AdminAuth, AdminOp};
+use rgpu_broker_client::now_ms;
+use rgpu_broker_client::rpc::{self, CONNECT_TIMEOUT};
 use rgpu_protocol::broker_capnp::broker;
 use rgpu_protocol::token::sign_bytes;
 use tokio_util::sync::CancellationToken;
@@ -54,10 +55,6 @@ pub struct Stopping {
     pub timeout: Duration,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 impl Agent {
     pub fn new(broker: String, server_id: String, labels: Labels, key: Option<Vec<u8>>, stopping: Stopping) -> Self {
         Agent { broker, server_id, labels, key, stopping, drain_deadline: OnceCell::new() }
@@ -71,11 +68,7 @@ impl Agent {
         req.get().set_deadline_ms(deadline);
         req.get().set_for_shutdown(true);
         if let Some(k) = &self.key {
-            let issued = now_ms();
-            let msg = rgpu_protocol::token::admin_message("drain", &self.server_id, deadline, issued);
-            let mut auth = req.get().init_auth();
-            auth.set_issued_ms(issued);
-            auth.set_proof(&sign_bytes(k, &msg));
+            AdminAuth::sign(k, AdminOp::Drain, &self.server_id, deadline, now_ms()).write(req.get().init_auth());
         }
         req.send().promise.await.map_err(|e| format!("drain for shutdown: {e}"))?;
         info!(broker = %self.broker, id = %self.server_id, deadline_ms = deadline,
@@ -112,24 +105,9 @@ impl Agent {
     }
 
     async fn session(&self, service: &Arc<Service>) -> Result<(), String> {
-        let stream = tokio::time::timeout(Duration::from_secs(5), tokio::net::TcpStream::connect(&self.broker))
-            .await
-            .map_err(|_| "connect timed out".to_string())?
-            .map_err(|e| e.to_string())?;
-        let _ = stream.set_nodelay(true);
-        let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
-        let network = twoparty::VatNetwork::new(
-            futures::io::BufReader::new(reader),
-            futures::io::BufWriter::new(writer),
-            rpc_twoparty_capnp::Side::Client,
-            Default::default(),
-        );
-        let mut rpc = RpcSystem::new(Box::new(network), None);
-        let client: broker::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-        let driver = tokio::task::spawn_local(rpc);
-        let r = self.talk(&client, service).await;
-        driver.abort();
-        r
+        let conn = rpc::connect::<broker::Client>(&self.broker, CONNECT_TIMEOUT).await.map_err(|e| e.to_string())?;
+        // Dropping `conn` on the way out closes the connection.
+        self.talk(conn.client(), service).await
     }
 
     async fn register(&self, client: &broker::Client, service: &Service) -> Result<u64, String> {

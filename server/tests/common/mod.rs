@@ -6,8 +6,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
-use futures::AsyncReadExt;
 use rgpu_protocol::control_capnp::gpu_server;
 use rgpu_protocol::data_capnp::{reply, request};
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
@@ -168,16 +166,8 @@ fn control_with(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello,
 async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello, capnp::Error> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(CONTROL_PREAMBLE).await.unwrap();
-    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
-    let network = twoparty::VatNetwork::new(
-        futures::io::BufReader::new(reader),
-        futures::io::BufWriter::new(writer),
-        rpc_twoparty_capnp::Side::Client,
-        Default::default(),
-    );
-    let mut rpc = RpcSystem::new(Box::new(network), None);
-    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-    let driver = tokio::task::spawn_local(rpc);
+    let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
+    let server = conn.client();
     let result = async {
         let text = |t: capnp::Result<capnp::text::Reader<'_>>| t.unwrap().to_string().unwrap();
         let mut req = server.hello_request();
@@ -219,7 +209,7 @@ async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result
         })
     }
     .await;
-    driver.abort();
+    drop(conn);
     result
 }
 
