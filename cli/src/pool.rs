@@ -5,9 +5,8 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use rgpu_pool_broker::client::{BrokerClient, ClientError, LeaseSpec, LeaseView, ServerView};
-use rgpu_pool_broker::config::{parse_duration_ms, parse_size};
-use rgpu_pool_broker::placement::Scope;
+use rgpu_broker_client::duration::parse_duration_ms;
+use rgpu_broker_client::{BrokerClient, ClientError, LeaseSpec, LeaseView, Scope, ServerView};
 
 pub const DEFAULT_BROKER: &str = "127.0.0.1:7770";
 
@@ -91,7 +90,7 @@ pub struct LeaseArgs {
 /// `--memory`: a size with a unit, more than zero.
 fn parse_memory(s: &str) -> Result<u64, String> {
     const UNITS: &str = "B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of 1000)";
-    match parse_size(s) {
+    match rgpu_config::parse_size(s) {
         Ok(0) => Err("a memory share must be more than 0 bytes (e.g. 20GiB); for whole GPUs use --gpus N alone".into()),
         Ok(n) => Ok(n),
         Err(_) => Err(format!("expected a size such as 20GiB, 512MiB or 1.5GB; units: {UNITS}")),

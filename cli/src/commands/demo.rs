@@ -10,7 +10,7 @@ use std::ffi::{c_void, CString};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rgpu_pool_broker::client::{BrokerClient, LeaseSpec, LeaseView};
+use rgpu_broker_client::{BrokerClient, LeaseSpec, LeaseView};
 
 use crate::driver::{CuResult, Driver, DEMO_PTX};
 use rgpu_cuda_types::{CUdevice_attribute as Attr, CuError};

@@ -1,7 +1,7 @@
 //! `rgpu drain SERVER [--deadline D]`
 
 use anyhow::Result;
-use rgpu_pool_broker::config::parse_duration_ms;
+use rgpu_broker_client::duration::parse_duration_ms;
 
 use crate::pool::{self, AdminArgs, BrokerArgs};
 

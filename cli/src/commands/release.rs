@@ -1,7 +1,7 @@
 //! `rgpu release LEASE...`
 
 use anyhow::{Context, Result};
-use rgpu_pool_broker::client::parse_lease_id;
+use rgpu_broker_client::parse_lease_id;
 
 use crate::pool::BrokerArgs;
 

@@ -1,8 +1,8 @@
 //! `rgpu renew LEASE [--ttl D]`
 
 use anyhow::{Context, Result};
-use rgpu_pool_broker::client::parse_lease_id;
-use rgpu_pool_broker::config::parse_duration_ms;
+use rgpu_broker_client::parse_lease_id;
+use rgpu_broker_client::duration::parse_duration_ms;
 
 use crate::pool::{self, BrokerArgs};
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use rgpu_pool_broker::client::BrokerClient;
+use rgpu_broker_client::BrokerClient;
 
 use crate::paths;
 use crate::pool::{self, BrokerArgs, LeaseArgs};
