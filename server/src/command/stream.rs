@@ -5,8 +5,8 @@
 //! Handles are minted by the client; 0 is the default stream and always
 //! valid. The data plane's `Handle` does not say which device a default
 //! stream belongs to, so a bare `0` means device 0's (the sim has nothing to
-//! wait for either way; the cuda backend will synchronise the session's
-//! contexts instead).
+//! wait for either way; the cuda backend waits on device 0's legacy stream,
+//! if the session has a context there).
 
 use rgpu_protocol::data_capnp::{handle, stream_create, stream_wait_event};
 
