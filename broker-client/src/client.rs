@@ -178,10 +178,13 @@ mod tests {
 
     const KEY: &[u8] = b"the admin key";
 
+    /// (server, deadline, proof valid) of each drain the fake broker saw.
+    type Drains = Arc<Mutex<Vec<(String, u64, bool)>>>;
+
     /// A broker that grants one canned lease, refuses renewals as the real
     /// one words refusals, and checks drain proofs against [`KEY`].
     struct Fake {
-        seen_drains: Arc<Mutex<Vec<(String, u64, bool)>>>,
+        seen_drains: Drains,
     }
 
     impl broker::Server for Fake {
@@ -217,7 +220,7 @@ mod tests {
 
     /// Serves `Fake` on a loopback port from its own thread; returns the
     /// address and what drains it saw.
-    fn start_fake() -> (String, Arc<Mutex<Vec<(String, u64, bool)>>>) {
+    fn start_fake() -> (String, Drains) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let seen = Arc::new(Mutex::new(Vec::new()));
