@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_broker_client::rpc::{Connection, CONNECT_TIMEOUT};
-use rgpu_pool_broker::config::{Args, Config};
+use rgpu_pool_broker::config::{Config, Placement, Settings};
 use rgpu_protocol::broker_capnp::broker;
 use rgpu_protocol::token::sign_bytes;
 use tokio_util::sync::CancellationToken;
@@ -24,14 +24,18 @@ fn main() {
     let conns: usize = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
     let dir = std::env::temp_dir().join(format!("rgpu-broker-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let config = Config::load(Args {
-        listen: Some("127.0.0.1:0".into()),
-        data_dir: Some(dir.join("data")),
+    let placement = match std::env::var("RGPU_BROKER_PLACEMENT") {
+        Ok(p) => Placement::parse(&p).expect("RGPU_BROKER_PLACEMENT"),
+        Err(_) => Settings::default().placement,
+    };
+    let config = Config::from_settings(Settings {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.join("data"),
         key_file: Some(dir.join("key")),
         create_key: true,
-        threads: Some(2),
-        placement: std::env::var("RGPU_BROKER_PLACEMENT").ok(),
-        ..Args::default()
+        threads: 2,
+        placement,
+        ..Settings::default()
     })
     .expect("config");
     let key = rgpu_pool_broker::config::load_key(&dir.join("key"), true).expect("key");

@@ -1,68 +1,69 @@
-//! Broker settings: flags, then `RGPU_BROKER_*` environment variables, then
-//! the TOML file (`--config`: the same keys as the long flags, plus
-//! `[tenants.NAME]` tables: `partitions`, `max-gpus`, `max-memory`, and
-//! `pkey`, the tenant's InfiniBand partition key, e.g. `pkey = 0x8001`), then
-//! defaults.
+//! Broker settings. Each is declared once, in [`Settings`]: its flag, its
+//! `RGPU_BROKER_*` environment variable and its key in the TOML file
+//! `--config` names (the long flag), in that order of precedence, then its
+//! default. The file also holds the tenant policies, `[tenants.NAME]`
+//! tables: `partitions`, `max-gpus`, `max-memory`, and `pkey`, the tenant's
+//! InfiniBand partition key (e.g. `pkey = 0x8001`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::Parser;
+use rgpu_config::FromText;
 use serde::Deserialize;
 
 use crate::state::{Limits, TenantPolicy};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7770";
 
-/// rgpu GPU pool broker: leases GPUs of registered rgpu-servers.
-#[derive(Debug, Parser, Default)]
-#[command(name = "rgpu-broker", version)]
-pub struct Args {
-    /// Address to listen on [default: 127.0.0.1:7770].
-    #[arg(long, env = "RGPU_BROKER_LISTEN", value_name = "ADDR")]
-    pub listen: Option<String>,
-    /// Directory of the broker's durable state [default: ./rgpu-broker-data].
-    #[arg(long, env = "RGPU_BROKER_DATA_DIR", value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// File with the key that signs lease tokens (GPU servers get the same
-    /// file). Without one, tokens are empty and servers admit anyone.
-    #[arg(long, env = "RGPU_BROKER_KEY_FILE", value_name = "FILE")]
-    pub key_file: Option<PathBuf>,
-    /// Create the key file (and the admin key file) with a fresh random key
-    /// if it does not exist.
-    #[arg(long)]
-    pub create_key: bool,
-    /// File with the operators' key: `drain` and `undrain` must carry a
-    /// proof made with it (`rgpu drain --admin-key-file`), or with the
-    /// token key. Without either key, anyone may drain.
-    #[arg(long, env = "RGPU_BROKER_ADMIN_KEY_FILE", value_name = "FILE")]
-    pub admin_key_file: Option<PathBuf>,
-    /// Heartbeat interval servers are told to keep, in ms [default: 1000];
-    /// a server missing 3 is unreachable.
-    #[arg(long, env = "RGPU_BROKER_HEARTBEAT_MS", value_name = "MS")]
-    pub heartbeat_ms: Option<u64>,
-    /// TTL of a lease that names none, in ms [default: 60000].
-    #[arg(long, env = "RGPU_BROKER_DEFAULT_TTL_MS", value_name = "MS")]
-    pub default_ttl_ms: Option<u64>,
-    /// A queued request that waited this long for capacity reserves it:
-    /// smaller requests of its priority or lower in its partitions wait
-    /// behind it, in ms [default: 2000].
-    #[arg(long, env = "RGPU_BROKER_RESERVE_AFTER_MS", value_name = "MS")]
-    pub reserve_after_ms: Option<u64>,
-    /// Threads serving RPC connections [default: 2].
-    #[arg(long, env = "RGPU_BROKER_THREADS", value_name = "N")]
-    pub threads: Option<usize>,
-    /// Placement policy: `fgd-pack` (fragmentation gradient descent with
-    /// packing ties, learning the request mix; see docs/placement.md), `fgd`
-    /// (the paper's FGD, first server among equals: fewer requests left
-    /// waiting when leases come and go fast) or `simple` (best fit by
-    /// memory, fewest free whole GPUs; the fastest) [default: fgd-pack].
-    #[arg(long, env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
-    pub placement: Option<String>,
-    /// TOML file with any of the settings above and tenant policies.
-    #[arg(long, env = "RGPU_BROKER_CONFIG", value_name = "FILE")]
-    pub config: Option<PathBuf>,
+rgpu_config::settings! {
+    /// rgpu GPU pool broker: leases GPUs of registered rgpu-servers.
+    #[settings(name = "rgpu-broker", config_env = "RGPU_BROKER_CONFIG",
+               config_help = "TOML file with any of the settings above (keys as the long flags) and tenant policies ([tenants.NAME]).",
+               file_tables = ["tenants"])]
+    pub struct Settings {
+        /// Address to listen on [default: 127.0.0.1:7770].
+        #[setting(flag = "listen", env = "RGPU_BROKER_LISTEN", value_name = "ADDR")]
+        listen: String = DEFAULT_LISTEN.to_string(),
+        /// Directory of the broker's durable state [default: ./rgpu-broker-data].
+        #[setting(flag = "data-dir", env = "RGPU_BROKER_DATA_DIR", value_name = "DIR")]
+        data_dir: PathBuf = PathBuf::from("rgpu-broker-data"),
+        /// File with the key that signs lease tokens (GPU servers get the same
+        /// file). Without one, tokens are empty and servers admit anyone.
+        #[setting(flag = "key-file", env = "RGPU_BROKER_KEY_FILE", value_name = "FILE")]
+        key_file: Option<PathBuf> = None,
+        /// Create the key file (and the admin key file) with a fresh random key
+        /// if it does not exist.
+        #[setting(flag = "create-key", env = "RGPU_BROKER_CREATE_KEY")]
+        create_key: bool = false,
+        /// File with the operators' key: `drain` and `undrain` must carry a
+        /// proof made with it (`rgpu drain --admin-key-file`), or with the
+        /// token key. Without either key, anyone may drain.
+        #[setting(flag = "admin-key-file", env = "RGPU_BROKER_ADMIN_KEY_FILE", value_name = "FILE")]
+        admin_key_file: Option<PathBuf> = None,
+        /// Heartbeat interval servers are told to keep, in ms [default: 1000];
+        /// a server missing 3 is unreachable.
+        #[setting(flag = "heartbeat-ms", env = "RGPU_BROKER_HEARTBEAT_MS", value_name = "MS")]
+        heartbeat_ms: u64 = Limits::default().heartbeat_ms,
+        /// TTL of a lease that names none, in ms [default: 60000].
+        #[setting(flag = "default-ttl-ms", env = "RGPU_BROKER_DEFAULT_TTL_MS", value_name = "MS")]
+        default_ttl_ms: u64 = Limits::default().default_ttl_ms,
+        /// A queued request that waited this long for capacity reserves it:
+        /// smaller requests of its priority or lower in its partitions wait
+        /// behind it, in ms [default: 2000].
+        #[setting(flag = "reserve-after-ms", env = "RGPU_BROKER_RESERVE_AFTER_MS", value_name = "MS")]
+        reserve_after_ms: u64 = Limits::default().reserve_after_ms,
+        /// Threads serving RPC connections [default: 2].
+        #[setting(flag = "threads", env = "RGPU_BROKER_THREADS", value_name = "N")]
+        threads: usize = 2,
+        /// Placement policy: `fgd-pack` (fragmentation gradient descent with
+        /// packing ties, learning the request mix; see docs/placement.md), `fgd`
+        /// (the paper's FGD, first server among equals: fewer requests left
+        /// waiting when leases come and go fast) or `simple` (best fit by
+        /// memory, fewest free whole GPUs; the fastest) [default: fgd-pack].
+        #[setting(flag = "placement", env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
+        placement: Placement = Placement::FgdPack,
+    }
 }
 
 /// The broker's placement policy.
@@ -78,12 +79,7 @@ pub enum Placement {
 
 impl Placement {
     pub fn parse(s: &str) -> anyhow::Result<Placement> {
-        match s {
-            "fgd-pack" => Ok(Placement::FgdPack),
-            "fgd" => Ok(Placement::Fgd),
-            "simple" => Ok(Placement::Simple),
-            _ => bail!("unknown placement policy {s:?}: expected fgd-pack, fgd or simple"),
-        }
+        Placement::from_text(s).map_err(anyhow::Error::msg)
     }
 
     pub fn policy(self) -> Box<dyn crate::placement::Policy> {
@@ -95,18 +91,21 @@ impl Placement {
     }
 }
 
+impl FromText for Placement {
+    fn from_text(s: &str) -> Result<Placement, String> {
+        match s.trim() {
+            "fgd-pack" => Ok(Placement::FgdPack),
+            "fgd" => Ok(Placement::Fgd),
+            "simple" => Ok(Placement::Simple),
+            _ => Err(format!("unknown placement policy {s:?}: expected fgd-pack, fgd or simple")),
+        }
+    }
+}
+
+/// The file's tables besides the settings.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    data_dir: Option<PathBuf>,
-    key_file: Option<PathBuf>,
-    admin_key_file: Option<PathBuf>,
-    heartbeat_ms: Option<u64>,
-    default_ttl_ms: Option<u64>,
-    reserve_after_ms: Option<u64>,
-    threads: Option<usize>,
-    placement: Option<String>,
+struct FileTables {
     #[serde(default)]
     tenants: HashMap<String, FileTenant>,
 }
@@ -117,7 +116,8 @@ struct FileTenant {
     #[serde(default)]
     partitions: Vec<String>,
     max_gpus: Option<u32>,
-    max_memory: Option<String>,
+    /// A size as `--sim-memory` takes it: `"160GiB"`, or a number of bytes.
+    max_memory: Option<toml::Value>,
     pkey: Option<u16>,
 }
 
@@ -135,18 +135,31 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn load(args: Args) -> anyhow::Result<Config> {
-        let file = match &args.config {
-            Some(p) => {
-                let t = std::fs::read_to_string(p).with_context(|| format!("cannot read config file {}", p.display()))?;
-                toml::from_str::<FileConfig>(&t).with_context(|| format!("invalid config file {}", p.display()))?
-            }
-            None => FileConfig::default(),
+    /// The settings and the config file's tables, as [`rgpu_config`] loaded them.
+    pub fn load(loaded: rgpu_config::Loaded<Settings>) -> anyhow::Result<Config> {
+        let what = || match &loaded.file {
+            Some(p) => format!("config file {}", p.display()),
+            None => "config".to_string(),
         };
+        let tables: FileTables = toml::Value::Table(loaded.tables.clone()).try_into().with_context(what)?;
+        Config::new(loaded.settings, tables.tenants).with_context(what)
+    }
+
+    /// The settings alone, with no tenant policies.
+    pub fn from_settings(s: Settings) -> anyhow::Result<Config> {
+        Config::new(s, HashMap::new())
+    }
+
+    fn new(s: Settings, file_tenants: HashMap<String, FileTenant>) -> anyhow::Result<Config> {
         let mut tenants = HashMap::new();
-        for (name, t) in file.tenants {
-            let max_memory = match t.max_memory {
-                Some(m) => Some(parse_size(&m).map_err(anyhow::Error::msg).with_context(|| format!("tenant {name}: max-memory"))?),
+        for (name, t) in file_tenants {
+            let max_memory = match &t.max_memory {
+                Some(m) => Some(
+                    rgpu_config::toml_text(m)
+                        .and_then(|m| rgpu_config::parse_size(&m))
+                        .map_err(anyhow::Error::msg)
+                        .with_context(|| format!("tenant {name}: max-memory"))?,
+                ),
                 None => None,
             };
             if let Some(k) = t.pkey {
@@ -158,28 +171,24 @@ impl Config {
             let partitions = if t.partitions.is_empty() { vec![name.clone()] } else { t.partitions };
             tenants.insert(name, TenantPolicy { partitions, max_gpus: t.max_gpus, max_memory, pkey: t.pkey });
         }
-        let mut limits = Limits::default();
-        if let Some(h) = args.heartbeat_ms.or(file.heartbeat_ms) {
-            if h == 0 {
-                bail!("heartbeat-ms must be at least 1");
-            }
-            limits.heartbeat_ms = h;
+        if s.heartbeat_ms == 0 {
+            bail!("heartbeat-ms must be at least 1");
         }
-        if let Some(t) = args.default_ttl_ms.or(file.default_ttl_ms) {
-            limits.default_ttl_ms = t.max(1);
-        }
-        if let Some(r) = args.reserve_after_ms.or(file.reserve_after_ms) {
-            limits.reserve_after_ms = r;
-        }
+        let limits = Limits {
+            heartbeat_ms: s.heartbeat_ms,
+            default_ttl_ms: s.default_ttl_ms.max(1),
+            reserve_after_ms: s.reserve_after_ms,
+            ..Limits::default()
+        };
         Ok(Config {
-            listen: args.listen.or(file.listen).unwrap_or_else(|| DEFAULT_LISTEN.into()),
-            data_dir: args.data_dir.or(file.data_dir).unwrap_or_else(|| PathBuf::from("rgpu-broker-data")),
-            key_file: args.key_file.or(file.key_file),
-            create_key: args.create_key,
-            admin_key_file: args.admin_key_file.or(file.admin_key_file),
+            listen: s.listen,
+            data_dir: s.data_dir,
+            key_file: s.key_file,
+            create_key: s.create_key,
+            admin_key_file: s.admin_key_file,
             limits,
-            threads: args.threads.or(file.threads).unwrap_or(2).max(1),
-            placement: Placement::parse(args.placement.or(file.placement).as_deref().unwrap_or("fgd-pack"))?,
+            threads: s.threads.max(1),
+            placement: s.placement,
             tenants,
         })
     }
@@ -207,93 +216,115 @@ fn write_private(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     f.write_all(data)
 }
 
-/// A byte count: `20GiB`, `512MiB`, `1GB`, `4096`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid size {s:?}: expected e.g. 20GiB or 512MiB"))?;
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024.0 * 1024.0,
-        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
-        "t" | "tib" => 1024.0f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        u => return Err(format!("invalid size {s:?}: unknown unit {u:?}")),
-    };
-    let v = n * mult;
-    if !(0.0..1.8e19).contains(&v) {
-        return Err(format!("size {s:?} is out of range"));
-    }
-    Ok(v as u64)
-}
-
-/// A duration: `30s`, `5m`, `2h`, `500ms`, or plain seconds.
-pub fn parse_duration_ms(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 30s, 5m or 2h"))?;
-    let mult = match unit.trim() {
-        "ms" => 1.0,
-        "" | "s" => 1e3,
-        "m" | "min" => 60e3,
-        "h" => 3600e3,
-        "d" => 86400e3,
-        u => return Err(format!("invalid duration {s:?}: unknown unit {u:?} (ms, s, m, h, d)")),
-    };
-    Ok((n * mult) as u64)
-}
-
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
+    use rgpu_config::Settings as _;
+
     use super::*;
 
+    const SAMPLES: &[(&str, [&str; 2])] = &[
+        ("listen", ["0.0.0.0:1", "127.0.0.1:2"]),
+        ("data-dir", ["/d1", "/d2"]),
+        ("key-file", ["/k1", "/k2"]),
+        ("create-key", ["true", "false"]),
+        ("admin-key-file", ["/a1", "/a2"]),
+        ("heartbeat-ms", ["10", "20"]),
+        ("default-ttl-ms", ["10", "20"]),
+        ("reserve-after-ms", ["10", "20"]),
+        ("threads", ["3", "4"]),
+        ("placement", ["simple", "fgd"]),
+    ];
+
     #[test]
-    fn sizes_durations_and_tenants() {
-        assert_eq!(parse_size("20GiB"), Ok(20 << 30));
-        assert_eq!(parse_size("1.5GiB"), Ok(3 << 29));
-        assert!(parse_size("x").is_err());
-        assert_eq!(parse_duration_ms("90s"), Ok(90_000));
-        assert_eq!(parse_duration_ms("2m"), Ok(120_000));
-        assert_eq!(parse_duration_ms("250ms"), Ok(250));
-        assert!(parse_duration_ms("5 fortnights").is_err());
-        let dir = std::env::temp_dir().join(format!("rgpu-broker-cfg-{}", std::process::id()));
+    fn every_flag_is_a_file_key_and_flag_beats_env_beats_file_beats_default() {
+        rgpu_config::testing::check_every_setting::<Settings>(SAMPLES);
+    }
+
+    /// Scripts, tests and docs use these names: renaming one breaks them.
+    #[test]
+    fn flag_and_environment_names_are_stable() {
+        let want: Vec<(&str, String)> =
+            SAMPLES.iter().map(|(k, _)| (*k, format!("RGPU_BROKER_{}", k.to_ascii_uppercase().replace('-', "_")))).collect();
+        let got: Vec<(&str, String)> = Settings::keys().iter().map(|(k, e)| (*k, e.to_string())).collect();
+        assert_eq!(got, want);
+        assert_eq!(Settings::CONFIG_ENV, "RGPU_BROKER_CONFIG");
+    }
+
+    fn load(args: &[&str]) -> anyhow::Result<Config> {
+        let argv = std::iter::once("rgpu-broker").chain(args.iter().copied());
+        Config::load(Settings::load_from(argv, &HashMap::new())?)
+    }
+
+    fn temp_file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("rgpu-broker-cfg-{}-{name}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("b.toml");
-        std::fs::write(&p, "listen = \"127.0.0.1:1\"\n[tenants.alice]\nmax-gpus = 2\nmax-memory = \"32GiB\"\npkey = 0x8001\n[tenants.bob]\n").unwrap();
-        let c = Config::load(Args { config: Some(p.clone()), listen: Some("127.0.0.1:2".into()), ..Args::default() }).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn defaults() {
+        let c = load(&[]).unwrap();
+        assert_eq!((c.listen.as_str(), c.data_dir.as_path()), (DEFAULT_LISTEN, std::path::Path::new("rgpu-broker-data")));
+        assert_eq!((c.threads, c.placement, c.create_key), (2, Placement::FgdPack, false));
+        let d = Limits::default();
+        assert_eq!((c.limits.heartbeat_ms, c.limits.default_ttl_ms, c.limits.reserve_after_ms), (d.heartbeat_ms, d.default_ttl_ms, d.reserve_after_ms));
+        assert!(c.tenants.is_empty() && c.key_file.is_none());
+    }
+
+    #[test]
+    fn tenants() {
+        let p = temp_file(
+            "tenants",
+            "listen = \"127.0.0.1:1\"\n[tenants.alice]\nmax-gpus = 2\nmax-memory = \"32GiB\"\npkey = 0x8001\n\
+             [tenants.bob]\nmax-memory = 1073741824\npartitions = [\"a\", \"b\"]\n",
+        );
+        let path = p.to_str().unwrap();
+        let c = load(&["--config", path, "--listen", "127.0.0.1:2"]).unwrap();
         assert_eq!(c.listen, "127.0.0.1:2", "flags win over the file");
         let a = &c.tenants["alice"];
         assert_eq!((a.partitions.clone(), a.max_gpus, a.max_memory), (vec!["alice".to_string()], Some(2), Some(32 << 30)));
-        assert_eq!((a.pkey, c.tenants["bob"].pkey), (Some(0x8001), None));
+        let b = &c.tenants["bob"];
+        assert_eq!((b.partitions.clone(), b.max_memory, b.pkey), (vec!["a".to_string(), "b".into()], Some(1 << 30), None));
+        assert_eq!(a.pkey, Some(0x8001));
         std::fs::write(&p, "[tenants.alice]\npkey = 0x8000\n").unwrap();
-        let e = Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap_err();
+        let e = load(&["--config", path]).unwrap_err();
         assert!(format!("{e:#}").contains("pkey"), "{e:#}");
         std::fs::write(&p, "[tenants.alice]\npkey = 0x18001\n").unwrap();
-        assert!(Config::load(Args { config: Some(p.clone()), ..Args::default() }).is_err(), "wider than 16 bits");
-        let _ = std::fs::remove_dir_all(dir);
+        assert!(load(&["--config", path]).is_err(), "wider than 16 bits");
+        std::fs::write(&p, "[tenants.alice]\nmax-memroy = \"1GiB\"\n").unwrap();
+        let e = load(&["--config", path]).unwrap_err();
+        assert!(format!("{e:#}").contains("max-memroy"), "{e:#}");
+        std::fs::write(&p, "[tenants.alice]\nmax-memory = \"lots\"\n").unwrap();
+        let e = load(&["--config", path]).unwrap_err();
+        assert!(format!("{e:#}").contains("max-memory"), "{e:#}");
+        std::fs::write(&p, "[tennants.alice]\n").unwrap();
+        let e = load(&["--config", path]).unwrap_err();
+        assert!(format!("{e:#}").contains("unknown key `tennants`"), "{e:#}");
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
+    }
+
+    #[test]
+    fn checks_that_need_more_than_a_parser() {
+        assert!(load(&["--heartbeat-ms", "0"]).is_err());
+        let c = load(&["--default-ttl-ms", "0", "--threads", "0"]).unwrap();
+        assert_eq!((c.limits.default_ttl_ms, c.threads), (1, 1));
     }
 
     #[test]
     fn placement_defaults_to_fgd_pack_and_the_flag_wins() {
-        let dir = std::env::temp_dir().join(format!("rgpu-broker-place-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("b.toml");
-        assert_eq!(Config::load(Args::default()).unwrap().placement, Placement::FgdPack);
-        std::fs::write(&p, "placement = \"simple\"\n").unwrap();
-        assert_eq!(Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap().placement, Placement::Simple);
-        let c = Config::load(Args { config: Some(p.clone()), placement: Some("fgd-pack".into()), ..Args::default() }).unwrap();
-        assert_eq!(c.placement, Placement::FgdPack, "flags win over the file");
+        let p = temp_file("place", "placement = \"simple\"\n");
+        let path = p.to_str().unwrap();
+        assert_eq!(load(&["--config", path]).unwrap().placement, Placement::Simple);
+        assert_eq!(load(&["--config", path, "--placement", "fgd-pack"]).unwrap().placement, Placement::FgdPack);
         std::fs::write(&p, "placement = \"tetris\"\n").unwrap();
-        let e = Config::load(Args { config: Some(p.clone()), ..Args::default() }).unwrap_err();
+        let e = load(&["--config", path]).unwrap_err();
         assert!(format!("{e:#}").contains("tetris"), "{e:#}");
         assert_eq!(Placement::FgdPack.policy().name(), "fgd-pack");
         assert_eq!(Placement::parse("fgd").unwrap().policy().name(), "fgd");
-        let _ = std::fs::remove_dir_all(dir);
+        let _ = std::fs::remove_dir_all(p.parent().unwrap());
     }
 }
