@@ -214,7 +214,7 @@ fn read_file(
             extra.insert(k, v);
         } else {
             let mut known: Vec<&str> = keys.iter().map(|(k, _)| *k).collect();
-            known.extend(tables.iter().map(|t| *t));
+            known.extend(tables.iter().copied());
             return Err(LoadError::UnknownKey { path: path.to_path_buf(), key: k, known: known.join(", ") });
         }
     }

@@ -243,7 +243,8 @@ pub fn parse_cc(s: &str) -> Result<(u32, u32), String> {
 pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     let err = || format!("invalid duration {s:?}: expected a number of seconds more than 0, e.g. 30 or 2.5");
     let secs: f64 = s.trim().parse().map_err(|_| err())?;
-    if !(secs > 0.0) {
+    // NaN is not more than 0 either.
+    if secs.is_nan() || secs <= 0.0 {
         return Err(err());
     }
     Duration::try_from_secs_f64(secs).map_err(|_| err())
