@@ -18,20 +18,12 @@ use rgpu_broker_client::admin::{AdminAuth, AdminOp};
 use rgpu_broker_client::now_ms;
 use rgpu_broker_client::rpc::{self, CONNECT_TIMEOUT};
 use rgpu_protocol::broker_capnp::broker;
-use rgpu_protocol::token::sign_bytes;
+use rgpu_protocol::token::{register_message, sign_bytes};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::config::Labels;
 use crate::service::Service;
-
-/// Topology and partitions this server announces.
-#[derive(Debug, Clone, Default)]
-pub struct Labels {
-    pub node: String,
-    pub leaf: String,
-    pub spine: String,
-    pub partitions: Vec<String>,
-}
 
 pub struct Agent {
     pub broker: String,
@@ -78,7 +70,7 @@ impl Agent {
 
     fn proof(&self) -> Vec<u8> {
         match &self.key {
-            Some(k) => sign_bytes(k, format!("rgpu-register:{}", self.server_id).as_bytes()),
+            Some(k) => sign_bytes(k, &register_message(&self.server_id)),
             None => Vec::new(),
         }
     }
@@ -123,7 +115,7 @@ impl Agent {
             for (i, x) in self.labels.partitions.iter().enumerate() {
                 p.set(i as u32, x);
             }
-            let transports = crate::transport_select::offered();
+            let transports = service.data_plane.offered();
             let mut t = s.reborrow().init_transports(transports.len() as u32);
             for (i, x) in transports.iter().enumerate() {
                 t.set(i as u32, x);

@@ -164,6 +164,15 @@ impl Default for TransportConfig {
     }
 }
 
+/// Topology and partitions this server announces to the broker.
+#[derive(Debug, Clone, Default)]
+pub struct Labels {
+    pub node: String,
+    pub leaf: String,
+    pub spine: String,
+    pub partitions: Vec<String>,
+}
+
 /// Settings for the pool broker; the default is no broker (sessions open
 /// to anyone, nothing registered).
 #[derive(Debug, Clone, Default)]
@@ -172,7 +181,7 @@ pub struct PoolConfig {
     /// The key read from the broker key file.
     pub broker_key: Option<Vec<u8>>,
     pub advertise: Option<String>,
-    pub labels: crate::broker::Labels,
+    pub labels: Labels,
     /// How long a stopping server waits for its leases to end (zero: it
     /// stops at once, as without a broker).
     pub drain_timeout: Duration,
@@ -215,7 +224,7 @@ impl Config {
                 broker: s.broker,
                 broker_key,
                 advertise: s.advertise,
-                labels: crate::broker::Labels {
+                labels: Labels {
                     node: s.node.unwrap_or_default(),
                     leaf: s.leaf,
                     spine: s.spine,

@@ -48,15 +48,17 @@ pub fn build_backend(config: &config::Config) -> anyhow::Result<Arc<dyn backend:
     Ok(Arc::new(sim))
 }
 
-/// Serves on `listener` with `backend` until `shutdown` fires, then closes
-/// every session and returns. Drive it with `block_on` (it is not `Send`).
+/// Serves on `listener` with `backend`, carrying data connections as
+/// `data_plane` says, until `shutdown` fires, then closes every session and
+/// returns. Drive it with `block_on` (it is not `Send`).
 pub async fn serve(
     listener: TcpListener,
     backend: Arc<dyn backend::Backend>,
+    data_plane: transport_select::DataPlane,
     config: &config::Config,
     shutdown: CancellationToken,
 ) {
-    serve_draining(listener, backend, config, shutdown.clone(), shutdown).await
+    serve_draining(listener, backend, data_plane, config, shutdown.clone(), shutdown).await
 }
 
 /// As [`serve`], with a gentler stop: when `stop` fires and a broker is
@@ -66,6 +68,7 @@ pub async fn serve(
 pub async fn serve_draining(
     listener: TcpListener,
     backend: Arc<dyn backend::Backend>,
+    data_plane: transport_select::DataPlane,
     config: &config::Config,
     stop: CancellationToken,
     shutdown: CancellationToken,
@@ -97,7 +100,7 @@ pub async fn serve_draining(
             shutdown.cancel();
         });
     }
-    let mut service = service::Service::new(backend, config.attach_timeout);
+    let mut service = service::Service::new(backend, config.attach_timeout).with_data_plane(data_plane);
     if let Some(key) = &config.pool.broker_key {
         service = service.with_broker_key(key.clone());
     }

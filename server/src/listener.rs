@@ -217,7 +217,7 @@ async fn attach(
             let span = thread_span;
             let _in_session = span.enter();
             let _held = (permit, guard);
-            if let Some(transport) = crate::transport_select::upgrade(transport, rdma, pkey) {
+            if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
                 crate::session::serve(transport, state);
             }

@@ -30,7 +30,7 @@ fn main() -> ExitCode {
 
 fn run(settings: Settings) -> anyhow::Result<()> {
     let mut config = Config::from_settings(settings)?;
-    rgpu_server::transport_select::init(&config.transport)?;
+    let data_plane = rgpu_server::transport_select::DataPlane::new(&config.transport)?;
     // Bind first: the sim's device UUIDs default to being derived from the
     // address, so that two servers on one host never show the same device.
     let std_listener = std::net::TcpListener::bind(&config.listen)
@@ -74,7 +74,7 @@ fn run(settings: Settings) -> anyhow::Result<()> {
             info!("second signal: stopping now");
             now.cancel();
         });
-        rgpu_server::serve_draining(listener, backend, &config, stop, shutdown).await;
+        rgpu_server::serve_draining(listener, backend, data_plane, &config, stop, shutdown).await;
         Ok(())
     })
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::lease::Leases;
 use crate::session::registry::Registry;
+use crate::transport_select::DataPlane;
 
 pub struct Service {
     pub backend: Arc<dyn Backend>,
@@ -17,6 +18,8 @@ pub struct Service {
     pub server_name: String,
     /// Lease-token admission (open to all without a broker key).
     pub leases: Leases,
+    /// How data connections are carried (TCP, or RDMA where set up).
+    pub data_plane: DataPlane,
 }
 
 impl Service {
@@ -27,7 +30,14 @@ impl Service {
             attach_timeout,
             server_name: format!("rgpu-server {}", env!("CARGO_PKG_VERSION")),
             leases: Leases::new(None, Vec::new()),
+            data_plane: DataPlane::tcp_only(),
         }
+    }
+
+    /// Carries data connections as `data_plane` says.
+    pub fn with_data_plane(mut self, data_plane: DataPlane) -> Self {
+        self.data_plane = data_plane;
+        self
     }
 
     /// Admits sessions by lease tokens signed with `key`.

@@ -68,7 +68,8 @@ impl TestServer {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
-                rgpu_server::serve(listener, backend, &config, token).await;
+                let data_plane = rgpu_server::transport_select::DataPlane::tcp_only();
+                rgpu_server::serve(listener, backend, data_plane, &config, token).await;
             });
         });
         TestServer { addr, shutdown, thread: Some(thread) }
