@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicU8, A
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+pub use crate::fault::{ExecError, Fault};
 use crate::float::{self, ftz32};
 use crate::ir::*;
 use crate::printf;
@@ -58,27 +59,6 @@ pub struct LaunchConfig {
     pub time_limit: Duration,
     /// Most bytes of printf output kept (CUDA's default FIFO is 1 MiB).
     pub printf_limit: usize,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fault {
-    IllegalAddress { addr: u64, space: &'static str },
-    Misaligned { addr: u64 },
-    Timeout,
-    Trap,
-    Unsupported(String),
-    /// Another block failed first; this one stopped.
-    Aborted,
-}
-
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-#[error("kernel {kernel}: {fault:?} in block ({},{},{}) thread ({},{},{}) at PTX line {line}", block[0], block[1], block[2], thread[0], thread[1], thread[2])]
-pub struct ExecError {
-    pub kernel: String,
-    pub block: [u32; 3],
-    pub thread: [u32; 3],
-    pub line: u32,
-    pub fault: Fault,
 }
 
 #[derive(Debug, Default)]

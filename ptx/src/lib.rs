@@ -15,6 +15,7 @@
 //! caller to map to CUDA errors.
 
 pub mod exec;
+mod fault;
 pub mod float;
 pub mod ir;
 mod lower;

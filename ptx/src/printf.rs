@@ -3,7 +3,7 @@
 //! own size (4 for int and char, 8 for long, pointers and double: float
 //! arguments arrive promoted to double).
 
-use crate::exec::Fault;
+use crate::fault::Fault;
 
 /// Longest string a `%s` or the format itself is read up to.
 const MAX_STR: usize = 64 * 1024;
