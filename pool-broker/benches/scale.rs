@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use rgpu_broker_client::rpc::{Connection, CONNECT_TIMEOUT};
 use rgpu_pool_broker::config::{Config, Placement, Settings};
 use rgpu_protocol::broker_capnp::broker;
-use rgpu_protocol::token::sign_bytes;
+use rgpu_protocol::token::{register_message, sign_bytes};
 use tokio_util::sync::CancellationToken;
 
 const SERVERS: usize = 1000;
@@ -124,7 +124,7 @@ async fn register_all(addr: String, key: Vec<u8>) {
                 x.set_healthy(true);
             }
         }
-        req.get().set_proof(&sign_bytes(&key, format!("rgpu-register:{id}").as_bytes()));
+        req.get().set_proof(&sign_bytes(&key, &register_message(&id)));
         pending.push(req.send().promise);
         if pending.len() == 100 {
             for p in pending.drain(..) {
@@ -141,7 +141,7 @@ async fn heartbeats(addr: String, key: Vec<u8>, stop: CancellationToken) {
     let conn = connect(&addr).await;
     let c = conn.client();
     let proofs: Vec<Vec<u8>> =
-        (0..SERVERS).map(|i| sign_bytes(&key, format!("rgpu-register:{}", server_id(i)).as_bytes())).collect();
+        (0..SERVERS).map(|i| sign_bytes(&key, &register_message(&server_id(i)))).collect();
     while !stop.is_cancelled() {
         let t = Instant::now();
         let mut pending = Vec::new();

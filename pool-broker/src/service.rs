@@ -33,9 +33,6 @@ pub struct Service {
     pub data_dir: String,
 }
 
-/// What `register`/`heartbeat` prove: HMAC over this and the server id.
-pub const REGISTER_CONTEXT: &str = "rgpu-register:";
-
 /// How far an admin request's issue time may be from the broker's clock.
 pub const ADMIN_WINDOW_MS: u64 = 5 * 60_000;
 
@@ -137,8 +134,7 @@ impl Service {
         match &self.key {
             None => Ok(()),
             Some(k) => {
-                let msg = format!("{REGISTER_CONTEXT}{server_id}");
-                if token::verify_bytes(k, msg.as_bytes(), proof) {
+                if token::verify_bytes(k, &token::register_message(server_id), proof) {
                     Ok(())
                 } else {
                     Err(BrokerError::Auth(format!("server {server_id} did not prove it holds the broker key")))
