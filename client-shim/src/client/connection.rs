@@ -37,6 +37,10 @@ const INVALID_VALUE: u32 = 1;
 pub struct Connection<T: Transport = DataTransport> {
     addr: String,
     inner: Arc<Shared<T>>,
+    /// The session this connection carries: every event of its calls and of
+    /// its flusher is logged in it (debug level; a disabled span costs one
+    /// check to enter).
+    span: tracing::Span,
 }
 
 struct Shared<T> {
@@ -85,7 +89,9 @@ impl Connection<DataTransport> {
             });
         }
         let t = super::transport_select::upgrade(t, session_id).map_err(lost)?;
-        Connection::over(t, addr)
+        let conn = Connection::over(t, addr)?;
+        conn.span.record("id", tracing::field::display(format_args!("{session_id:#x}")));
+        Ok(conn)
     }
 }
 
@@ -101,15 +107,17 @@ impl<T: Transport + 'static> Connection<T> {
             batch_started: Condvar::new(),
             state: Mutex::new(Inner { transport, core: SessionCore::new(tuning), broken: None, closed: false }),
         });
+        let span = tracing::debug_span!("session", server = %addr, id = tracing::field::Empty);
         if tuning.flush_delay.is_some() {
             let flusher = shared.clone();
             let name = addr.to_string();
+            let flusher_span = span.clone();
             std::thread::Builder::new()
                 .name("rgpu-flush".into())
-                .spawn(move || flush_loop(&flusher, &name))
+                .spawn(move || flusher_span.in_scope(|| flush_loop(&flusher, &name)))
                 .map_err(|e| ClientError::Unreachable { addr: addr.into(), reason: format!("cannot start a thread: {e}") })?;
         }
-        Ok(Connection { addr: addr.into(), inner: shared })
+        Ok(Connection { addr: addr.into(), inner: shared, span })
     }
 }
 
@@ -135,6 +143,7 @@ impl<T: Transport> Connection<T> {
 
     /// Sends an asynchronous request: no reply, errors come back deferred.
     pub fn post(&self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<(), ClientError> {
+        let _in_session = self.span.enter();
         let mut g = self.lock()?;
         let q = g.core.post(build, bulk).map_err(too_large)?;
         let mut wake = false;
@@ -162,6 +171,7 @@ impl<T: Transport> Connection<T> {
     /// # Safety
     /// `dst` must stay valid until the next synchronising call returns.
     pub unsafe fn post_read(&self, build: impl FnOnce(request::Builder<'_>), dst: *mut u8, len: usize) -> Result<(), ClientError> {
+        let _in_session = self.span.enter();
         let mut g = self.lock()?;
         // SAFETY: the caller keeps dst valid until a synchronising call has
         // collected the reply; if the connection breaks first, check()
@@ -180,6 +190,7 @@ impl<T: Transport> Connection<T> {
         sink: Sink<'_>,
         read: impl FnOnce(reply::Reader<'_>) -> Result<R, ClientError>,
     ) -> Result<R, ClientError> {
+        let _in_session = self.span.enter();
         let mut g = self.lock()?;
         let dst: &mut [u8] = match sink {
             Sink::None => &mut [],
@@ -199,6 +210,7 @@ impl<T: Transport> Connection<T> {
     /// Sends whatever is batched.
     #[allow(dead_code)]
     pub fn flush(&self) -> Result<(), ClientError> {
+        let _in_session = self.span.enter();
         let mut g = self.lock()?;
         let r = g.flush_with(&[]);
         g.check(&self.addr, r)
