@@ -12,6 +12,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_stream",
     "rt_event",
     "rt_pinned",
+    "rt_pageable",
     "rt_globals",
     "rt_funcattr",
     "rt_launch",

@@ -90,6 +90,7 @@ runtime_tests! {
     stream => plain;
     event => plain;
     pinned => plain;
+    pageable => plain;
     globals => plain;
     funcattr => plain;
     launch => launch;

@@ -185,14 +185,20 @@ unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) 
     Ok(())
 }
 
-/// Device to host without waiting: the bytes land when the program next
-/// synchronises, as with a real asynchronous copy.
+/// An asynchronous device-to-host copy. Into page-locked memory it does not
+/// wait: the bytes land when the program next synchronises, as with a real
+/// asynchronous copy. Into pageable memory CUDA returns only once the copy
+/// is done (programs rely on it: numba reads the buffer right after, or
+/// frees it), so that copy waits for its bytes, in the stream's order.
 unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) -> CuResult<()> {
     if n == 0 {
         return Ok(());
     }
     if dst.is_null() {
         return Err(CuError::INVALID_VALUE);
+    }
+    if !is_page_locked(dst as usize, n) {
+        return dtoh(rt, dst, src, n, stream);
     }
     let dev = objects().memory.check_range(src, n as u64)?;
     let conn = rt.conn(dev)?;
@@ -214,6 +220,15 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
         off += len;
     }
     Ok(())
+}
+
+/// Whether [ptr, ptr+n) lies in one page-locked host range (cuMemHostAlloc,
+/// cuMemAllocHost, cuMemHostRegister).
+fn is_page_locked(ptr: usize, n: usize) -> bool {
+    match objects().memory.find_host(ptr) {
+        Some((start, a)) => ptr.checked_add(n).is_some_and(|end| end <= start + a.size),
+        None => false,
+    }
 }
 
 unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuResult<()> {
