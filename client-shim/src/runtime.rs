@@ -42,6 +42,66 @@ pub struct Limits {
     pub max_grid: [u32; 3],
 }
 
+/// Device features the shim does not offer a program, whatever the server's device has: their
+/// attributes read 0, so that a program that tests an attribute before using a feature takes the
+/// path that works instead of one whose calls return CUDA_ERROR_NOT_SUPPORTED. Remove an entry
+/// in the change that implements its feature.
+const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
+    type A = CUdevice_attribute;
+    &[
+        (A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "mapped host memory (cuMemHostGetDevicePointer)"),
+        (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, "managed memory (cuMemAllocManaged)"),
+        (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, "managed memory"),
+        (A::CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, "managed memory"),
+        (A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, "device access to pageable host memory"),
+        (A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, "device access to pageable host memory"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, "device access to host memory"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, "mapped host memory"),
+        (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, "cooperative launch (cuLaunchCooperativeKernel)"),
+        (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH, "cooperative launch"),
+        (A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, "launch attributes (clusters) in cuLaunchKernelEx"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, "stream memory operations (cuStreamWaitValue*)"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1, "stream memory operations"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1, "stream memory operations"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, "stream memory operations"),
+        (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, "stream memory operations"),
+        (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management (cuMemCreate, cuMemMap)"),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, "exportable allocations"),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, "exportable allocations"),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, "exportable allocations"),
+        (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "exportable allocations"),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, "virtual memory management"),
+        (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, "GPUDirect RDMA to the program's host"),
+        (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator (cuMemAllocAsync)"),
+        (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, "the stream-ordered allocator"),
+        (A::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, "IPC (cuIpcGetEventHandle)"),
+        (A::CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
+        (A::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
+        (A::CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED, "external semaphores"),
+        (A::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, "dma-buf export"),
+        (A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, "multicast objects"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management"),
+    ]
+};
+
+/// A server's attribute list as the program sees it: the features in [`NOT_PROVIDED`] read 0.
+/// Logged once per attribute the server had set.
+fn as_provided(server: &[(u32, i32)]) -> HashMap<u32, i32> {
+    let mut attrs: HashMap<u32, i32> = server.iter().copied().collect();
+    for (a, feature) in NOT_PROVIDED {
+        if let Some(v) = attrs.get_mut(&a.0) {
+            if *v != 0 {
+                tracing::debug!("device attribute {} reads 0: rgpu does not offer {feature} yet", a.0);
+                *v = 0;
+            }
+        }
+    }
+    attrs
+}
+
 impl Device {
     /// The value of one attribute, from the server's list.
     pub fn attribute(&self, attrib: CUdevice_attribute) -> CuResult<i32> {
@@ -129,7 +189,7 @@ fn connect_all() -> Result<Runtime, CuError> {
             hello.devices.len()
         );
         for d in hello.devices {
-            let attributes = d.attributes.iter().copied().collect();
+            let attributes = as_provided(&d.attributes);
             let limits = Limits::from(&attributes);
             devices.push(Device { server: i, remote: d, attributes, limits });
         }
@@ -182,4 +242,51 @@ pub fn cu_err(e: ClientError) -> CuError {
 /// confused peer as an unknown failure).
 pub fn error_from_code(code: u32) -> CuError {
     std::num::NonZeroU32::new(code).map(CuError).unwrap_or(CuError::UNKNOWN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that reports managed memory and cooperative launch (a real GPU does) is shown
+    /// to the program without them; everything else passes through.
+    #[test]
+    fn features_rgpu_does_not_offer_read_zero() {
+        type A = CUdevice_attribute;
+        let server = [
+            (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0, 132),
+            (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0, 1),
+        ];
+        let a = as_provided(&server);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0], 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0], 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0], 132);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0], 1);
+        assert_eq!(a.len(), server.len(), "no attribute is added or dropped");
+    }
+
+    /// Every feature listed as not provided is in fact not implemented: its entry point
+    /// answers CUDA_ERROR_NOT_SUPPORTED (a check that the list is kept in step with lib.rs).
+    #[test]
+    fn the_features_turned_off_are_not_implemented() {
+        for name in [
+            "cuMemAllocManaged",
+            "cuMemHostGetDevicePointer_v2",
+            "cuLaunchCooperativeKernel",
+            "cuStreamWaitValue32_v2",
+            "cuMemCreate",
+            "cuMemAllocAsync",
+            "cuIpcGetEventHandle",
+        ] {
+            let addr = crate::symbol_address(name).unwrap_or_else(|| panic!("{name} is exported"));
+            // SAFETY: an unimplemented entry point reads none of its arguments; calling it with
+            // none is how the macro's unsupported stub is reached without a real signature.
+            let f: unsafe extern "C" fn() -> CUresult = unsafe { std::mem::transmute(addr) };
+            assert_eq!(unsafe { f() }, CUresult::CUDA_ERROR_NOT_SUPPORTED, "{name} is implemented now: update NOT_PROVIDED");
+        }
+    }
 }

@@ -212,6 +212,36 @@ int main() {
     CU_CHECK_ERR(cuMemAlloc(&huge, total + (1ull << 30)), CUDA_ERROR_OUT_OF_MEMORY);
     ok("cuMemFree(unknown) / copy past the end -> INVALID_VALUE, oversize cuMemAlloc -> OUT_OF_MEMORY");
 
+    // Stream capture is not offered: no stream is capturing, and the
+    // attributes of features rgpu lacks say so, consistently with the calls.
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CU_CHECK(cuStreamIsCapturing(s, &cs));
+    EXPECT(cs == CU_STREAM_CAPTURE_STATUS_NONE, "cuStreamIsCapturing(stream) = %d", (int)cs);
+    cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CU_CHECK(cuStreamIsCapturing(0, &cs));
+    EXPECT(cs == CU_STREAM_CAPTURE_STATUS_NONE, "cuStreamIsCapturing(default stream) = %d", (int)cs);
+    CU_CHECK_ERR(cuStreamIsCapturing((CUstream)0x5700000000000999ull, &cs), CUDA_ERROR_INVALID_HANDLE);
+    cuuint64_t cid = 7;
+    cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CU_CHECK(cuStreamGetCaptureInfo(s, &cs, &cid, nullptr, nullptr, nullptr, nullptr));
+    EXPECT(cs == CU_STREAM_CAPTURE_STATUS_NONE, "cuStreamGetCaptureInfo status %d", (int)cs);
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CU_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    EXPECT(mode == CU_STREAM_CAPTURE_MODE_GLOBAL, "the first capture mode was %d, not GLOBAL", (int)mode);
+    CU_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
+    EXPECT(mode == CU_STREAM_CAPTURE_MODE_RELAXED, "the capture mode set was not returned: %d", (int)mode);
+    ok("cuStreamIsCapturing / cuStreamGetCaptureInfo: not capturing; cuThreadExchangeStreamCaptureMode exchanges");
+    int managed = -1, coop = -1, pools = -1;
+    CU_CHECK(cuDeviceGetAttribute(&managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, dev));
+    CU_CHECK(cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev));
+    CU_CHECK(cuDeviceGetAttribute(&pools, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, dev));
+    CUdeviceptr um = 0;
+    CUresult ur = cuMemAllocManaged(&um, 4096, CU_MEM_ATTACH_GLOBAL);
+    EXPECT((managed != 0) == (ur == CUDA_SUCCESS), "MANAGED_MEMORY attribute %d but cuMemAllocManaged -> %d", managed, (int)ur);
+    EXPECT(coop == 0 && pools == 0, "COOPERATIVE_LAUNCH %d, MEMORY_POOLS_SUPPORTED %d for features rgpu lacks", coop, pools);
+    if (ur == CUDA_SUCCESS) CU_CHECK(cuMemFree(um));
+    ok("attributes of managed memory, cooperative launch and memory pools match what the calls do");
+
     CU_CHECK(cuStreamDestroy(s));
     CU_CHECK(cuMemFreeHost(pinned));
     CU_CHECK(cuMemFreeHost(pinned2));

@@ -109,3 +109,58 @@ pub(crate) unsafe fn get_device(s: CUstream, device: &mut CUdevice) -> CuResult<
     *device = streams::device_of(s)?.1;
     Ok(())
 }
+
+// ---- capture ---------------------------------------------------------------------------------
+// rgpu does not capture streams into graphs yet: cuStreamBeginCapture answers
+// CUDA_ERROR_NOT_SUPPORTED, so no stream is ever capturing, and these answer that truthfully.
+// Libraries ask before every allocation and launch (CuPy's and PyTorch's allocators).
+
+pub(crate) unsafe fn is_capturing(s: CUstream, status: &mut CUstreamCaptureStatus) -> CuResult<()> {
+    streams::device_of(s)?;
+    *status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_capture_info(s: CUstream, status: &mut CUstreamCaptureStatus, id: Option<&mut u64>) -> CuResult<()> {
+    is_capturing(s, status)?;
+    if let Some(id) = id {
+        *id = 0;
+    }
+    Ok(())
+}
+
+pub(crate) unsafe fn get_capture_info_v2(
+    s: CUstream,
+    status: &mut CUstreamCaptureStatus,
+    id: Option<&mut u64>,
+    graph: Option<&mut CUgraph>,
+    dependencies: Option<&mut *const CUgraphNode>,
+    count: Option<&mut usize>,
+) -> CuResult<()> {
+    get_capture_info_v3(s, status, id, graph, dependencies, None, count)
+}
+
+pub(crate) unsafe fn get_capture_info_v3(
+    s: CUstream,
+    status: &mut CUstreamCaptureStatus,
+    id: Option<&mut u64>,
+    graph: Option<&mut CUgraph>,
+    dependencies: Option<&mut *const CUgraphNode>,
+    edges: Option<&mut *const CUgraphEdgeData>,
+    count: Option<&mut usize>,
+) -> CuResult<()> {
+    get_capture_info(s, status, id)?;
+    if let Some(g) = graph {
+        *g = std::ptr::null_mut();
+    }
+    if let Some(d) = dependencies {
+        *d = std::ptr::null();
+    }
+    if let Some(e) = edges {
+        *e = std::ptr::null();
+    }
+    if let Some(n) = count {
+        *n = 0;
+    }
+    Ok(())
+}

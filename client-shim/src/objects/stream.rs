@@ -42,6 +42,17 @@ pub fn device_of(s: CUstream) -> CuResult<(u64, CUdevice)> {
     Ok((h, get(h)?.device))
 }
 
+thread_local! {
+    /// This thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode).
+    static CAPTURE_MODE: std::cell::Cell<CUstreamCaptureMode> =
+        const { std::cell::Cell::new(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) };
+}
+
+/// Sets this thread's capture mode, returning the one it replaces.
+pub fn exchange_capture_mode(mode: CUstreamCaptureMode) -> CuResult<CUstreamCaptureMode> {
+    CAPTURE_MODE.try_with(|m| m.replace(mode)).map_err(|_| CuError::DEINITIALIZED)
+}
+
 /// Tells the stream's server it is gone (work already queued on it still completes, as in
 /// CUDA). The caller has removed it from the table.
 pub fn release(rt: &Runtime, h: u64, st: &Stream) -> CuResult<()> {

@@ -4,7 +4,8 @@
 //! The ids and names are copied from `CUdevice_attribute` in cuda.h (CUDA 13),
 //! deprecated aliases included (they share an id with their replacement).
 //! Values describe an H100-SXM-class device; a feature the sim cannot offer
-//! over rgpu (host-mapped memory, VMM, memory pools, IPC, clusters...) is 0.
+//! over rgpu (host-mapped memory, managed memory, cooperative launch, VMM,
+//! memory pools, IPC, clusters...) is 0.
 //! To add an attribute of a newer cuda.h: append its (id, name) to [`ATTRIBUTES`]
 //! and give it a value in [`value`] if it is not 0.
 
@@ -272,11 +273,9 @@ pub fn value(id: u32, p: &SimDeviceParams) -> i32 {
         80 => 1, // LOCAL_L1_CACHE_SUPPORTED
         81 => 228 * 1024, // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
         82 => 65536, // MAX_REGISTERS_PER_MULTIPROCESSOR
-        83 => 1, // MANAGED_MEMORY
         85 => p.ordinal, // MULTI_GPU_BOARD_GROUP_ID
         87 => 2, // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
         90 => 1, // COMPUTE_PREEMPTION_SUPPORTED
-        95 => 1, // COOPERATIVE_LAUNCH
         97 => 227 * 1024, // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         106 => 32, // MAX_BLOCKS_PER_MULTIPROCESSOR
         111 => 1024, // RESERVED_SHARED_MEMORY_PER_BLOCK
