@@ -394,15 +394,24 @@ pub fn build(program: &str, variant: Variant) -> PathBuf {
     let src = cuda_src_dir().join(format!("{program}.cu"));
     assert!(src.exists(), "no such test program: {}", src.display());
 
-    let mut args: Vec<std::ffi::OsString> = vec![
-        os(format!("-arch={}", arch())),
+    // rt_newer_ptx carries SASS for sm_90 and PTX only for compute_120, as CuPy's CUB
+    // kernels do: which of them a device may run is what it tests.
+    let code: Vec<std::ffi::OsString> = match program {
+        "rt_newer_ptx" => ["-gencode", "arch=compute_90,code=sm_90", "-gencode", "arch=compute_120,code=compute_120"]
+            .iter()
+            .map(os)
+            .collect(),
+        _ => vec![os(format!("-arch={}", arch()))],
+    };
+    let mut args: Vec<std::ffi::OsString> = code;
+    args.extend([
         os("-std=c++17"),
         os("-O1"),
         os("-Xcompiler"),
         os("-Wall,-Wno-unused-function"),
         os("-I"),
         os(cuda_src_dir()),
-    ];
+    ]);
     match variant {
         Variant::Cudart13Shared => args.extend([
             os("-cudart"),
@@ -523,11 +532,13 @@ pub struct ServerOpts {
     pub devices: u32,
     /// Bytes of memory per simulated device.
     pub memory: u64,
+    /// `--sim-compute-capability` (the server's default, 9.0, when None).
+    pub compute_capability: Option<&'static str>,
 }
 
 impl Default for ServerOpts {
     fn default() -> Self {
-        ServerOpts { devices: 1, memory: DEFAULT_SIM_MEMORY }
+        ServerOpts { devices: 1, memory: DEFAULT_SIM_MEMORY, compute_capability: None }
     }
 }
 
@@ -540,7 +551,7 @@ impl Server {
     /// Starts a server on 127.0.0.1:0 and waits (up to 30 s) until it says
     /// `listening on 127.0.0.1:PORT`.
     pub fn start(opts: ServerOpts) -> Server {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--backend".into(),
@@ -554,6 +565,9 @@ impl Server {
             "--sim-seed".into(),
             format!("rgpu-integration-{}-{}", std::process::id(), SERVER_SEQ.fetch_add(1, Ordering::Relaxed)),
         ];
+        if let Some(cc) = opts.compute_capability {
+            args.extend(["--sim-compute-capability".to_string(), cc.to_string()]);
+        }
         Server::spawn(args, &[])
     }
 

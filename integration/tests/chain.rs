@@ -118,7 +118,7 @@ fn drv_module() {
 #[test]
 fn two_devices() {
     let exe = build("rt_two_devices", Variant::Cudart13Shared);
-    let b = Server::start(ServerOpts { devices: 2, memory: 2 << 30 });
+    let b = Server::start(ServerOpts { devices: 2, memory: 2 << 30, ..ServerOpts::default() });
     let a = Server::start_chain(&b);
     run_on(&[&a], &exe, &[]).assert_pass("rt_two_devices", &[&a, &b]);
 }

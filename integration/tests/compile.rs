@@ -13,6 +13,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_event",
     "rt_pinned",
     "rt_pageable",
+    "rt_newer_ptx",
     "rt_globals",
     "rt_funcattr",
     "rt_launch",

@@ -19,8 +19,8 @@ fn check_order(out: &RunOutput, servers: &[&Server], mems: [u64; 2]) {
 
 fn two_servers(variant: Variant) {
     let exe = build("rt_two_devices", variant);
-    let a = Server::start(ServerOpts { devices: 1, memory: MEM_A });
-    let b = Server::start(ServerOpts { devices: 1, memory: MEM_B });
+    let a = Server::start(ServerOpts { devices: 1, memory: MEM_A, ..ServerOpts::default() });
+    let b = Server::start(ServerOpts { devices: 1, memory: MEM_B, ..ServerOpts::default() });
     let out = run_on(&[&a, &b], &exe, &[]);
     out.assert_pass("rt_two_devices", &[&a, &b]);
     check_order(&out, &[&a, &b], [MEM_A, MEM_B]);
@@ -33,7 +33,7 @@ fn two_servers(variant: Variant) {
 
 fn one_server(variant: Variant) {
     let exe = build("rt_two_devices", variant);
-    let s = Server::start(ServerOpts { devices: 2, memory: MEM_A });
+    let s = Server::start(ServerOpts { devices: 2, memory: MEM_A, ..ServerOpts::default() });
     let out = run_on(&[&s], &exe, &[]);
     out.assert_pass("rt_two_devices", &[&s]);
     check_order(&out, &[&s], [MEM_A, MEM_A]);

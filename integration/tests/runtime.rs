@@ -27,6 +27,15 @@ macro_rules! runtime_tests {
     )*};
 }
 
+/// rt_newer_ptx on a 12.0 sim (its PTX runs) and on the default 9.0 one (refused, twice).
+fn newer_ptx(program: &str, variant: Variant) {
+    let exe = build(program, variant);
+    for (cc, arg) in [("12.0", "--expect-runs"), ("9.0", "--expect-refused")] {
+        let server = Server::start(ServerOpts { compute_capability: Some(cc), ..ServerOpts::default() });
+        run_on(&[&server], &exe, &[arg]).assert_pass(program, &[&server]);
+    }
+}
+
 fn plain(program: &str, variant: Variant) {
     run_program(program, variant, &[]);
 }
@@ -91,6 +100,7 @@ runtime_tests! {
     event => plain;
     pinned => plain;
     pageable => plain;
+    newer_ptx => newer_ptx;
     globals => plain;
     funcattr => plain;
     launch => launch;

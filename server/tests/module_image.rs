@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use rgpu_server::module::{read_image, GlobalSpace, ImageError, KernelInfo, ModuleImage};
+use rgpu_server::module::{read_image, read_image_for, GlobalSpace, ImageError, KernelInfo, ModuleImage};
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -230,6 +230,41 @@ fn ptx_choice_and_sass_archs() {
     let b = read_image(&text).unwrap();
     assert_eq!(a, b);
     assert!(!a.ptx.as_deref().unwrap().contains('\0'));
+}
+
+/// PTX is chosen as a driver chooses for the device: the newest not newer than it. PTX only for
+/// newer devices is never chosen: with SASS beside it the module loads without PTX (the sim then
+/// refuses its launches, saying why), without it the load fails (CUDA_ERROR_NO_BINARY_FOR_GPU).
+/// Regression: the newest PTX was taken whatever the device (CuPy's compute_120 CUB kernels ran
+/// on a 9.0 sim with sm_90 tuning and summed short).
+#[test]
+fn ptx_is_chosen_for_the_device() {
+    let multi = load("params.multi.fatbin"); // sm_75 + compute_75, sm_90 + compute_90
+    let m = read_image_for(&multi, 90).unwrap();
+    assert_eq!((m.ptx_arch, m.newer_ptx), (Some(90), None));
+    let m = read_image_for(&multi, 86).unwrap();
+    assert_eq!((m.ptx_arch, m.newer_ptx), (Some(75), None));
+    assert!(m.ptx.as_deref().unwrap().contains(".target sm_75"));
+    let m = read_image_for(&multi, 120).unwrap();
+    assert_eq!(m.ptx_arch, Some(90), "newer devices run the newest PTX");
+    // On 7.0 neither the sm_75/sm_90 SASS nor the compute_75/90 PTX may run.
+    assert!(matches!(read_image_for(&multi, 70), Err(ImageError::NoCompatibleCode { ptx: Some(75), arch: 70, .. })));
+
+    // SASS for the device and PTX only for newer ones: loads, with no PTX to run, saying why.
+    let sass_only = load("params.sass-only.fatbin"); // sm_90
+    let m = read_image_for(&sass_only, 90).unwrap();
+    assert_eq!((m.ptx.is_none(), m.newer_ptx), (true, None));
+    assert!(!m.kernels.is_empty(), "the SASS describes the module");
+    assert!(read_image_for(&sass_only, 89).is_err(), "sm_90 SASS does not run on 8.9");
+    assert!(read_image_for(&sass_only, 100).is_err(), "sm_90 SASS does not run on 10.0");
+
+    let ptx_only = load("params.ptx-only.fatbin"); // compute_80
+    assert_eq!(read_image_for(&ptx_only, 80).unwrap().ptx_arch, Some(80));
+    assert!(matches!(read_image_for(&ptx_only, 75), Err(ImageError::NoBinaryForGpu { ptx: 80, arch: 75 })));
+
+    let text = load("params.ptx"); // .target sm_75
+    assert_eq!(read_image_for(&text, 90).unwrap().ptx_arch, Some(75));
+    assert!(matches!(read_image_for(&text, 70), Err(ImageError::PtxTargetTooNew { target: 75, arch: 70 })));
 }
 
 fn le<T: Copy, const N: usize>(vals: &[T], f: impl Fn(T) -> [u8; N]) -> Vec<u8> {

@@ -37,7 +37,11 @@ pub(crate) unsafe fn kernel(
         return Err(CuError::INVALID_HANDLE);
     }
     check_dims(rt, &func, [gx, gy, gz], [bx, by, bz], shared)?;
-    check_launchable(&func)?;
+    // A kernel its server cannot run is refused here, where the program sees it, and is still
+    // sent: the server refuses it too, and that failure surfaces at the next synchronising
+    // call, as a kernel that failed on the device would. So a library that drops launch errors
+    // (CuPy's CUB calls do) gets an error at its next copy instead of unwritten memory.
+    let refused = check_launchable(&func);
     // Packed on the stack: CUDA caps a kernel's parameters at 32 KiB, and
     // most are a few dozen bytes.
     let mut stack = [0u8; 4096];
@@ -50,7 +54,8 @@ pub(crate) unsafe fn kernel(
         &mut heap
     };
     pack(&func, params, extra, buf)?;
-    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf)
+    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf)?;
+    refused
 }
 
 fn check_dims(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {

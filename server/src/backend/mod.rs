@@ -308,6 +308,12 @@ pub trait BackendSession: Send {
     fn ctx_synchronize(&mut self, device: u32) -> CuResult;
 
     // --- modules and launches ---------------------------------------------
+    /// The architecture (compute capability X.Y as XY) whose code the backend picks from
+    /// `device`'s module images itself: the image reader then chooses PTX as a driver would
+    /// for it. `u32::MAX` (the default) for a backend whose driver chooses.
+    fn module_arch(&self, _device: u32) -> u32 {
+        u32::MAX
+    }
     /// Loads `image` (whose parse is `parsed`) on `device`, globals included.
     fn module_load(
         &mut self,

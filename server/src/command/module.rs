@@ -38,8 +38,16 @@ impl BulkHandler for ModuleLoad {
             return Err(CuError::INVALID_VALUE.into());
         }
         let image = bulk.read_to_vec()?;
-        let parsed = match crate::module::read_image(&image) {
+        let parsed = match crate::module::read_image_for(&image, s.backend.module_arch(self.device)) {
             Ok(p) => p,
+            Err(e @ (crate::module::ImageError::NoBinaryForGpu { .. } | crate::module::ImageError::NoCompatibleCode { .. })) => {
+                warn!(module = self.handle, len, "module image refused: {e}");
+                return Err(CuError::NO_BINARY_FOR_GPU.into());
+            }
+            Err(e @ crate::module::ImageError::PtxTargetTooNew { .. }) => {
+                warn!(module = self.handle, len, "module image refused: {e}");
+                return Err(CuError::INVALID_PTX.into());
+            }
             Err(e) => {
                 warn!(module = self.handle, len, "module image refused: {e}");
                 return Err(CuError::INVALID_IMAGE.into());

@@ -26,6 +26,12 @@ pub struct ModuleImage {
     pub ptx: Option<String>,
     /// SASS architectures present (`sm_XY` as XY), ascending, without repeats.
     pub sass_archs: Vec<u32>,
+    /// The virtual architecture of the chosen PTX (`compute_XY` as XY; from `.target` for bare
+    /// PTX text), when known: what `CU_FUNC_ATTRIBUTE_PTX_VERSION` reports.
+    pub ptx_arch: Option<u32>,
+    /// Set when the image has PTX but all of it is for a newer architecture than the device's
+    /// (the lowest such `compute_XY`): a driver never runs it there.
+    pub newer_ptx: Option<u32>,
 }
 
 /// One kernel (`.entry`).
@@ -89,6 +95,12 @@ pub struct GlobalInfo {
 pub enum ImageError {
     #[error("module image is empty")]
     Empty,
+    #[error("the image has only PTX for compute_{ptx}, newer than the device (compute capability {}.{})", arch / 10, arch % 10)]
+    NoBinaryForGpu { ptx: u32, arch: u32 },
+    #[error("no code in the image runs on the device (compute capability {}.{}): SASS for {sass:?}{}", arch / 10, arch % 10, ptx.map(|p| format!(", PTX only for compute_{p}")).unwrap_or_default())]
+    NoCompatibleCode { sass: Vec<u32>, ptx: Option<u32>, arch: u32 },
+    #[error("the PTX targets sm_{target}, newer than the device (compute capability {}.{})", arch / 10, arch % 10)]
+    PtxTargetTooNew { target: u32, arch: u32 },
     #[error("truncated {what} at offset {offset}: needs {need} bytes, {have} left")]
     Truncated {
         what: &'static str,
@@ -152,8 +164,17 @@ fn entry_err(e: &fatbin::FatbinEntry<'_>, source: ImageError) -> ImageError {
     }
 }
 
-/// Describes a module image given as `cuModuleLoadData` would receive it.
+/// Describes a module image given as `cuModuleLoadData` would receive it, for any device: the
+/// newest PTX is chosen.
 pub fn read_image(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
+    read_image_for(bytes, u32::MAX)
+}
+
+/// Describes a module image for a device of architecture `arch` (compute capability X.Y as
+/// XY), choosing as a driver does: the newest PTX not newer than the device. An image whose
+/// only code is PTX newer than the device fails with [`ImageError::NoBinaryForGpu`]; one that
+/// also has SASS loads with no PTX (and [`ModuleImage::newer_ptx`] says why).
+pub fn read_image_for(bytes: &[u8], arch: u32) -> Result<ModuleImage, ImageError> {
     if bytes.is_empty() {
         return Err(ImageError::Empty);
     }
@@ -161,7 +182,7 @@ pub fn read_image(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
         .get(..4)
         .map(|m| u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
     if magic == Some(FATBIN_MAGIC) {
-        return read_fatbin(bytes);
+        return read_fatbin(bytes, arch);
     }
     if magic == Some(FATBIN_WRAPPER_MAGIC) {
         return Err(ImageError::FatbinWrapper);
@@ -173,6 +194,8 @@ pub fn read_image(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
             globals: c.globals,
             ptx: None,
             sass_archs: vec![c.arch],
+            ptx_arch: None,
+            newer_ptx: None,
         });
     }
     // PTX text: printable start (whitespace, a directive or a comment).
@@ -184,15 +207,27 @@ pub fn read_image(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
     }
     let text = fatbin::ptx_text(bytes)?;
     let m = ptx::parse_ptx(text)?;
+    let ptx_arch = m.target.iter().find_map(|t| t.strip_prefix("sm_").and_then(target_arch));
+    // What a driver's PTX compiler refuses ("SM version specified by .target is higher").
+    if let Some(target) = ptx_arch.filter(|&t| t > arch) {
+        return Err(ImageError::PtxTargetTooNew { target, arch });
+    }
     Ok(ModuleImage {
         kernels: m.kernels,
         globals: m.globals,
         ptx: Some(text.to_string()),
         sass_archs: Vec::new(),
+        ptx_arch,
+        newer_ptx: None,
     })
 }
 
-fn read_fatbin(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
+/// `90` from `90`, `90a` or `100f` (the architecture-specific suffixes of `.target`).
+fn target_arch(t: &str) -> Option<u32> {
+    t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse().ok()
+}
+
+fn read_fatbin(bytes: &[u8], arch: u32) -> Result<ModuleImage, ImageError> {
     let entries = fatbin::parse_fatbin(bytes)?;
     let mut sass_archs: Vec<u32> = entries
         .iter()
@@ -211,7 +246,18 @@ fn read_fatbin(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
                 _ => Some(e),
             })
     };
-    let ptx_entry = best(EntryKind::Ptx);
+    // PTX newer than the device is never run on it, as a driver never JIT-compiles it there.
+    let ptx_entry = entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::Ptx && e.arch <= arch)
+        .fold(None::<&fatbin::FatbinEntry<'_>>, |b, e| match b {
+            Some(b) if b.arch >= e.arch => Some(b),
+            _ => Some(e),
+        });
+    let newer_ptx = match ptx_entry {
+        Some(_) => None,
+        None => entries.iter().filter(|e| e.kind == EntryKind::Ptx).map(|e| e.arch).min(),
+    };
     let elf_entry = best(EntryKind::Elf);
     let read_sass = |e: &fatbin::FatbinEntry<'_>| {
         let data = e.data().map_err(|err| entry_err(e, err))?;
@@ -219,15 +265,23 @@ fn read_fatbin(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
     };
     let Some(pe) = ptx_entry else {
         // SASS only: the highest-arch cubin describes the module.
-        let c = match elf_entry {
-            Some(e) => read_sass(e)?,
-            None => return Err(ImageError::NoEntries),
+        // As a driver does: SASS runs on devices of its major version and a minor not lower.
+        let runs_here = |e: &&fatbin::FatbinEntry<'_>| arch == u32::MAX || (e.arch / 10 == arch / 10 && e.arch <= arch);
+        if elf_entry.is_some() && !entries.iter().filter(|e| e.kind == EntryKind::Elf).any(|e| runs_here(&e)) {
+            return Err(ImageError::NoCompatibleCode { sass: sass_archs, ptx: newer_ptx, arch });
+        }
+        let c = match (elf_entry, newer_ptx) {
+            (Some(e), _) => read_sass(e)?,
+            (None, Some(ptx)) => return Err(ImageError::NoBinaryForGpu { ptx, arch }),
+            (None, None) => return Err(ImageError::NoEntries),
         };
         return Ok(ModuleImage {
             kernels: c.kernels,
             globals: c.globals,
             ptx: None,
             sass_archs,
+            ptx_arch: None,
+            newer_ptx,
         });
     };
     let data = pe.data().map_err(|err| entry_err(pe, err))?;
@@ -247,5 +301,7 @@ fn read_fatbin(bytes: &[u8]) -> Result<ModuleImage, ImageError> {
         globals: m.globals,
         ptx: Some(text.to_string()),
         sass_archs,
+        ptx_arch: Some(pe.arch),
+        newer_ptx: None,
     })
 }

@@ -52,6 +52,8 @@ struct Shared {
     info: Vec<DeviceInfo>,
     memory: Vec<DeviceMemory>,
     kernel_time_limit: Duration,
+    /// The devices' architecture (compute capability X.Y as XY): the newest PTX it may run.
+    arch: u32,
 }
 
 impl Shared {
@@ -104,7 +106,9 @@ impl SimBackend {
             });
             memory.push(mem);
         }
-        Ok(SimBackend { shared: Arc::new(Shared { info, memory, kernel_time_limit: cfg.kernel_time_limit }) })
+        Ok(SimBackend {
+            shared: Arc::new(Shared { info, memory, kernel_time_limit: cfg.kernel_time_limit, arch: major * 10 + minor }),
+        })
     }
 }
 
@@ -199,6 +203,10 @@ impl SimSession {
 }
 
 impl BackendSession for SimSession {
+    fn module_arch(&self, _device: u32) -> u32 {
+        self.shared.arch
+    }
+
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
         self.account.take(size)?;
         let p = match self.alloc_owned(device, size) {
@@ -401,8 +409,21 @@ impl BackendSession for SimSession {
             .map(|g| g.size)
             .sum();
         let programs = kernels::decode(parsed, &globals);
+        let arch = self.shared.arch;
         let launch_note = if parsed.ptx.is_some() {
             String::new()
+        } else if let Some(newer) = parsed.newer_ptx {
+            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "the image's PTX is for compute_{newer}, newer than this device (compute capability {}.{}), \
+                 and a driver never runs newer PTX on an older device; the rgpu sim backend cannot run its \
+                 SASS ({}): start the server with --sim-compute-capability {}.{} to run it",
+                arch / 10,
+                arch % 10,
+                archs.join(", "),
+                newer / 10,
+                newer % 10
+            )
         } else {
             let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
             format!(
@@ -428,8 +449,9 @@ impl BackendSession for SimSession {
                 const_size_bytes: clamp(const_bytes),
                 local_size_bytes: clamp(k.local_bytes),
                 num_regs: k.num_regs.map_or(32, |n| n as i32),
-                ptx_version: 90,
-                binary_version: 90,
+                // The PTX the kernel was built from, JIT-compiled for this device.
+                ptx_version: parsed.ptx_arch.map_or(arch as i32, |a| a as i32),
+                binary_version: arch as i32,
                 // Said at load time so the client refuses a launch at once,
                 // where the program sees the error, rather than at the next
                 // synchronisation.
