@@ -231,6 +231,10 @@ int main() {
     CU_CHECK(cuThreadExchangeStreamCaptureMode(&mode));
     EXPECT(mode == CU_STREAM_CAPTURE_MODE_RELAXED, "the capture mode set was not returned: %d", (int)mode);
     ok("cuStreamIsCapturing / cuStreamGetCaptureInfo: not capturing; cuThreadExchangeStreamCaptureMode exchanges");
+    CUgreenCtx green = (CUgreenCtx)0x1;
+    CU_CHECK(cuStreamGetGreenCtx(s, &green));
+    EXPECT(green == nullptr, "a plain stream reports a green context");
+    ok("cuStreamGetGreenCtx: a plain stream has none");
     int managed = -1, coop = -1, pools = -1;
     CU_CHECK(cuDeviceGetAttribute(&managed, CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, dev));
     CU_CHECK(cuDeviceGetAttribute(&coop, CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, dev));

@@ -14,6 +14,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_pinned",
     "rt_pageable",
     "rt_newer_ptx",
+    "rt_host_func",
     "rt_globals",
     "rt_funcattr",
     "rt_launch",

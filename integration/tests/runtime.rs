@@ -101,6 +101,7 @@ runtime_tests! {
     pinned => plain;
     pageable => plain;
     newer_ptx => newer_ptx;
+    host_func => plain;
     globals => plain;
     funcattr => plain;
     launch => launch;

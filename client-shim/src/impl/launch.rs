@@ -146,3 +146,32 @@ pub(crate) unsafe fn kernel_ex(c: &CUlaunchConfig, f: CUfunction, params: *mut *
     }
     kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
 }
+
+// ---- host functions --------------------------------------------------------------------------
+// A host function runs on this host once the work queued before it on its stream is done, and
+// work queued after it waits for it. rgpu runs it on the calling thread after synchronising the
+// stream: the order is CUDA's (later work is only queued once it returned); the cost is that
+// the call waits, where CUDA's returns at once.
+
+/// Waits for the work queued on `s` so far; the error of any of it is returned.
+fn drain(s: CUstream) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (h, dev) = stream::device_of(s)?;
+    rt.conn(dev)?
+        .call(|r| r.init_stream_synchronize().set_handle(h), &[], crate::client::connection::Sink::None, |_| Ok(()))
+        .map_err(cu_err)
+}
+
+pub(crate) unsafe fn host_func(s: CUstream, f: CUhostFn, user_data: *mut c_void) -> CuResult<()> {
+    let f = f.ok_or(CuError::INVALID_VALUE)?;
+    // As in CUDA, a host function is not run after an error in the work before it.
+    drain(s)?;
+    f(user_data);
+    Ok(())
+}
+
+pub(crate) unsafe fn host_func_v2(s: CUstream, f: CUhostFn, user_data: *mut c_void, _sync_mode: u32) -> CuResult<()> {
+    // Every synchronisation mode is met: the function has returned before anything after it
+    // is queued.
+    host_func(s, f, user_data)
+}

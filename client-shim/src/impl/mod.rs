@@ -15,4 +15,5 @@ pub mod module;
 pub mod occupancy;
 pub mod pointer;
 pub mod primary_context;
+pub mod profiler;
 pub mod stream;

@@ -164,3 +164,23 @@ pub(crate) unsafe fn get_capture_info_v3(
     }
     Ok(())
 }
+
+/// Runs `callback` once the work queued on `s` is done, with that work's status (see
+/// `launch::host_func` for why on the calling thread). An error is also returned, so that it
+/// is not lost to the program's next synchronising call.
+pub(crate) unsafe fn add_callback(s: CUstream, callback: CUstreamCallback, user_data: *mut std::ffi::c_void, flags: u32) -> CuResult<()> {
+    let callback = callback.ok_or(CuError::INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let done = synchronize(s);
+    callback(s, cu_result(done), user_data);
+    done
+}
+
+/// Green contexts (SM partitions) are not offered: no stream belongs to one.
+pub(crate) unsafe fn get_green_ctx(s: CUstream, green: &mut CUgreenCtx) -> CuResult<()> {
+    streams::device_of(s)?;
+    *green = std::ptr::null_mut();
+    Ok(())
+}
