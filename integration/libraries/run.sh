@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Real CUDA libraries through rgpu on the sim: CuPy and numba-cuda, installed
+# from PyPI (pinned) into ${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/libs-venv, each
+# check run unmodified under `rgpu run` against sim servers on loopback.
+# Prints one line per check and "N passed, M failed"; exits non-zero on a
+# failure. Needs `cargo build --release` first.
+#
+#   bash integration/libraries/run.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+PINS=("cupy-cuda13x==14.2.0" "numba-cuda[cu13]==0.30.4")
+VENV="${RGPU_LIBS_VENV:-${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/libs-venv}"
+STAMP="$VENV/.rgpu-pins"
+if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "${PINS[*]}" ]]; then
+    echo "libraries: installing ${PINS[*]} into $VENV" >&2
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}"
+    echo "${PINS[*]}" > "$STAMP"
+fi
+PY="$VENV/bin/python"
+RGPU="$ROOT/target/release/rgpu"
+SERVER="$ROOT/target/release/rgpu-server"
+[[ -x "$RGPU" && -x "$SERVER" ]] || { echo "libraries: run cargo build --release first" >&2; exit 1; }
+
+LOGS=$(mktemp -d)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$LOGS"' EXIT
+start() { # start NAME CC -> prints the address
+    "$SERVER" --listen 127.0.0.1:0 --backend sim --sim-memory 2GiB --sim-compute-capability "$2" \
+        > "$LOGS/$1.log" 2>&1 &
+    PIDS+=($!)
+    for _ in $(seq 100); do
+        addr=$(sed -n 's/.*listening on \(127\.0\.0\.1:[0-9]*\).*/\1/p' "$LOGS/$1.log")
+        [[ -n "$addr" ]] && { echo "$addr"; return; }
+        sleep 0.1
+    done
+    echo "libraries: server $1 did not start" >&2; cat "$LOGS/$1.log" >&2; exit 1
+}
+SM90=$(start sm90 9.0)
+SM120=$(start sm120 12.0)
+
+passed=0 failed=0
+check() { # check NAME SERVER SCRIPT ARGS...
+    local name=$1 server=$2 script=$3; shift 3
+    if CUPY_COMPILE_WITH_PTX=1 CUPY_CACHE_DIR="$VENV/cupy-cache" timeout 600 \
+        "$RGPU" run --server "$server" -- "$PY" "integration/libraries/checks/$script" "$@" > "$LOGS/$name.out" 2>&1; then
+        echo "PASS $name: $(grep '^ok:' "$LOGS/$name.out" | tail -1)"
+        passed=$((passed + 1))
+    else
+        echo "FAIL $name"; tail -20 "$LOGS/$name.out" | sed 's/^/    /'
+        failed=$((failed + 1))
+    fi
+}
+check cupy-elementwise "$SM90" cupy_elementwise.py
+check cupy-cub-on-12.0 "$SM120" cupy_cub.py right
+check cupy-cub-on-9.0 "$SM90" cupy_cub.py error
+check numba-copies "$SM90" numba_copies.py
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
