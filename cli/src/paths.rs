@@ -22,7 +22,8 @@ pub fn shim() -> Result<PathBuf> {
     Ok(p)
 }
 
-/// A folder holding `libcuda.so.1` -> the shim, to put first on
+/// A folder holding `libcuda.so.1` -> the shim (and `libnvidia-ml.so.1` ->
+/// rgpu's NVML library, when it was built beside the shim), to put first on
 /// LD_LIBRARY_PATH. Made beside the shim (or in the temp folder if that is
 /// read-only) and reused.
 pub fn driver_dir() -> Result<PathBuf> {
@@ -39,15 +40,20 @@ pub fn driver_dir() -> Result<PathBuf> {
 
 fn link_into(dir: &Path, shim: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    for name in ["libcuda.so.1", "libcuda.so"] {
+    let nvml = shim.with_file_name("libnvidia_ml.so");
+    let mut links = vec![(shim.to_path_buf(), "libcuda.so.1"), (shim.to_path_buf(), "libcuda.so")];
+    if nvml.exists() {
+        links.extend([(nvml.clone(), "libnvidia-ml.so.1"), (nvml, "libnvidia-ml.so")]);
+    }
+    for (target, name) in links {
         let link = dir.join(name);
         match std::fs::read_link(&link) {
-            Ok(t) if t == shim => continue,
+            Ok(t) if t == target => continue,
             Ok(_) => std::fs::remove_file(&link)?,
             Err(_) => {}
         }
         // Several rgpu processes may race here; whichever link wins is right.
-        match std::os::unix::fs::symlink(shim, &link) {
+        match std::os::unix::fs::symlink(&target, &link) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),

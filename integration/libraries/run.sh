@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-PINS=("cupy-cuda13x==14.2.0" "numba-cuda[cu13]==0.30.4")
+PINS=("cupy-cuda13x==14.2.0" "numba-cuda[cu13]==0.30.4" "nvidia-ml-py==13.615.71")
 VENV="${RGPU_LIBS_VENV:-${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/libs-venv}"
 STAMP="$VENV/.rgpu-pins"
 if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "${PINS[*]}" ]]; then
@@ -56,5 +56,7 @@ check cupy-elementwise "$SM90" cupy_elementwise.py
 check cupy-cub-on-12.0 "$SM120" cupy_cub.py right
 check cupy-cub-on-9.0 "$SM90" cupy_cub.py error
 check numba-copies "$SM90" numba_copies.py
+check pynvml-9.0 "$SM90" pynvml_devices.py 9.0
+check pynvml-12.0 "$SM120" pynvml_devices.py 12.0
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

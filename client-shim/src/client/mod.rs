@@ -34,3 +34,14 @@ pub enum ClientError {
     #[error("CUresult {0}")]
     Cuda(u32),
 }
+
+impl From<rgpu_control_client::ControlError> for ClientError {
+    fn from(e: rgpu_control_client::ControlError) -> Self {
+        use rgpu_control_client::ControlError as C;
+        match e {
+            C::Unreachable { addr, reason } => ClientError::Unreachable { addr, reason },
+            C::VersionMismatch { addr, ours, theirs } => ClientError::VersionMismatch { addr, ours, theirs },
+            C::Protocol { addr, reason } => ClientError::Protocol { addr, reason },
+        }
+    }
+}

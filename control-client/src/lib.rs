@@ -1,0 +1,228 @@
+//! The client side of an rgpu-server's control plane (capnp-rpc): hello, the device inventory
+//! (as the process's lease token lets it see it), and opening a session. Used by the shim
+//! (`libcuda.so.1`, which then attaches the session's data plane) and by rgpu's
+//! `libnvidia-ml.so.1`, which only reads the inventory.
+
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::token::Claims;
+use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
+use tokio::io::AsyncWriteExt;
+
+/// Why the control plane could not be used.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ControlError {
+    #[error("cannot reach rgpu-server at {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+    #[error("rgpu-server at {addr} speaks protocol {theirs}, this client speaks {ours}")]
+    VersionMismatch { addr: String, ours: u32, theirs: u32 },
+    #[error("rgpu-server at {addr} sent a malformed reply: {reason}")]
+    Protocol { addr: String, reason: String },
+}
+
+type ClientError = ControlError;
+
+/// One device as the server described it.
+#[derive(Debug, Clone)]
+pub struct RemoteDevice {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub total_mem: u64,
+    pub pci: (i32, i32, i32),
+    pub attributes: Vec<(u32, i32)>,
+}
+
+/// A server's devices as this process may use them.
+#[derive(Debug)]
+pub struct Inventory {
+    pub server_name: String,
+    pub backend: String,
+    /// The lease's GPUs when the process holds a token for some of them, else all; a lease's
+    /// memory limit caps `total_mem`.
+    pub devices: Vec<RemoteDevice>,
+    /// The lease token that admits this process on the server, with its claims.
+    pub token: Option<(Vec<u8>, Claims)>,
+}
+
+#[derive(Debug)]
+pub struct Hello {
+    pub server_name: String,
+    pub backend: String,
+    pub devices: Vec<RemoteDevice>,
+    pub session_id: u64,
+    pub key: Vec<u8>,
+    /// The lease's InfiniBand partition, for the data connection's RDMA set-up.
+    pub pkey: Option<u16>,
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Says hello, lists the devices and opens a session on `addr`.
+pub fn open(addr: &str, client_name: &str) -> Result<Hello, ClientError> {
+    run(addr, open_async(addr, client_name, true)).map(|(_, hello)| hello.expect("a session was opened"))
+}
+
+/// Says hello and lists the devices on `addr`, opening no session.
+pub fn inventory(addr: &str, client_name: &str) -> Result<Inventory, ClientError> {
+    run(addr, open_async(addr, client_name, false)).map(|(inventory, _)| inventory)
+}
+
+/// Runs one control-plane exchange on a runtime of its own, bounded in time: the callers are
+/// synchronous C entry points.
+fn run<T>(addr: &str, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| unreachable_err(addr, e))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        match tokio::time::timeout(CONTROL_TIMEOUT, f).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Unreachable {
+                addr: addr.into(),
+                reason: format!("no answer within {}s", CONTROL_TIMEOUT.as_secs()),
+            }),
+        }
+    })
+}
+
+fn unreachable_err(addr: &str, e: impl std::fmt::Display) -> ClientError {
+    ClientError::Unreachable { addr: addr.into(), reason: e.to_string() }
+}
+
+fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
+    ClientError::Protocol { addr: addr.into(), reason: e.to_string() }
+}
+
+async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inventory, Option<Hello>), ClientError> {
+    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable_err(addr, "connection timed out"))?
+        .map_err(|e| unreachable_err(addr, e))?;
+    stream.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
+    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(network), None);
+    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    let driver = tokio::task::spawn_local(rpc);
+
+    let result = async {
+        let mut req = server.hello_request();
+        req.get().set_client_version(PROTOCOL_VERSION);
+        req.get().set_client_name(client_name);
+        let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let hello = reply.get().map_err(|e| rpc_err(addr, e))?;
+        let theirs = hello.get_server_version();
+        if theirs != PROTOCOL_VERSION {
+            return Err(ClientError::VersionMismatch { addr: addr.into(), ours: PROTOCOL_VERSION, theirs });
+        }
+        let text = |t: capnp::Result<capnp::text::Reader<'_>>| -> String {
+            t.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string()
+        };
+        let server_name = text(hello.get_server_name());
+        let backend = text(hello.get_backend());
+
+        let reply = server.list_devices_request().send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
+        let mut devices: Vec<RemoteDevice> = Vec::with_capacity(list.len() as usize);
+        for d in list.iter() {
+            let uuid_bytes = d.get_uuid().map_err(|e| rpc_err(addr, e))?;
+            let mut uuid = [0u8; 16];
+            if uuid_bytes.len() != 16 {
+                return Err(ClientError::Protocol { addr: addr.into(), reason: "device uuid is not 16 bytes".into() });
+            }
+            uuid.copy_from_slice(uuid_bytes);
+            let attrs = d.get_attributes().map_err(|e| rpc_err(addr, e))?;
+            devices.push(RemoteDevice {
+                ordinal: d.get_ordinal(),
+                name: text(d.get_name()),
+                uuid,
+                total_mem: d.get_total_mem(),
+                pci: (d.get_pci_domain(), d.get_pci_bus(), d.get_pci_device()),
+                attributes: attrs.iter().map(|a| (a.get_id(), a.get_value())).collect(),
+            });
+        }
+
+        // A lease token (RGPU_TOKEN) admits this process on a pooled server
+        // and says which of its GPUs are ours: only those become devices.
+        let token = pick_token(&lease_tokens(), &devices);
+        if let Some((_, claims)) = &token {
+            let ours: Vec<RemoteDevice> =
+                devices.iter().filter(|d| claims.gpus.contains(&d.uuid)).cloned().collect();
+            if !ours.is_empty() {
+                devices = ours;
+            }
+            if claims.memory_limit > 0 {
+                for d in &mut devices {
+                    d.total_mem = d.total_mem.min(claims.memory_limit);
+                }
+            }
+        }
+        if !session {
+            return Ok((Inventory { server_name, backend, devices, token }, None));
+        }
+        let mut req = server.open_session_request();
+        req.get().set_token(token.as_ref().map_or(&[][..], |(t, _)| t.as_slice()));
+        req.get().set_client_name(client_name);
+        let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+        let s = reply.get().map_err(|e| rpc_err(addr, e))?;
+        let key = s.get_key().map_err(|e| rpc_err(addr, e))?.to_vec();
+        let pkey = token.as_ref().and_then(|(_, c)| c.pkey);
+        let hello = Hello {
+            server_name: server_name.clone(),
+            backend: backend.clone(),
+            devices: devices.clone(),
+            session_id: s.get_session_id(),
+            key,
+            pkey,
+        };
+        Ok((Inventory { server_name, backend, devices, token }, Some(hello)))
+    }
+    .await;
+    driver.abort();
+    result
+}
+
+/// Tokens from `RGPU_TOKEN`: hex, several separated by commas (one per
+/// lease, as `rgpu run` sets it).
+fn lease_tokens() -> Vec<Vec<u8>> {
+    let v = std::env::var("RGPU_TOKEN").unwrap_or_default();
+    v.split(',').filter(|s| !s.trim().is_empty()).filter_map(rgpu_protocol::token::from_hex).collect()
+}
+
+/// The token for this server: the first whose GPUs it has; else, if there
+/// is exactly one token, that one (the server will say why it refuses it).
+fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, Claims)> {
+    let decoded: Vec<(Vec<u8>, Claims)> = tokens
+        .iter()
+        .filter_map(|t| Claims::decode_unverified(t).ok().map(|c| (t.clone(), c)))
+        .collect();
+    if let Some(hit) = decoded.iter().find(|(_, c)| devices.iter().any(|d| c.gpus.contains(&d.uuid))) {
+        return Some(hit.clone());
+    }
+    if tokens.len() == 1 {
+        let t = tokens[0].clone();
+        let c = Claims::decode_unverified(&t).unwrap_or(Claims {
+            lease_id: 0,
+            generation: 0,
+            deadline_ms: 0,
+            memory_limit: 0,
+            tenant: String::new(),
+            gpus: Vec::new(),
+            pkey: None,
+        });
+        return Some((t, c));
+    }
+    None
+}

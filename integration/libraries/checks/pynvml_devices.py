@@ -1,0 +1,34 @@
+# pynvml through rgpu's libnvidia-ml.so.1: the leased devices, named and
+# identified as CUDA (here CuPy) sees them; what rgpu cannot know is
+# NVML_ERROR_NOT_SUPPORTED, never a made-up number.
+import sys
+import pynvml
+import cupy as cp
+
+cc = tuple(int(x) for x in sys.argv[1].split("."))
+pynvml.nvmlInit()
+n = pynvml.nvmlDeviceGetCount()
+assert n == cp.cuda.runtime.getDeviceCount() == 1, n
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+name = pynvml.nvmlDeviceGetName(h)
+name = name.decode() if isinstance(name, bytes) else name
+props = cp.cuda.runtime.getDeviceProperties(0)
+assert name == props["name"].decode(), (name, props["name"])
+uuid = pynvml.nvmlDeviceGetUUID(h)
+uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+cuda_uuid = bytes(props["uuid"]).hex()
+assert uuid.startswith("GPU-") and uuid[4:].replace("-", "") == cuda_uuid, (uuid, cuda_uuid)
+assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == cc
+pci = pynvml.nvmlDeviceGetPciInfo(h)
+bus = pci.busId.decode() if isinstance(pci.busId, bytes) else pci.busId
+assert (pci.bus, pci.device) == (props["pciBusID"], props["pciDeviceID"]), (pci.bus, pci.device)
+assert pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)) == 0
+assert pynvml.nvmlDeviceGetMigMode(h) == [0, 0]
+assert pynvml.nvmlSystemGetCudaDriverVersion() == 13050
+try:
+    pynvml.nvmlDeviceGetMemoryInfo(h)
+    raise AssertionError("memory info answered, but rgpu cannot know it")
+except pynvml.NVMLError_NotSupported:
+    pass
+pynvml.nvmlShutdown()
+print(f"ok: pynvml lists {n} device: {name} {uuid} {bus}, compute capability {cc}")
