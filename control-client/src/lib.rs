@@ -36,6 +36,13 @@ pub struct RemoteDevice {
     pub attributes: Vec<(u32, i32)>,
 }
 
+/// A device UUID as NVML and nvidia-smi write it: `GPU-` and the 16 bytes as 8-4-4-4-12 hex
+/// digits.
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
+}
+
 /// A server's devices as this process may use them.
 #[derive(Debug)]
 pub struct Inventory {

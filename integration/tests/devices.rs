@@ -70,3 +70,29 @@ mod one_server_two_devices {
         one_server(Variant::Cudart12Shared)
     }
 }
+
+/// `rgpu smi` lists what a program would see: every device of every server, in CUDA's order,
+/// with NVML-style UUIDs and the servers' names for them.
+#[test]
+fn smi_lists_the_devices_in_cuda_order() {
+    let a = Server::start(ServerOpts { devices: 1, memory: MEM_A, ..ServerOpts::default() });
+    let b = Server::start(ServerOpts { devices: 2, memory: MEM_B, ..ServerOpts::default() });
+    let servers = format!("{},{}", a.addr_string(), b.addr_string());
+    let out = std::process::Command::new(&binaries().rgpu)
+        .args(["smi", "--json", "--server", &servers])
+        .output()
+        .expect("rgpu smi runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let gpus: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let gpus = gpus.as_array().expect("a list");
+    assert_eq!(gpus.len(), 3);
+    let mem: Vec<u64> = gpus.iter().map(|g| g["memory_total"].as_u64().unwrap()).collect();
+    assert_eq!(mem, vec![MEM_A, MEM_B, MEM_B], "server order, then device order");
+    for (i, g) in gpus.iter().enumerate() {
+        assert_eq!(g["index"].as_u64(), Some(i as u64));
+        let uuid = g["uuid"].as_str().unwrap();
+        assert!(uuid.starts_with("GPU-") && uuid.len() == 40, "{uuid}");
+    }
+    let uuids: std::collections::BTreeSet<&str> = gpus.iter().map(|g| g["uuid"].as_str().unwrap()).collect();
+    assert_eq!(uuids.len(), 3, "distinct devices have distinct UUIDs");
+}

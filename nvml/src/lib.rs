@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use rgpu_control_client::RemoteDevice;
+use rgpu_control_client::{uuid_text, RemoteDevice};
 use rgpu_cuda_types::CUdevice_attribute as A;
 
 /// `nvmlReturn_t`.
@@ -129,11 +129,6 @@ unsafe fn out<'a, T>(p: *mut T) -> Result<&'a mut T, NvmlReturn> {
     p.as_mut().ok_or(NVML_ERROR_INVALID_ARGUMENT)
 }
 
-/// NVML's UUID text: `GPU-` and the 16 bytes as 8-4-4-4-12 hex digits (as nvidia-smi -L shows).
-pub fn uuid_text(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
-}
 
 fn bus_id(d: &RemoteDevice) -> String {
     format!("{:08X}:{:02X}:{:02X}.0", d.pci.0, d.pci.1, d.pci.2)

@@ -7,5 +7,6 @@ pub mod release;
 pub mod renew;
 pub mod run;
 pub mod servers;
+pub mod smi;
 pub mod status;
 pub mod undrain;
