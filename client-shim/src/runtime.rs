@@ -72,8 +72,7 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, "exportable allocations"),
         (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, "virtual memory management"),
         (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, "GPUDirect RDMA to the program's host"),
-        (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator (cuMemAllocAsync)"),
-        (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, "the stream-ordered allocator"),
+        (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, "exportable memory pools"),
         (A::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, "IPC (cuIpcGetEventHandle)"),
         (A::CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
         (A::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
@@ -81,16 +80,25 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, "dma-buf export"),
         (A::CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, "multicast objects"),
         (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management"),
-        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator"),
-        (A::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, "the stream-ordered allocator"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED, "memory pools in host memory"),
+        (A::CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED, "memory pools in host memory"),
         (A::CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management"),
     ]
 };
 
-/// A server's attribute list as the program sees it: the features in [`NOT_PROVIDED`] read 0.
-/// Logged once per attribute the server had set.
+/// Features the shim provides itself on every backend, whatever the server reports.
+const PROVIDED: &[(CUdevice_attribute, i32)] = &[
+    // objects::pool: the stream-ordered allocator over ordinary allocations.
+    (CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 1),
+];
+
+/// A server's attribute list as the program sees it: the features in [`NOT_PROVIDED`] read 0,
+/// those in [`PROVIDED`] their value. Logged once per attribute the server had set.
 fn as_provided(server: &[(u32, i32)]) -> HashMap<u32, i32> {
     let mut attrs: HashMap<u32, i32> = server.iter().copied().collect();
+    for (a, v) in PROVIDED {
+        attrs.insert(a.0, *v);
+    }
     for (a, feature) in NOT_PROVIDED {
         if let Some(v) = attrs.get_mut(&a.0) {
             if *v != 0 {
@@ -256,14 +264,14 @@ mod tests {
         let server = [
             (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0, 1),
             (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0, 1),
-            (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0, 0),
             (A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0, 132),
             (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0, 1),
         ];
         let a = as_provided(&server);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0], 0);
-        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0], 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0], 1, "the shim provides pools itself");
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0], 132);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0], 1);
         assert_eq!(a.len(), server.len(), "no attribute is added or dropped");
@@ -279,7 +287,6 @@ mod tests {
             "cuLaunchCooperativeKernel",
             "cuStreamWaitValue32_v2",
             "cuMemCreate",
-            "cuMemAllocAsync",
             "cuIpcGetEventHandle",
         ] {
             let addr = crate::symbol_address(name).unwrap_or_else(|| panic!("{name} is exported"));

@@ -242,9 +242,19 @@ int main() {
     CUdeviceptr um = 0;
     CUresult ur = cuMemAllocManaged(&um, 4096, CU_MEM_ATTACH_GLOBAL);
     EXPECT((managed != 0) == (ur == CUDA_SUCCESS), "MANAGED_MEMORY attribute %d but cuMemAllocManaged -> %d", managed, (int)ur);
-    EXPECT(coop == 0 && pools == 0, "COOPERATIVE_LAUNCH %d, MEMORY_POOLS_SUPPORTED %d for features rgpu lacks", coop, pools);
+    EXPECT(coop == 0, "COOPERATIVE_LAUNCH %d for a feature rgpu lacks", coop);
+    EXPECT(pools == 1, "MEMORY_POOLS_SUPPORTED %d, but the stream-ordered allocator is there", pools);
     if (ur == CUDA_SUCCESS) CU_CHECK(cuMemFree(um));
     ok("attributes of managed memory, cooperative launch and memory pools match what the calls do");
+    CUdeviceptr pa = 0;
+    CU_CHECK(cuMemAllocAsync(&pa, 1 << 20, s));
+    CU_CHECK(cuMemsetD32Async(pa, 0x12345678u, (1 << 20) / 4, s));
+    unsigned word = 0;
+    CU_CHECK(cuMemcpyDtoHAsync(&word, pa + 4096, 4, s));
+    EXPECT(word == 0x12345678u, "stream-ordered allocation read back %#x", word);
+    CU_CHECK(cuMemFreeAsync(pa, s));
+    CU_CHECK(cuStreamSynchronize(s));
+    ok("cuMemAllocAsync / cuMemFreeAsync in stream order");
 
     CU_CHECK(cuStreamDestroy(s));
     CU_CHECK(cuMemFreeHost(pinned));

@@ -15,6 +15,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_pageable",
     "rt_newer_ptx",
     "rt_host_func",
+    "rt_mempool",
     "rt_globals",
     "rt_funcattr",
     "rt_launch",

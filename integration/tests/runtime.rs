@@ -102,6 +102,7 @@ runtime_tests! {
     pageable => plain;
     newer_ptx => newer_ptx;
     host_func => plain;
+    mempool => plain;
     globals => plain;
     funcattr => plain;
     launch => launch;

@@ -122,6 +122,30 @@ pub(crate) unsafe fn get_p2p_attribute(value: &mut i32, _attrib: CUdevice_P2PAtt
     Ok(())
 }
 
+// ---- memory pools (objects::pool) -------------------------------------------------------
+
+pub(crate) unsafe fn get_default_mem_pool(pool: &mut CUmemoryPool, dev: CUdevice) -> CuResult<()> {
+    runtime::get()?.device(dev)?;
+    *pool = crate::objects::objects().device_pools.default_pool(dev) as usize as CUmemoryPool;
+    Ok(())
+}
+
+pub(crate) unsafe fn get_mem_pool(pool: &mut CUmemoryPool, dev: CUdevice) -> CuResult<()> {
+    runtime::get()?.device(dev)?;
+    *pool = crate::objects::objects().device_pools.current(dev) as usize as CUmemoryPool;
+    Ok(())
+}
+
+pub(crate) unsafe fn set_mem_pool(dev: CUdevice, pool: CUmemoryPool) -> CuResult<()> {
+    runtime::get()?.device(dev)?;
+    let (h, p) = crate::objects::pool::get(pool)?;
+    if p.device != dev {
+        return Err(CuError::INVALID_DEVICE);
+    }
+    crate::objects::objects().device_pools.set_current(dev, h);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_pci;

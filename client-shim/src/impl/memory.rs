@@ -28,12 +28,12 @@ pub(crate) unsafe fn alloc_v2(dptr: &mut CUdeviceptr, bytesize: usize) -> CuResu
     }
     let rt = runtime::get()?;
     let (ctx, dev) = current_device(rt)?;
-    *dptr = alloc_on(rt, dev, ctx, bytesize as u64)?;
+    *dptr = alloc_on(rt, dev, ctx, bytesize as u64, 0)?;
     Ok(())
 }
 
 /// Allocates on `dev` and records the allocation; returns the client address.
-fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u64> {
+fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuResult<u64> {
     let remote_dev = rt.device(dev)?.remote.ordinal;
     let remote = rt
         .conn(dev)?
@@ -52,7 +52,7 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64) -> CuResult<u64> {
         )
         .map_err(cu_err)?;
     let ptr = rt.to_client(dev, remote);
-    objects().memory.record(ptr, Alloc { size, device: dev, ctx });
+    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool });
     Ok(ptr)
 }
 
@@ -69,7 +69,117 @@ pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
             _ => return Err(CuError::INVALID_VALUE),
         }
     };
-    mem::release(rt, a.device, dptr)
+    mem::release(rt, dptr, &a)
+}
+
+// ---- the stream-ordered allocator (objects::pool) ------------------------------------------
+
+pub(crate) unsafe fn alloc_async(dptr: &mut CUdeviceptr, bytesize: usize, s: CUstream) -> CuResult<()> {
+    let (_, dev) = stream::device_of(s)?;
+    let pool = objects().device_pools.current(dev);
+    alloc_from_pool_async(dptr, bytesize, pool as usize as CUmemoryPool, s)
+}
+
+pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, s: CUstream) -> CuResult<()> {
+    if bytesize == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let rt = runtime::get()?;
+    let (sh, dev) = stream::device_of(s)?;
+    let (ph, p) = crate::objects::pool::get(pool)?;
+    if p.device != dev {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let ctx = if sh == 0 { context::current()?.0 } else { stream::get(sh)?.ctx };
+    *dptr = alloc_on(rt, dev, ctx, bytesize as u64, ph)?;
+    p.took(bytesize as u64);
+    Ok(())
+}
+
+pub(crate) unsafe fn free_async(dptr: CUdeviceptr, s: CUstream) -> CuResult<()> {
+    stream::device_of(s)?;
+    free_v2(dptr)
+}
+
+pub(crate) unsafe fn pool_create(pool: &mut CUmemoryPool, props: &CUmemPoolProps) -> CuResult<()> {
+    let rt = runtime::get()?;
+    if props.allocType != CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED
+        || props.location.type_ != CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE
+    {
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    if props.handleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE {
+        // Exportable pools need IPC, which rgpu does not offer yet.
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    // SAFETY: for a device location the union holds the device ordinal.
+    let dev = props.location.__bindgen_anon_1.id;
+    rt.device(dev)?;
+    let (h, _) = objects().pools.insert(crate::objects::pool::MemPool::new(dev));
+    *pool = h as usize as CUmemoryPool;
+    Ok(())
+}
+
+pub(crate) unsafe fn pool_destroy(pool: CUmemoryPool) -> CuResult<()> {
+    let (h, _) = crate::objects::pool::get(pool)?;
+    if objects().device_pools.is_default(h) {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // Allocations still out stay valid and are freed as usual; the pool is only bookkeeping.
+    objects().pools.remove(h);
+    Ok(())
+}
+
+pub(crate) unsafe fn pool_trim_to(pool: CUmemoryPool, _min_bytes_to_keep: usize) -> CuResult<()> {
+    // Nothing is held back: freed memory goes back to the device at once.
+    crate::objects::pool::get(pool).map(|_| ())
+}
+
+pub(crate) unsafe fn pool_get_attribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CuResult<()> {
+    type P = CUmemPool_attribute;
+    let (_, p) = crate::objects::pool::get(pool)?;
+    if value.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    p.with(|s| {
+        match attr {
+            P::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES => *(value as *mut i32) = s.reuse[0] as i32,
+            P::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC => *(value as *mut i32) = s.reuse[1] as i32,
+            P::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => *(value as *mut i32) = s.reuse[2] as i32,
+            P::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => *(value as *mut u64) = s.release_threshold,
+            // Nothing is reserved beyond what is in use.
+            P::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT | P::CU_MEMPOOL_ATTR_USED_MEM_CURRENT => *(value as *mut u64) = s.used,
+            P::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | P::CU_MEMPOOL_ATTR_USED_MEM_HIGH => *(value as *mut u64) = s.used_high,
+            P::CU_MEMPOOL_ATTR_LOCATION_TYPE => *(value as *mut u32) = CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE.0,
+            P::CU_MEMPOOL_ATTR_LOCATION_ID => *(value as *mut i32) = p.device,
+            P::CU_MEMPOOL_ATTR_ALLOCATION_TYPE => *(value as *mut u32) = CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED.0,
+            P::CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES => *(value as *mut u32) = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE.0,
+            _ => return Err(CuError::INVALID_VALUE),
+        }
+        Ok(())
+    })
+}
+
+pub(crate) unsafe fn pool_set_attribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void) -> CuResult<()> {
+    type P = CUmemPool_attribute;
+    let (_, p) = crate::objects::pool::get(pool)?;
+    if value.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    p.with(|s| {
+        match attr {
+            P::CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES => s.reuse[0] = *(value as *const i32) != 0,
+            P::CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC => s.reuse[1] = *(value as *const i32) != 0,
+            P::CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => s.reuse[2] = *(value as *const i32) != 0,
+            P::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD => s.release_threshold = *(value as *const u64),
+            // Only resetting a high-water mark is allowed, as in CUDA.
+            P::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH | P::CU_MEMPOOL_ATTR_USED_MEM_HIGH if *(value as *const u64) == 0 => {
+                s.used_high = s.used
+            }
+            _ => return Err(CuError::INVALID_VALUE),
+        }
+        Ok(())
+    })
 }
 
 pub(crate) unsafe fn get_info_v2(free: Option<&mut usize>, total: Option<&mut usize>) -> CuResult<()> {

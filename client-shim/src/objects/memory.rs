@@ -15,6 +15,8 @@ pub struct Alloc {
     pub device: i32,
     /// The context that allocated it (0 for module globals, which belong to their module).
     pub ctx: u64,
+    /// The memory pool of a stream-ordered allocation (0 for others).
+    pub pool: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -69,13 +71,17 @@ impl Memory {
             keys.into_iter().filter_map(|k| m.remove(&k).map(|a| (k, a))).collect()
         };
         for (ptr, a) in victims {
-            let _ = release(rt, a.device, ptr);
+            let _ = release(rt, ptr, &a);
         }
     }
 }
 
-/// Frees an allocation on its server. cuMemFree orders after earlier work on the device; the
-/// server executes in order, so the free is sent without waiting.
-pub fn release(rt: &Runtime, dev: CUdevice, ptr: u64) -> CuResult<()> {
-    rt.conn(dev)?.post(|r| r.init_mem_free().set_ptr(Runtime::to_remote(ptr)), &[]).map_err(cu_err)
+/// Frees an allocation (taken out of the table) on its server, and gives it back to its pool.
+/// cuMemFree orders after earlier work on the device; the server executes in order, so the
+/// free is sent without waiting.
+pub fn release(rt: &Runtime, ptr: u64, a: &Alloc) -> CuResult<()> {
+    if let Some(p) = (a.pool != 0).then(|| super::objects().pools.get(a.pool)).flatten() {
+        p.gave_back(a.size);
+    }
+    rt.conn(a.device)?.post(|r| r.init_mem_free().set_ptr(Runtime::to_remote(ptr)), &[]).map_err(cu_err)
 }

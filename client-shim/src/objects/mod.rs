@@ -6,7 +6,8 @@
 //! ```text
 //! context ─┬─ streams, events          (each records its context)
 //!          ├─ modules ── functions     (a module lists its functions; globals are allocations)
-//!          ├─ allocations              (cuMemAlloc; module globals belong to their module)
+//!          ├─ allocations              (cuMemAlloc; module globals belong to their module;
+//!          │                            stream-ordered ones also count in their pool)
 //!          └─ context-local storage    (cudart's per-context state, with destructors)
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
@@ -26,6 +27,7 @@ pub mod event;
 pub mod library;
 pub mod memory;
 pub mod module;
+pub mod pool;
 pub mod stream;
 pub mod table;
 
@@ -46,6 +48,8 @@ pub struct Objects {
     pub libraries: Table<library::Library>,
     pub kernels: Table<library::Kernel>,
     pub memory: memory::Memory,
+    pub pools: Table<pool::MemPool>,
+    pub device_pools: pool::DevicePools,
     pub cls: cls::Store,
 }
 
@@ -59,6 +63,8 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     libraries: Table::new(tag::LIBRARY),
     kernels: Table::new(tag::KERNEL),
     memory: memory::Memory::default(),
+    pools: Table::new(tag::MEMPOOL),
+    device_pools: pool::DevicePools::default(),
     cls: cls::Store::default(),
 });
 
