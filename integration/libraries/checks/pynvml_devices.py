@@ -16,7 +16,13 @@ props = cp.cuda.runtime.getDeviceProperties(0)
 assert name == props["name"].decode(), (name, props["name"])
 uuid = pynvml.nvmlDeviceGetUUID(h)
 uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-cuda_uuid = bytes(props["uuid"]).hex()
+# CuPy's properties hold the UUID as a C string (cut at a zero byte): ask the driver API.
+from cuda.bindings import driver
+(err,) = driver.cuInit(0)
+assert err == driver.CUresult.CUDA_SUCCESS, err
+err, cu_uuid = driver.cuDeviceGetUuid(0)
+assert err == driver.CUresult.CUDA_SUCCESS, err
+cuda_uuid = bytes(cu_uuid.bytes).hex()
 assert uuid.startswith("GPU-") and uuid[4:].replace("-", "") == cuda_uuid, (uuid, cuda_uuid)
 assert pynvml.nvmlDeviceGetCudaComputeCapability(h) == cc
 pci = pynvml.nvmlDeviceGetPciInfo(h)
