@@ -43,6 +43,19 @@ pub fn uuid_text(u: &[u8; 16]) -> String {
     format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
+/// A PCI bus id as CUDA and NVML accept it: `domain:bus:device[.function]` or
+/// `bus:device[.function]`, hexadecimal; (domain, bus, device).
+pub fn parse_pci_bus_id(s: &str) -> Option<(i32, i32, i32)> {
+    let s = s.split('.').next()?;
+    let parts: Vec<&str> = s.split(':').collect();
+    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
+    match parts.as_slice() {
+        [d, b, v] => Some((hex(d)?, hex(b)?, hex(v)?)),
+        [b, v] => Some((0, hex(b)?, hex(v)?)),
+        _ => None,
+    }
+}
+
 /// A server's devices as this process may use them.
 #[derive(Debug)]
 pub struct Inventory {
@@ -232,4 +245,23 @@ fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, 
         return Some((t, c));
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pci_ids_parse_like_cuda() {
+        assert_eq!(parse_pci_bus_id("00000000:10:00.0"), Some((0, 0x10, 0)));
+        assert_eq!(parse_pci_bus_id("0000:1A:03.0"), Some((0, 0x1a, 3)));
+        assert_eq!(parse_pci_bus_id("1a:03.0"), Some((0, 0x1a, 3)));
+        assert_eq!(parse_pci_bus_id("zz"), None);
+    }
+
+    #[test]
+    fn uuids_look_like_nvidias() {
+        let u = [0x2d, 0xd4, 0x93, 0xf4, 0x12, 0xb4, 0x89, 0x08, 0xa8, 0x43, 0x67, 0, 0x4c, 0xab, 0xc8, 0x53];
+        assert_eq!(uuid_text(&u), "GPU-2dd493f4-12b4-8908-a843-67004cabc853");
+    }
 }

@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use rgpu_control_client::{uuid_text, RemoteDevice};
+use rgpu_control_client::{parse_pci_bus_id, uuid_text, RemoteDevice};
 use rgpu_cuda_types::CUdevice_attribute as A;
 
 /// `nvmlReturn_t`.
@@ -282,24 +282,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, dev: *mu
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(id: *const c_char, dev: *mut NvmlDevice) -> NvmlReturn {
     // Ids come with an 8- or 4-digit domain; compare the numbers.
-    handle_by(id, dev, |d, k| parse_bus_id(k) == Some(d.pci))
+    handle_by(id, dev, |d, k| parse_pci_bus_id(k) == Some(d.pci))
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetHandleByPciBusId(id: *const c_char, dev: *mut NvmlDevice) -> NvmlReturn {
     nvmlDeviceGetHandleByPciBusId_v2(id, dev)
-}
-
-/// `domain:bus:device[.function]`, hexadecimal.
-fn parse_bus_id(s: &str) -> Option<(i32, i32, i32)> {
-    let s = s.split('.').next()?;
-    let parts: Vec<&str> = s.split(':').collect();
-    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
-    match parts.as_slice() {
-        [d, b, v] => Some((hex(d)?, hex(b)?, hex(v)?)),
-        [b, v] => Some((0, hex(b)?, hex(v)?)),
-        _ => None,
-    }
 }
 
 #[no_mangle]
@@ -397,14 +385,6 @@ not_supported! {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuids_and_bus_ids_look_like_nvidias() {
-        let u = [0x2d, 0xd4, 0x93, 0xf4, 0x12, 0xb4, 0x89, 0x08, 0xa8, 0x43, 0x67, 0, 0x4c, 0xab, 0xc8, 0x53];
-        assert_eq!(uuid_text(&u), "GPU-2dd493f4-12b4-8908-a843-67004cabc853");
-        assert_eq!(parse_bus_id("00000000:10:00.0"), Some((0, 0x10, 0)));
-        assert_eq!(parse_bus_id("0000:1A:03.0"), Some((0, 0x1a, 3)));
-    }
 
     #[test]
     fn before_init_every_query_is_uninitialized() {

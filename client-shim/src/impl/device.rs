@@ -80,25 +80,12 @@ pub(crate) unsafe fn get_by_pci_bus_id(dev: &mut CUdevice, id: *const c_char) ->
     if id.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
-    let want = parse_pci(CStr::from_ptr(id).to_str().map_err(|_| CuError::INVALID_VALUE)?)
+    let want = rgpu_control_client::parse_pci_bus_id(CStr::from_ptr(id).to_str().map_err(|_| CuError::INVALID_VALUE)?)
         .ok_or(CuError::INVALID_VALUE)?;
     let rt = runtime::get()?;
     let found = rt.devices.iter().position(|d| d.remote.pci == want).ok_or(CuError::INVALID_DEVICE)?;
     *dev = found as CUdevice;
     Ok(())
-}
-
-/// Accepts the forms CUDA does: `domain:bus:device.function`, `domain:bus:device`
-/// and `bus:device.function`, all hexadecimal.
-fn parse_pci(s: &str) -> Option<(i32, i32, i32)> {
-    let s = s.split('.').next()?;
-    let parts: Vec<&str> = s.split(':').collect();
-    let hex = |p: &str| i32::from_str_radix(p, 16).ok();
-    match parts.as_slice() {
-        [d, b, v] => Some((hex(d)?, hex(b)?, hex(v)?)),
-        [b, v] => Some((0, hex(b)?, hex(v)?)),
-        _ => None,
-    }
 }
 
 pub(crate) unsafe fn can_access_peer(can: &mut i32, dev: CUdevice, peer: CUdevice) -> CuResult<()> {
@@ -144,17 +131,4 @@ pub(crate) unsafe fn set_mem_pool(dev: CUdevice, pool: CUmemoryPool) -> CuResult
     }
     crate::objects::objects().device_pools.set_current(dev, h);
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_pci;
-
-    #[test]
-    fn pci_ids_parse_like_cuda() {
-        assert_eq!(parse_pci("00000000:10:00.0"), Some((0, 0x10, 0)));
-        assert_eq!(parse_pci("0000:1a:03"), Some((0, 0x1a, 3)));
-        assert_eq!(parse_pci("1a:03.0"), Some((0, 0x1a, 3)));
-        assert_eq!(parse_pci("zz"), None);
-    }
 }
