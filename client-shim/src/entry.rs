@@ -116,6 +116,12 @@ impl std::fmt::Display for Outcome<'_> {
 pub(crate) fn unsupported(name: &'static str, logged: &AtomicBool) -> CUresult {
     if !logged.swap(true, Ordering::Relaxed) {
         tracing::warn!(target: "rgpu::cuda", "{name} is not supported by rgpu; returning CUDA_ERROR_NOT_SUPPORTED");
+        let _ = catch_unwind(|| {
+            crate::objects::objects().logs.deliver(
+                crate::cuda::types::CUlogLevel::CU_LOG_LEVEL_WARNING,
+                &format!("rgpu: {name} is not supported; it returns CUDA_ERROR_NOT_SUPPORTED"),
+            )
+        });
     }
     CuError::NOT_SUPPORTED.into()
 }
@@ -202,5 +208,43 @@ mod tests {
         });
         assert!(results.iter().all(|r| r.0 == 801), "{results:?}");
         assert_eq!(log.matches("cuCtxDetach is not supported").count(), 1, "{log}");
+    }
+
+    /// A log callback the program registered hears of an unsupported function, once; after
+    /// unregistering, nothing.
+    #[test]
+    fn log_callbacks_hear_of_unsupported_functions() {
+        use crate::cuda::types::{CUlogLevel, CUlogsCallbackHandle};
+        use std::ffi::{c_char, c_void};
+        static HEARD: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+        unsafe extern "C" fn cb(_data: *mut c_void, level: CUlogLevel, msg: *mut c_char, len: usize) {
+            let text = String::from_utf8_lossy(std::slice::from_raw_parts(msg as *const u8, len)).into_owned();
+            HEARD.lock().unwrap().push((level.0, text));
+        }
+        type Register = unsafe extern "C" fn(crate::cuda::types::CUlogsCallback, *mut c_void, *mut CUlogsCallbackHandle) -> CUresult;
+        type Unregister = unsafe extern "C" fn(CUlogsCallbackHandle) -> CUresult;
+        type Probe = unsafe extern "C" fn(*mut c_void) -> CUresult;
+        // SAFETY: the generated entry points with these signatures.
+        let (register, unregister, probe): (Register, Unregister, Probe) = unsafe {
+            (
+                std::mem::transmute(crate::symbol_address("cuLogsRegisterCallback").unwrap()),
+                std::mem::transmute(crate::symbol_address("cuLogsUnregisterCallback").unwrap()),
+                std::mem::transmute(crate::symbol_address("cuDeviceGetLuid").unwrap()),
+            )
+        };
+        let mut h: CUlogsCallbackHandle = std::ptr::null_mut();
+        unsafe {
+            assert_eq!(register(Some(cb), std::ptr::null_mut(), &mut h), CUresult::CUDA_SUCCESS);
+            assert_eq!(probe(std::ptr::null_mut()).0, 801);
+            assert_eq!(probe(std::ptr::null_mut()).0, 801);
+            assert_eq!(unregister(h), CUresult::CUDA_SUCCESS);
+            assert_eq!(unregister(h), CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // Other tests may call other unsupported functions meanwhile: count only this one's.
+        let heard: Vec<(u32, String)> =
+            HEARD.lock().unwrap().iter().filter(|(_, m)| m.contains("cuDeviceGetLuid")).cloned().collect();
+        assert_eq!(heard.len(), 1, "{heard:?}");
+        assert_eq!(heard[0].0, CUlogLevel::CU_LOG_LEVEL_WARNING.0);
+        assert!(heard[0].1.contains("cuDeviceGetLuid is not supported"), "{heard:?}");
     }
 }

@@ -110,6 +110,8 @@ rgpu_shim_macros::cuda_entry_points! {
         cuLibraryLoadData,
         cuLibraryLoadFromFile,
         cuLibraryUnload,
+        cuLogsRegisterCallback,
+        cuLogsUnregisterCallback,
         cuMemAllocAsync,
         cuMemAllocFromPoolAsync,
         cuMemAllocHost_v2,

@@ -77,3 +77,20 @@ pub(crate) unsafe fn thread_exchange_stream_capture_mode(mode: &mut CUstreamCapt
     *mode = crate::objects::stream::exchange_capture_mode(*mode)?;
     Ok(())
 }
+
+/// rgpu's warnings reach the program's log callbacks too (`objects::logs`).
+pub(crate) unsafe fn logs_register_callback(
+    callback: CUlogsCallback,
+    user_data: *mut c_void,
+    handle: Option<&mut CUlogsCallbackHandle>,
+) -> CuResult<()> {
+    let h = crate::objects::objects().logs.register(callback, user_data)?;
+    if let Some(out) = handle {
+        *out = h;
+    }
+    Ok(())
+}
+
+pub(crate) unsafe fn logs_unregister_callback(handle: CUlogsCallbackHandle) -> CuResult<()> {
+    crate::objects::objects().logs.unregister(handle)
+}

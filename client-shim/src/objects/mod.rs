@@ -25,6 +25,7 @@ pub mod cls;
 pub mod context;
 pub mod event;
 pub mod library;
+pub mod logs;
 pub mod memory;
 pub mod module;
 pub mod pool;
@@ -51,6 +52,7 @@ pub struct Objects {
     pub pools: Table<pool::MemPool>,
     pub device_pools: pool::DevicePools,
     pub cls: cls::Store,
+    pub logs: logs::Callbacks,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -66,6 +68,7 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     pools: Table::new(tag::MEMPOOL),
     device_pools: pool::DevicePools::default(),
     cls: cls::Store::default(),
+    logs: logs::Callbacks::default(),
 });
 
 /// The process's objects.
