@@ -326,7 +326,9 @@ pub fn check_launchable(f: &Function) -> CuResult<()> {
         return Ok(());
     }
     if !f.note_logged.swap(true, Ordering::Relaxed) {
-        tracing::warn!("launch of {} refused: {}", f.name.to_string_lossy(), f.launch_note);
+        let msg = format!("launch of {} refused: {}", f.name.to_string_lossy(), f.launch_note);
+        tracing::warn!("{msg}");
+        objects().logs.deliver(CUlogLevel::CU_LOG_LEVEL_ERROR, &format!("rgpu: {msg}"));
     }
     Err(CuError::NOT_SUPPORTED)
 }
