@@ -141,10 +141,48 @@ fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], sha
 
 pub(crate) unsafe fn kernel_ex(c: &CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
     if c.numAttrs != 0 {
-        // Launch attributes (clusters, priorities, ...) are not forwarded yet.
-        return Err(CuError::NOT_SUPPORTED);
+        if c.attrs.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        for a in std::slice::from_raw_parts(c.attrs, c.numAttrs as usize) {
+            check_launch_attribute(a)?;
+        }
     }
     kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
+}
+
+/// Launch attributes that only tune how a launch is scheduled leave its result as it is: they
+/// are accepted and not forwarded (the kernel then runs as without them: serialised, default
+/// priority and cache policy, which CUDA allows). Those that change what a launch means
+/// (cooperative grids, clusters bigger than one block, events triggered from inside a kernel)
+/// are refused with CUDA_ERROR_NOT_SUPPORTED, as rgpu does not offer them yet.
+unsafe fn check_launch_attribute(a: &CUlaunchAttribute) -> CuResult<()> {
+    type L = CUlaunchAttributeID;
+    let v = &a.value;
+    let fine = match a.id {
+        L::CU_LAUNCH_ATTRIBUTE_IGNORE
+        | L::CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+        | L::CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY
+        | L::CU_LAUNCH_ATTRIBUTE_PRIORITY
+        | L::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN
+        | L::CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+        | L::CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+        | L::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
+        // Allowing the next kernel to start early: running it after this one is stricter.
+        | L::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => true,
+        L::CU_LAUNCH_ATTRIBUTE_COOPERATIVE => v.cooperative == 0,
+        L::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
+            let d = v.clusterDim;
+            (d.x, d.y, d.z) == (1, 1, 1) || (d.x, d.y, d.z) == (0, 0, 0)
+        }
+        _ => false,
+    };
+    if fine {
+        Ok(())
+    } else {
+        tracing::warn!("cuLaunchKernelEx: launch attribute {} is not supported by rgpu", a.id.0);
+        Err(CuError::NOT_SUPPORTED)
+    }
 }
 
 // ---- host functions --------------------------------------------------------------------------
