@@ -49,6 +49,7 @@ pub mod tag {
     pub const LIBRARY: u16 = 0x1B;
     pub const KERNEL: u16 = 0x4E;
     pub const MEMPOOL: u16 = 0x9A;
+    pub const LINK: u16 = 0x11;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;
@@ -76,7 +77,7 @@ mod tests {
 
     #[test]
     fn tags_are_distinct_and_decodable() {
-        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL];
+        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL, tag::LINK];
         let set: std::collections::BTreeSet<u16> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
         assert_eq!(tag::of((tag::STREAM as u64) << tag::SHIFT | 42), tag::STREAM);

@@ -136,6 +136,36 @@ int main(int argc, char **argv) {
     check_module(mp, "ptx", supported);
     CU_CHECK(cuModuleUnload(mp));
 
+    // The JIT linker: one PTX input (given by length, without its NUL) links to an image that
+    // loads and runs like the PTX itself; several inputs are refused, not half-linked.
+    CUlinkState link = nullptr;
+    char info[64] = "x", err[64] = "x";
+    CUjit_option lopts[] = {CU_JIT_INFO_LOG_BUFFER, CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES, CU_JIT_ERROR_LOG_BUFFER,
+                            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void *lvals[] = {info, (void *)sizeof info, err, (void *)sizeof err};
+    CU_CHECK(cuLinkCreate(4, lopts, lvals, &link));
+    CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)module_ptx, strlen((const char *)module_ptx), "kernels.ptx",
+                           0, nullptr, nullptr));
+    void *linked = nullptr;
+    size_t linked_size = 0;
+    CU_CHECK(cuLinkComplete(link, &linked, &linked_size));
+    EXPECT(linked != nullptr && linked_size > 0, "cuLinkComplete gave no image");
+    CUmodule ml = nullptr;
+    CU_CHECK(cuModuleLoadData(&ml, linked));
+    check_module(ml, "linked PTX", supported);
+    CU_CHECK(cuModuleUnload(ml));
+    CU_CHECK(cuLinkDestroy(link));
+    CU_CHECK(cuLinkCreate(0, nullptr, nullptr, &link));
+    CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)module_ptx, strlen((const char *)module_ptx), "a", 0, nullptr,
+                           nullptr));
+    CU_CHECK(cuLinkAddData(link, CU_JIT_INPUT_PTX, (void *)module_ptx, strlen((const char *)module_ptx), "b", 0, nullptr,
+                           nullptr));
+    CUresult lr = cuLinkComplete(link, &linked, &linked_size);
+    EXPECT(lr == CUDA_ERROR_NOT_SUPPORTED, "linking two images: %d", (int)lr);
+    CU_CHECK(cuLinkDestroy(link));
+    EXPECT(info[0] == 0 && err[0] == 0, "the JIT logs were not written");
+    ok("cuLinkCreate/AddData/Complete/Destroy: one PTX image links and runs; two are refused");
+
     static const unsigned char garbage[64] = {1, 2, 3, 4, 5, 6, 7, 8};
     CUmodule bad = nullptr;
     CUresult r = cuModuleLoadData(&bad, garbage);

@@ -10,6 +10,7 @@ pub mod function;
 pub mod kernel;
 pub mod launch;
 pub mod library;
+pub mod link;
 pub mod memory;
 pub mod module;
 pub mod occupancy;

@@ -25,6 +25,7 @@ pub mod cls;
 pub mod context;
 pub mod event;
 pub mod library;
+pub mod link;
 pub mod logs;
 pub mod memory;
 pub mod module;
@@ -53,6 +54,7 @@ pub struct Objects {
     pub device_pools: pool::DevicePools,
     pub cls: cls::Store,
     pub logs: logs::Callbacks,
+    pub links: Table<link::LinkState>,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -69,6 +71,7 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     device_pools: pool::DevicePools::default(),
     cls: cls::Store::default(),
     logs: logs::Callbacks::default(),
+    links: Table::new(tag::LINK),
 });
 
 /// The process's objects.
