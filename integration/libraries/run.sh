@@ -18,6 +18,17 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "${PINS[*]}" ]]; then
     "$VENV/bin/pip" install -q --disable-pip-version-check "${PINS[@]}"
     echo "${PINS[*]}" > "$STAMP"
 fi
+# numba-cuda without nvJitLink, so that it links with the driver's cuLink* and hands rgpu PTX
+# (with nvJitLink it links to SASS-only cubins the sim cannot run; docs/compatibility.md).
+NUMBA_PINS=("numba-cuda==0.30.4" "cuda-bindings==13.5.0" "cuda-core==1.2.2" "nvidia-nvvm==13.5.37"
+    "nvidia-cuda-nvrtc==13.5.37" "nvidia-cuda-runtime==13.5.37")
+NUMBA_VENV="${RGPU_NUMBA_PTX_VENV:-${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/numba-ptx-venv}"
+if [[ ! -f "$NUMBA_VENV/.rgpu-pins" || "$(cat "$NUMBA_VENV/.rgpu-pins")" != "${NUMBA_PINS[*]}" ]]; then
+    echo "libraries: installing ${NUMBA_PINS[*]} into $NUMBA_VENV" >&2
+    python3 -m venv "$NUMBA_VENV"
+    "$NUMBA_VENV/bin/pip" install -q --disable-pip-version-check "${NUMBA_PINS[@]}"
+    echo "${NUMBA_PINS[*]}" > "$NUMBA_VENV/.rgpu-pins"
+fi
 PY="$VENV/bin/python"
 RGPU="$ROOT/target/release/rgpu"
 SERVER="$ROOT/target/release/rgpu-server"
@@ -44,7 +55,7 @@ passed=0 failed=0
 check() { # check NAME SERVER SCRIPT ARGS...
     local name=$1 server=$2 script=$3; shift 3
     if CUPY_COMPILE_WITH_PTX=1 CUPY_CACHE_DIR="$VENV/cupy-cache" timeout 600 \
-        "$RGPU" run --server "$server" -- "$PY" "integration/libraries/checks/$script" "$@" > "$LOGS/$name.out" 2>&1; then
+        "$RGPU" run --server "$server" -- "${PYTHON_FOR:-$PY}" "integration/libraries/checks/$script" "$@" > "$LOGS/$name.out" 2>&1; then
         echo "PASS $name: $(grep '^ok:' "$LOGS/$name.out" | tail -1)"
         passed=$((passed + 1))
     else
@@ -56,6 +67,7 @@ check cupy-elementwise "$SM90" cupy_elementwise.py
 check cupy-cub-on-12.0 "$SM120" cupy_cub.py right
 check cupy-cub-on-9.0 "$SM90" cupy_cub.py error
 check numba-copies "$SM90" numba_copies.py
+PYTHON_FOR="$NUMBA_VENV/bin/python" check numba-kernels "$SM90" numba_kernels.py
 check pynvml-9.0 "$SM90" pynvml_devices.py 9.0
 check pynvml-12.0 "$SM120" pynvml_devices.py 12.0
 echo "$passed passed, $failed failed"
