@@ -1,0 +1,61 @@
+# numba-cuda kernels on the sim: numba links through the driver's JIT linker
+# (cuLink*) when nvJitLink is absent, handing rgpu PTX it can run. Elementwise,
+# a shared-memory block reduction with barriers, atomics, and math functions
+# checked against NumPy.
+import math
+import warnings
+
+import numpy as np
+from numba import cuda, float32
+
+warnings.simplefilter("ignore")  # numba warns that it falls back to the driver's linker
+
+
+@cuda.jit
+def axpy(a, x, y, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = a * x[i] + y[i]
+
+
+@cuda.jit
+def block_sum(x, out):
+    s = cuda.shared.array(256, dtype=float32)
+    t = cuda.threadIdx.x
+    i = cuda.grid(1)
+    s[t] = x[i] if i < x.size else 0.0
+    cuda.syncthreads()
+    step = 128
+    while step > 0:
+        if t < step:
+            s[t] += s[t + step]
+        cuda.syncthreads()
+        step //= 2
+    if t == 0:
+        cuda.atomic.add(out, 0, s[0])
+
+
+# sqrt and fabs map to PTX instructions; libdevice's sin/cos need carry-chain
+# instructions the sim's interpreter does not have yet (issue 14), and fail clearly.
+@cuda.jit
+def roots(x, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = math.sqrt(x[i]) * math.sqrt(x[i]) - math.fabs(-x[i])
+
+
+n = 10_000
+x = np.linspace(0, 10, n).astype(np.float32)
+y = np.arange(n, dtype=np.float32)
+out = cuda.device_array(n, dtype=np.float32)
+axpy[(n + 255) // 256, 256](np.float32(2.0), cuda.to_device(x), cuda.to_device(y), out)
+assert np.allclose(out.copy_to_host(), 2 * x + y), "axpy"
+
+ones = cuda.to_device(np.ones(n, dtype=np.float32))
+total = cuda.to_device(np.zeros(1, dtype=np.float32))
+block_sum[(n + 255) // 256, 256](ones, total)
+assert total.copy_to_host()[0] == n, total.copy_to_host()
+
+roots[(n + 255) // 256, 256](cuda.to_device(x), out)
+assert np.allclose(out.copy_to_host(), 0.0, atol=1e-5), "sqrt(x)^2 - |x|"
+print("ok: numba kernels: axpy, shared-memory block sum with atomics, math functions")
