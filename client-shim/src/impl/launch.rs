@@ -191,19 +191,10 @@ unsafe fn check_launch_attribute(a: &CUlaunchAttribute) -> CuResult<()> {
 // stream: the order is CUDA's (later work is only queued once it returned); the cost is that
 // the call waits, where CUDA's returns at once.
 
-/// Waits for the work queued on `s` so far; the error of any of it is returned.
-fn drain(s: CUstream) -> CuResult<()> {
-    let rt = runtime::get()?;
-    let (h, dev) = stream::device_of(s)?;
-    rt.conn(dev)?
-        .call(|r| r.init_stream_synchronize().set_handle(h), &[], crate::client::connection::Sink::None, |_| Ok(()))
-        .map_err(cu_err)
-}
-
 pub(crate) unsafe fn host_func(s: CUstream, f: CUhostFn, user_data: *mut c_void) -> CuResult<()> {
     let f = f.ok_or(CuError::INVALID_VALUE)?;
     // As in CUDA, a host function is not run after an error in the work before it.
-    drain(s)?;
+    stream::synchronize(s)?;
     f(user_data);
     Ok(())
 }

@@ -45,11 +45,7 @@ pub(crate) unsafe fn destroy_v2(s: CUstream) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn synchronize(s: CUstream) -> CuResult<()> {
-    let rt = runtime::get()?;
-    let (h, dev) = streams::device_of(s)?;
-    rt.conn(dev)?
-        .call(|r| r.init_stream_synchronize().set_handle(h), &[], Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+    streams::synchronize(s)
 }
 
 pub(crate) unsafe fn query(s: CUstream) -> CuResult<()> {

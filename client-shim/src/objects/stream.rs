@@ -53,6 +53,16 @@ pub fn exchange_capture_mode(mode: CUstreamCaptureMode) -> CuResult<CUstreamCapt
     CAPTURE_MODE.try_with(|m| m.replace(mode)).map_err(|_| CuError::DEINITIALIZED)
 }
 
+/// Waits until the work queued on stream argument `s` so far is done; its error, if any of it
+/// failed, is returned (cuStreamSynchronize, and what runs after a stream's work on the host).
+pub fn synchronize(s: CUstream) -> CuResult<()> {
+    let rt = crate::runtime::get()?;
+    let (h, dev) = device_of(s)?;
+    rt.conn(dev)?
+        .call(|r| r.init_stream_synchronize().set_handle(h), &[], crate::client::connection::Sink::None, |_| Ok(()))
+        .map_err(cu_err)
+}
+
 /// Tells the stream's server it is gone (work already queued on it still completes, as in
 /// CUDA). The caller has removed it from the table.
 pub fn release(rt: &Runtime, h: u64, st: &Stream) -> CuResult<()> {
