@@ -333,6 +333,9 @@ pub fn parse_ptx(text: &str) -> Result<PtxModule, ImageError> {
         globals: vec![],
     };
 
+    // Module-scope `.shared` variables: (name, size, align).
+    let mut module_shared: Vec<(String, u64, u32)> = Vec::new();
+
     // `.version` must come first.
     let line = p.line();
     if !p.eat_word(".version") {
@@ -398,7 +401,7 @@ pub fn parse_ptx(text: &str) -> Result<PtxModule, ImageError> {
             }
             ".entry" => {
                 p.pos += 1;
-                if let Some(k) = parse_entry(&mut p)? {
+                if let Some(k) = parse_entry(&mut p, &module_shared)? {
                     m.kernels.push(k);
                 }
             }
@@ -420,9 +423,17 @@ pub fn parse_ptx(text: &str) -> Result<PtxModule, ImageError> {
                     });
                 }
             }
+            ".shared" if !after_extern(&p) => {
+                // Module-scope static shared memory (numba declares its shared arrays here):
+                // counted in the static shared size of each kernel that names it.
+                p.pos += 1;
+                for v in parse_variables(&mut p, false)? {
+                    module_shared.push((v.name, v.size, v.align));
+                }
+            }
             ".shared" | ".local" | ".tex" | ".texref" | ".surfref" | ".samplerref" => {
-                // Module-scope shared/local variables and texture references are not
-                // described yet.
+                // `.extern .shared` (dynamic shared memory), module-scope local variables and
+                // texture references are not described yet.
                 p.skip_statement()?
             }
             _ => return Err(err(line, format!("unexpected '{w}' at module scope"))),
@@ -754,7 +765,7 @@ fn encode(dst: &mut [u8], kind: Kind, v: &InitVal<'_>, line: u32) -> Result<(), 
 
 /// Parses `.entry name (params) perf-directives { body }` (the `.entry` already consumed).
 /// Returns `None` for a declaration without a body.
-fn parse_entry(p: &mut Parser<'_>) -> Result<Option<KernelInfo>, ImageError> {
+fn parse_entry(p: &mut Parser<'_>, module_shared: &[(String, u64, u32)]) -> Result<Option<KernelInfo>, ImageError> {
     let line = p.line();
     let name = p.word("a kernel name")?.to_string();
     let mut params = Vec::new();
@@ -824,7 +835,7 @@ fn parse_entry(p: &mut Parser<'_>) -> Result<Option<KernelInfo>, ImageError> {
             None => return Err(err(line, format!("entry '{name}' has no body"))),
         }
     }
-    let (shared, local, works) = scan_body(p)?;
+    let (shared, local, works) = scan_body(p, module_shared)?;
     Ok(Some(KernelInfo {
         name,
         params,
@@ -905,10 +916,16 @@ fn parse_param(p: &mut Parser<'_>) -> Result<(u64, u32), ImageError> {
     Ok((size, align as u32))
 }
 
-/// Skips a kernel body, adding up its static `.shared` and `.local` declarations,
-/// and telling whether it does anything but return (declarations and a
+/// Whether the token before the current one is `.extern`.
+fn after_extern(p: &Parser<'_>) -> bool {
+    p.pos > 0 && matches!(p.toks.get(p.pos - 1).map(|t| &t.tok), Some(Tok::Word(".extern")))
+}
+
+/// Skips a kernel body, adding up its static `.shared` and `.local` declarations and the
+/// module-scope `.shared` variables it names (each once; those reached only through a called
+/// `.func` are not seen), and telling whether it does anything but return (declarations and a
 /// bare `ret` do nothing; anything else, labels included, counts as work).
-fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64, bool), ImageError> {
+fn scan_body(p: &mut Parser<'_>, module_shared: &[(String, u64, u32)]) -> Result<(u64, u64, bool), ImageError> {
     let line = p.line();
     p.expect_punct('{')?;
     let mut depth = 1u32;
@@ -916,8 +933,14 @@ fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64, bool), ImageError> {
     let mut local = 0u64;
     let mut at_stmt_start = true;
     let mut works = false;
+    let mut named = vec![false; module_shared.len()];
     while let Some(t) = p.peek().cloned() {
         let l = p.line();
+        if let Tok::Word(w) = &t {
+            if let Some(i) = module_shared.iter().position(|(n, _, _)| n == w) {
+                named[i] = true;
+            }
+        }
         match t {
             Tok::Punct('{') => {
                 depth += 1;
@@ -928,6 +951,13 @@ fn scan_body(p: &mut Parser<'_>) -> Result<(u64, u64, bool), ImageError> {
                 p.pos += 1;
                 depth -= 1;
                 if depth == 0 {
+                    for (i, (_, size, align)) in module_shared.iter().enumerate() {
+                        if named[i] {
+                            shared = align_up(shared, *align as u64)
+                                .and_then(|t| t.checked_add(*size))
+                                .ok_or_else(|| err(l, "static size overflows"))?;
+                        }
+                    }
                     return Ok((shared, local, works));
                 }
                 at_stmt_start = true;
@@ -1142,5 +1172,38 @@ mod tests {
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
         let e = parse_ptx(".version 9.5\n.global .b8 big[2000000000] = {1};").unwrap_err();
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
+    }
+
+    /// Module-scope `.shared` arrays (numba declares them there) count in the static shared
+    /// size of the kernels that name them, once each; `.extern .shared` does not.
+    /// Regression: CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES read 0 for such kernels.
+    #[test]
+    fn module_scope_shared_counts_for_the_kernels_that_use_it() {
+        let m = parse_ptx(
+            r#"
+            .version 8.0
+            .target sm_80
+            .address_size 64
+            .shared .align 4 .b8 tile[400];
+            .shared .align 8 .b8 other[64];
+            .extern .shared .align 16 .b8 dynamic[];
+            .visible .entry uses_tile(.param .u64 p)
+            {
+                .reg .b32 %r<3>;
+                .shared .align 4 .b8 own[8];
+                mov.u32 %r1, tile;
+                ld.shared.u32 %r2, [tile+4];
+                ld.shared.u32 %r2, [dynamic];
+                ret;
+            }
+            .visible .entry uses_none() { ret; }
+            .visible .entry uses_both() { .reg .b64 %rd<3>; mov.u64 %rd1, other; mov.u64 %rd2, tile; ret; }
+            "#,
+        )
+        .unwrap();
+        let size = |name: &str| m.kernels.iter().find(|k| k.name == name).unwrap().shared_static_bytes;
+        assert_eq!(size("uses_tile"), 8 + 400);
+        assert_eq!(size("uses_none"), 0);
+        assert_eq!(size("uses_both"), 64 + 400);
     }
 }
