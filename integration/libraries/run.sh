@@ -21,7 +21,8 @@ fi
 # numba-cuda without nvJitLink, so that it links with the driver's cuLink* and hands rgpu PTX
 # (with nvJitLink it links to SASS-only cubins the sim cannot run; docs/compatibility.md).
 NUMBA_PINS=("numba-cuda==0.30.4" "cuda-bindings==13.5.0" "cuda-core==1.2.2" "nvidia-nvvm==13.5.37"
-    "nvidia-cuda-nvrtc==13.5.37" "nvidia-cuda-runtime==13.5.37")
+    "nvidia-cuda-nvrtc==13.5.37" "nvidia-cuda-runtime==13.5.37" "pytest==9.2.0" "filecheck==1.0.6"
+    "ml_dtypes==0.7.0")
 NUMBA_VENV="${RGPU_NUMBA_PTX_VENV:-${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/numba-ptx-venv}"
 if [[ ! -f "$NUMBA_VENV/.rgpu-pins" || "$(cat "$NUMBA_VENV/.rgpu-pins")" != "${NUMBA_PINS[*]}" ]]; then
     echo "libraries: installing ${NUMBA_PINS[*]} into $NUMBA_VENV" >&2
@@ -70,5 +71,26 @@ check numba-copies "$SM90" numba_copies.py
 PYTHON_FOR="$NUMBA_VENV/bin/python" check numba-kernels "$SM90" numba_kernels.py
 check pynvml-9.0 "$SM90" pynvml_devices.py 9.0
 check pynvml-12.0 "$SM120" pynvml_devices.py 12.0
+# numba-cuda's own test suite (shipped in its wheel), the driver-level part: its pass count
+# may only grow (integration/libraries/baseline.txt; docs/compatibility.md says what fails).
+suite() { # suite NAME MODULE
+    local name=$1 module=$2 want
+    want=$(sed -n "s/^$name passed \([0-9]*\)$/\1/p" integration/libraries/baseline.txt)
+    (cd "$LOGS" && timeout 900 "$RGPU" run --server "$SM90" -- "$NUMBA_VENV/bin/python" -W ignore \
+        -m numba.runtests "$module" > "$LOGS/$name.out" 2>&1) || true
+    local ran fails errs skips
+    ran=$(sed -n 's/^Ran \([0-9]*\) tests.*/\1/p' "$LOGS/$name.out")
+    fails=$(grep -o 'failures=[0-9]*' "$LOGS/$name.out" | tail -1 | cut -d= -f2)
+    errs=$(grep -o 'errors=[0-9]*' "$LOGS/$name.out" | tail -1 | cut -d= -f2)
+    skips=$(grep -o 'skipped=[0-9]*' "$LOGS/$name.out" | tail -1 | cut -d= -f2)
+    local ok=$(( ${ran:-0} - ${fails:-0} - ${errs:-0} - ${skips:-0} ))
+    local summary="$name: ran ${ran:-0}, $ok passed, ${fails:-0} failed, ${errs:-0} errors, ${skips:-0} skipped (baseline ${want:-?} passed)"
+    if [[ -n "$ran" && -n "$want" && $ok -ge $want ]]; then
+        echo "PASS $summary"; passed=$((passed + 1))
+    else
+        echo "FAIL $summary"; tail -20 "$LOGS/$name.out" | sed 's/^/    /'; failed=$((failed + 1))
+    fi
+}
+suite numba-cudadrv-suite numba.cuda.tests.cudadrv
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
