@@ -6,8 +6,10 @@
 //! What rgpu does not know about a device is `NVML_ERROR_NOT_SUPPORTED`, never a made-up
 //! value: utilization, temperature, power, serial numbers, processes, and memory use (a
 //! device's free and used bytes need a session on its server; the total alone is not an
-//! `nvmlMemory_t`). Functions NVML has and this library lacks are simply not exported: NVML
-//! clients look each function up and report a missing one.
+//! `nvmlMemory_t`), NVLink and fabric state. Some clients resolve a fixed list of functions
+//! at once and stop at the first one missing (PyTorch's c10 asserts on each of its seven), so
+//! every query they name is exported, answering `NVML_ERROR_NOT_SUPPORTED` where rgpu has no
+//! answer. Other functions NVML has and this library lacks are not exported.
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -379,7 +381,16 @@ not_supported! {
     nvmlDeviceGetTemperature(sensor: c_uint, temp: *mut c_uint);
     nvmlDeviceGetPowerUsage(power: *mut c_uint);
     nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
+    nvmlDeviceGetComputeRunningProcesses(count: *mut c_uint, infos: *mut u8);
+    nvmlDeviceGetComputeRunningProcesses_v2(count: *mut c_uint, infos: *mut u8);
     nvmlDeviceGetComputeRunningProcesses_v3(count: *mut c_uint, infos: *mut u8);
+    // No NVLink or NVSwitch fabric joins the devices of a lease as the client sees them (their
+    // memory is reached through rgpu, not peer to peer): what NVML says of a GPU without links.
+    nvmlDeviceGetNvLinkState(link: c_uint, active: *mut c_uint);
+    nvmlDeviceGetNvLinkRemoteDeviceType(link: c_uint, kind: *mut c_uint);
+    nvmlDeviceGetNvLinkRemotePciInfo_v2(link: c_uint, pci: *mut NvmlPciInfo);
+    nvmlDeviceGetGpuFabricInfo(info: *mut u8);
+    nvmlDeviceGetGpuFabricInfoV(info: *mut u8);
 }
 
 #[cfg(test)]
