@@ -8,8 +8,11 @@
 //! them reconverge at the first common instruction of structured code
 //! (nvcc's layout puts a branch's join point after both sides), so
 //! warp-collective instructions (`shfl`, `vote`, `match`) see the lanes the
-//! program expects. `bar.sync` stops a warp until every live warp of the
-//! block has reached a barrier; warps of a block take turns on one host
+//! program expects. `bar.sync` counts threads: lanes that reach it wait
+//! while the warp's other live lanes run on (a lane on a path laid out
+//! after the barrier, as LLVM places loops out of line, may be on its way to
+//! the same barrier), and a warp waits once all its live lanes do; the block
+//! goes on when every live warp waits. Warps of a block take turns on one host
 //! thread, so shared memory needs no locking. Global memory is shared by
 //! all host threads: plain accesses are relaxed atomic loads/stores of the
 //! access size, atomics are compare-and-swap loops.
@@ -77,6 +80,10 @@ struct Warp {
     pcs: [u32; LANES],
     alive: u32,
     at_bar: bool,
+    /// Lanes that reached a barrier while other lanes of the warp, on another path, had not:
+    /// they wait there while the others run on to a barrier (or exit), because `bar.sync`
+    /// counts threads, not warps (a diverged lane may be on its way to the same barrier).
+    bar_wait: u32,
     /// bar.red in flight: (op, dst, lanes waiting, lanes whose predicate held).
     bar_red: Option<(BarRed, u32, u32, u32)>,
     first_thread: u32,
@@ -177,6 +184,7 @@ impl<'a> BlockRunner<'a> {
                 pcs: [0; LANES],
                 alive: 0,
                 at_bar: false,
+                bar_wait: 0,
                 bar_red: None,
                 first_thread: (w * LANES) as u32,
             })
@@ -195,6 +203,7 @@ impl<'a> BlockRunner<'a> {
             let live = nthreads - w.first_thread;
             w.alive = if live >= 32 { u32::MAX } else { (1u32 << live) - 1 };
             w.at_bar = false;
+            w.bar_wait = 0;
             w.bar_red = None;
             w.local.fill(0);
             let r = &mut w.regs;
@@ -265,6 +274,7 @@ impl<'a> BlockRunner<'a> {
                     }
                 }
                 w.at_bar = false;
+                w.bar_wait = 0;
             }
         }
     }
@@ -277,7 +287,7 @@ impl<'a> BlockRunner<'a> {
 
     fn run_warp(&mut self, w: &mut Warp, ctaid: [u32; 3], out: &mut Vec<u8>, count: &mut u64) -> Result<Stop, ExecError> {
         let insts = &self.sh.prog.insts;
-        let (mut pc, mut mask, mut other) = regroup(&w.pcs, w.alive);
+        let (mut pc, mut mask, mut other) = regroup(&w.pcs, w.alive & !w.bar_wait);
         let mut steps: u32 = 0;
         loop {
             steps = steps.wrapping_add(1);
@@ -291,8 +301,12 @@ impl<'a> BlockRunner<'a> {
                 if w.alive == 0 {
                     return Ok(Stop::Exited);
                 }
+                if w.alive & !w.bar_wait == 0 {
+                    w.at_bar = true;
+                    return Ok(Stop::Barrier);
+                }
                 set_pcs(&mut w.pcs, mask, pc);
-                (pc, mask, other) = regroup(&w.pcs, w.alive);
+                (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
                 continue;
             };
             let mut active = mask;
@@ -313,13 +327,13 @@ impl<'a> BlockRunner<'a> {
                         pc += 1;
                         if pc >= other {
                             set_pcs(&mut w.pcs, mask, pc);
-                            (pc, mask, other) = regroup(&w.pcs, w.alive);
+                            (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
                         }
                         continue;
                     }
                     set_pcs(&mut w.pcs, active, t);
                     set_pcs(&mut w.pcs, stay, pc + 1);
-                    (pc, mask, other) = regroup(&w.pcs, w.alive);
+                    (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
                     continue;
                 }
                 Op::Exit => {
@@ -327,9 +341,13 @@ impl<'a> BlockRunner<'a> {
                     if w.alive == 0 {
                         return Ok(Stop::Exited);
                     }
+                    if w.alive & !w.bar_wait == 0 {
+                        w.at_bar = true;
+                        return Ok(Stop::Barrier);
+                    }
                     mask &= !active;
                     if mask == 0 {
-                        (pc, mask, other) = regroup(&w.pcs, w.alive);
+                        (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
                         continue;
                     }
                 }
@@ -344,10 +362,16 @@ impl<'a> BlockRunner<'a> {
                                     yes |= 1 << l;
                                 }
                             }
-                            w.bar_red = Some((*op, *d, active, yes));
+                            let (waiting, held) = w.bar_red.map_or((0, 0), |(_, _, wt, y)| (wt, y));
+                            w.bar_red = Some((*op, *d, waiting | active, held | yes));
                         }
-                        w.at_bar = true;
-                        return Ok(Stop::Barrier);
+                        w.bar_wait |= active;
+                        if w.alive & !w.bar_wait == 0 {
+                            w.at_bar = true;
+                            return Ok(Stop::Barrier);
+                        }
+                        (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                        continue;
                     }
                 }
                 op => {
@@ -361,7 +385,7 @@ impl<'a> BlockRunner<'a> {
             pc += 1;
             if pc >= other {
                 set_pcs(&mut w.pcs, mask, pc);
-                (pc, mask, other) = regroup(&w.pcs, w.alive);
+                (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
             }
         }
     }
@@ -828,7 +852,7 @@ impl<'a> BlockRunner<'a> {
 }
 
 fn empty_warp() -> Warp {
-    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_red: None, first_thread: 0 }
+    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, bar_red: None, first_thread: 0 }
 }
 
 /// (smallest pc among live lanes, lanes at it, smallest pc among the others).

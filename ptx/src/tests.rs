@@ -191,6 +191,25 @@ fn shared_memory_barriers_and_atomics() {
     assert_eq!(f32::from_bits(r[7]), (64 * 128) as f32);
 }
 
+/// A lane whose path to a barrier is laid out after the kernel's `ret` (LLVM puts loops out
+/// of line: numba's reduction kernels look like this) must get there before the block passes
+/// it: `bar.sync` counts threads. The interpreter let the block pass once the lanes with the
+/// lower program counter arrived, so thread 0 read the shared sum before lane 5 had added to
+/// it (numba's `cuda.reduce` returned sums short by whole warps).
+#[test]
+fn a_barrier_waits_for_lanes_on_an_out_of_line_path() {
+    let src = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 p)\n{\n.reg .pred %p<4>;\n.reg .b32 %r<8>;\n.reg .b64 %rd<4>;\n.shared .align 4 .u32 acc;\n\
+        ld.param.u64 %rd1, [p];\nmov.u32 %r1, %tid.x;\nsetp.eq.s32 %p1, %r1, 5;\n@%p1 bra $L_loop;\n\
+        $L_join:\nbar.red.popc.u32 %r5, 0, 1;\nsetp.ne.s32 %p2, %r1, 0;\n@%p2 bra $L_done;\nld.shared.u32 %r3, [acc];\nst.global.u32 [%rd1], %r3;\nst.global.u32 [%rd1+4], %r5;\n\
+        $L_done:\nret;\n\
+        $L_loop:\nmov.u32 %r2, 0;\n$L_again:\nld.shared.u32 %r3, [acc];\nadd.u32 %r3, %r3, 1;\nst.shared.u32 [acc], %r3;\nadd.u32 %r2, %r2, 1;\nsetp.lt.u32 %p3, %r2, 10;\n@%p3 bra $L_again;\nbra.uni $L_join;\n}\n";
+    for block in [32, 64, 40] {
+        let r = run_words(src, cfg(1, block), &[0, 0]).unwrap();
+        assert_eq!(r[0], 10, "block of {block}: the shared count thread 0 read after the barrier");
+        assert_eq!(r[1], block, "block of {block}: threads counted by bar.red");
+    }
+}
+
 #[test]
 fn bar_red_counts_the_block() {
     let r = per_thread("and.b32 %r2, %r0, 3;\nsetp.eq.s32 %p1, %r2, 0;\nbar.red.popc.u32 %r1, 0, %p1;", 128);

@@ -58,4 +58,13 @@ assert total.copy_to_host()[0] == n, total.copy_to_host()
 
 roots[(n + 255) // 256, 256](cuda.to_device(x), out)
 assert np.allclose(out.copy_to_host(), 0.0, atol=1e-5), "sqrt(x)^2 - |x|"
-print("ok: numba kernels: axpy, shared-memory block sum with atomics, math functions")
+# numba's reduction kernels: for a partial last warp, lane 0 sums it in a loop that LLVM lays
+# out after the kernel's return, then meets the other lanes at a barrier. The sim once let the
+# block pass that barrier without it: sums of 63 or 127 values came out short, reporting success.
+sum_reduce = cuda.Reduce(lambda a, b: a + b)
+for size in (1, 31, 33, 63, 64, 127, 129, 1025, 34567):
+    a = np.arange(size, dtype=np.float64) + 1
+    got = sum_reduce(a)
+    assert got == a.sum(), (size, got, a.sum())
+
+print("ok: numba kernels: axpy, shared-memory block sum with atomics, math functions, cuda.reduce")
