@@ -454,6 +454,65 @@ impl<'a> BlockRunner<'a> {
                 });
                 store(regs, m, d, &r);
             }
+            Op::Carry { f, bits, signed, cc_in, cc_out, d, a, b, c } => {
+                let (av, bv, cv) = (fetch(regs, a), fetch(regs, b), fetch(regs, c));
+                let mk = width_mask(bits) as u128;
+                let mut r = [0u64; LANES];
+                let mut cf = [0u64; LANES];
+                for l in 0..LANES {
+                    let cin = if cc_in { (regs[special::CC as usize * LANES + l] & 1) as u128 } else { 0 };
+                    let (x, y, z) = (av[l] as u128 & mk, bv[l] as u128 & mk, cv[l] as u128 & mk);
+                    let (v, out) = match f {
+                        CarryOp::Sub => (x.wrapping_sub(y + cin), x < y + cin),
+                        _ => {
+                            let addend = match f {
+                                CarryOp::Add => y,
+                                CarryOp::MadLo => (x * y) & mk,
+                                _ if signed => {
+                                    let sx = |v: u128| sign_extend(v as u64, bits as u32) as i64 as i128;
+                                    ((sx(x) * sx(y)) >> bits) as u128 & mk
+                                }
+                                _ => (x * y) >> bits,
+                            };
+                            let base = if f == CarryOp::Add { x } else { z };
+                            let t = base + addend + cin;
+                            (t, t >> bits != 0)
+                        }
+                    };
+                    r[l] = (v & mk) as u64;
+                    cf[l] = out as u64;
+                }
+                store(regs, m, d, &r);
+                if cc_out {
+                    store(regs, m, special::CC, &cf);
+                }
+            }
+            Op::FDirected { f, t, mode, m: fm, d, a, b, c } => {
+                let (av, bv, cv) = (fetch(regs, a), fetch(regs, b), fetch(regs, c));
+                let r: [u64; LANES] = std::array::from_fn(|l| match t {
+                    FT::F64 => {
+                        let (x, y) = (f64::from_bits(av[l]), f64::from_bits(bv[l]));
+                        canon64(match f {
+                            FDir::Add => float::add64(x, y, mode),
+                            FDir::Sub => float::add64(x, -y, mode),
+                            _ => float::mul64(x, y, mode),
+                        })
+                    }
+                    _ => {
+                        let g = |v: u64| if fm.ftz { ftz32(f32::from_bits(v as u32)) } else { f32::from_bits(v as u32) };
+                        let (x, y, z) = (g(av[l]), g(bv[l]), g(cv[l]));
+                        fin32(match f {
+                            FDir::Add => float::add32(x, y, mode),
+                            FDir::Sub => float::add32(x, -y, mode),
+                            FDir::Mul => float::mul32(x, y, mode),
+                            FDir::Div => float::div32(x, y, mode),
+                            FDir::Fma => float::fma32(x, y, z, mode),
+                            FDir::Sqrt => float::sqrt32(x, mode),
+                        }, fm)
+                    }
+                });
+                store(regs, m, d, &r);
+            }
             Op::Setp { cmp, t, d, d2, a, b, comb } => {
                 let (av, bv) = (fetch(regs, a), fetch(regs, b));
                 let cv = comb.map(|(_, p, _)| fetch(regs, p));

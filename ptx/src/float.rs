@@ -93,6 +93,123 @@ pub fn next_down_f64(x: f64) -> f64 {
     -next_up_f64(-x)
 }
 
+/// Arithmetic under a directed rounding mode (`.rz`, `.rm`, `.rp`), which the host's FPU is not
+/// switched to: each result is first rounded to nearest, then moved one step when the exact
+/// value lies on the other side. The exact value is known as an unevaluated pair `hi + lo`
+/// from error-free transformations (TwoSum; an fma for the error of a product, a quotient or
+/// a square root), so the step is never taken on a guess.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Directed {
+    /// Towards zero.
+    Zero,
+    /// Towards minus infinity.
+    Down,
+    /// Towards plus infinity.
+    Up,
+}
+
+/// Exact `x + y` as `(s, e)`: `s` rounded to nearest, `e` the error (TwoSum).
+fn two_sum(x: f64, y: f64) -> (f64, f64) {
+    let s = x + y;
+    let bb = s - x;
+    (s, (x - (s - bb)) + (y - bb))
+}
+
+/// Whether the exact value `hi + lo` lies above / below the candidate `r` (already rounded
+/// to nearest from it). `lo` only matters when `hi` is `r` itself; otherwise `hi` is off the
+/// result type's grid by more than `|lo|` and alone says on which side the exact value is.
+fn sides(r: f64, hi: f64, lo: f64, finite_inputs: bool) -> (bool, bool) {
+    if r.is_infinite() && finite_inputs && !hi.is_nan() {
+        // Overflowed to nearest infinity: the exact value is finite, inside it.
+        return (r < 0.0, r > 0.0);
+    }
+    if r == hi {
+        (lo > 0.0, lo < 0.0)
+    } else {
+        (hi > r, hi < r)
+    }
+}
+
+fn step32(r: f32, above: bool, below: bool, mode: Directed) -> f32 {
+    match mode {
+        Directed::Down if below => next_down_f32(r),
+        Directed::Up if above => next_up_f32(r),
+        Directed::Zero if r > 0.0 && below => next_down_f32(r),
+        Directed::Zero if r < 0.0 && above => next_up_f32(r),
+        _ => r,
+    }
+}
+
+fn step64(r: f64, above: bool, below: bool, mode: Directed) -> f64 {
+    match mode {
+        Directed::Down if below => next_down_f64(r),
+        Directed::Up if above => next_up_f64(r),
+        Directed::Zero if r > 0.0 && below => next_down_f64(r),
+        Directed::Zero if r < 0.0 && above => next_up_f64(r),
+        _ => r,
+    }
+}
+
+/// Rounds the exact value `hi + lo` to f32 in `mode`.
+fn round_pair32(hi: f64, lo: f64, finite_inputs: bool, mode: Directed) -> f32 {
+    let r = hi as f32;
+    if r.is_nan() {
+        return r;
+    }
+    let (above, below) = sides(r as f64, hi, lo, finite_inputs);
+    step32(r, above, below, mode)
+}
+
+pub fn add32(x: f32, y: f32, mode: Directed) -> f32 {
+    let (s, e) = two_sum(x as f64, y as f64);
+    round_pair32(s, e, x.is_finite() && y.is_finite(), mode)
+}
+
+pub fn mul32(x: f32, y: f32, mode: Directed) -> f32 {
+    // 24 x 24 significant bits fit f64's 53: the product is exact.
+    round_pair32(x as f64 * y as f64, 0.0, x.is_finite() && y.is_finite(), mode)
+}
+
+pub fn fma32(x: f32, y: f32, z: f32, mode: Directed) -> f32 {
+    let (s, e) = two_sum(x as f64 * y as f64, z as f64);
+    round_pair32(s, e, x.is_finite() && y.is_finite() && z.is_finite(), mode)
+}
+
+pub fn div32(x: f32, y: f32, mode: Directed) -> f32 {
+    let (x, y) = (x as f64, y as f64);
+    let q = x / y;
+    // x - q*y exactly; its sign over y's is the sign of the quotient's error.
+    let rem = (-q).mul_add(y, x);
+    round_pair32(q, if rem == 0.0 || rem.is_nan() { 0.0 } else { rem / y }, x.is_finite() && y != 0.0, mode)
+}
+
+pub fn sqrt32(x: f32, mode: Directed) -> f32 {
+    let x = x as f64;
+    let s = x.sqrt();
+    let rem = (-s).mul_add(s, x);
+    round_pair32(s, if rem == 0.0 || rem.is_nan() { 0.0 } else { rem }, x.is_finite(), mode)
+}
+
+pub fn add64(x: f64, y: f64, mode: Directed) -> f64 {
+    let (s, e) = two_sum(x, y);
+    if s.is_nan() {
+        return s;
+    }
+    let (above, below) = sides(s, s, e, x.is_finite() && y.is_finite());
+    step64(s, above, below, mode)
+}
+
+pub fn mul64(x: f64, y: f64, mode: Directed) -> f64 {
+    let p = x * y;
+    if p.is_nan() {
+        return p;
+    }
+    // The product's error is exact unless the product is subnormal.
+    let e = x.mul_add(y, -p);
+    let (above, below) = sides(p, p, e, x.is_finite() && y.is_finite());
+    step64(p, above, below, mode)
+}
+
 /// Flush-to-zero for f32 (`.ftz`): subnormals become zero of the same sign.
 #[inline]
 pub fn ftz32(x: f32) -> f32 {
@@ -127,5 +244,53 @@ mod tests {
             let expect = (u + 0x7fff + ((u >> 16) & 1)) >> 16;
             assert_eq!(b, expect, "{v}");
         }
+    }
+
+    #[test]
+    fn directed_rounding_brackets_the_exact_value() {
+        use super::Directed::*;
+        // 1 + 2^-30 is not an f32: down/zero give 1, up the next f32 above 1.
+        let tiny = (2.0f32).powi(-30);
+        assert_eq!(add32(1.0, tiny, Down), 1.0);
+        assert_eq!(add32(1.0, tiny, Zero), 1.0);
+        assert_eq!(add32(1.0, tiny, Up), next_up_f32(1.0));
+        assert_eq!(add32(-1.0, -tiny, Zero), -1.0);
+        assert_eq!(add32(-1.0, -tiny, Down), next_down_f32(-1.0));
+        // A huge gap that f64 itself rounds away: the error still counts.
+        assert_eq!(add32(1.0, 1e-30, Up), next_up_f32(1.0));
+        // Exact results do not move.
+        assert_eq!(add32(1.5, 0.25, Up), 1.75);
+        assert_eq!(mul32(3.0, 0.5, Down), 1.5);
+        // 1/3 lies between two f32s; round to nearest picks the upper one.
+        let third = 1.0f32 / 3.0;
+        assert!(third as f64 > 1.0 / 3.0);
+        assert_eq!(div32(1.0, 3.0, Down), next_down_f32(third));
+        assert_eq!(div32(1.0, 3.0, Up), third);
+        assert_eq!(div32(-1.0, 3.0, Zero), -next_down_f32(third));
+        assert_eq!(div32(-1.0, 3.0, Down), -third);
+        assert!((sqrt32(2.0, Up) as f64) > 2f64.sqrt() && (sqrt32(2.0, Down) as f64) < 2f64.sqrt());
+        assert_eq!(sqrt32(4.0, Up), 2.0);
+        // fma: 1 + 2^-24 * 2^-24 rounds down to 1, up to the next.
+        let e = (2.0f32).powi(-24);
+        assert_eq!(fma32(e, e, 1.0, Zero), 1.0);
+        assert_eq!(fma32(e, e, 1.0, Up), next_up_f32(1.0));
+        // Overflow: towards zero stops at the largest finite value.
+        assert_eq!(mul32(f32::MAX, 2.0, Zero), f32::MAX);
+        assert_eq!(mul32(f32::MAX, 2.0, Up), f32::INFINITY);
+        assert_eq!(mul32(f32::MAX, -2.0, Up), -f32::MAX);
+        assert_eq!(add32(f32::INFINITY, 1.0, Zero), f32::INFINITY);
+        assert!(add32(f32::INFINITY, f32::NEG_INFINITY, Up).is_nan());
+        assert_eq!(div32(1.0, 0.0, Zero), f32::INFINITY);
+        // Underflow to zero: up gives the smallest subnormal.
+        assert_eq!(mul32(1e-30, 1e-30, Up), f32::from_bits(1));
+        assert_eq!(mul32(1e-30, 1e-30, Zero), 0.0);
+        // f64.
+        let t = 2f64.powi(-60);
+        assert_eq!(add64(1.0, t, Up), next_up_f64(1.0));
+        assert_eq!(add64(1.0, t, Down), 1.0);
+        // fl(1/3) < 1/3, so 3 * fl(1/3) is just below 1, which round to nearest gives.
+        assert_eq!(mul64(1.0 / 3.0, 3.0, Up), 1.0);
+        assert_eq!(mul64(1.0 / 3.0, 3.0, Down), next_down_f64(1.0));
+        assert_eq!(mul64(f64::MAX, 2.0, Zero), f64::MAX);
     }
 }

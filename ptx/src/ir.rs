@@ -104,6 +104,28 @@ pub enum F2 {
     Copysign,
 }
 
+/// Carry-chain arithmetic: the carry flag (a borrow for subtraction) is read when `cc_in`
+/// (`addc`, `subc`, `madc`) and written when `cc_out` (`.cc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CarryOp {
+    Add,
+    Sub,
+    /// low half of a*b, plus c.
+    MadLo,
+    /// high half of a*b, plus c.
+    MadHi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FDir {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Fma,
+    Sqrt,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum F1 {
     Neg,
@@ -262,6 +284,10 @@ pub enum Op {
     F2 { f: F2, t: FT, m: FMod, d: u32, a: Src, b: Src },
     F1 { f: F1, t: FT, m: FMod, d: u32, a: Src },
     Fma { t: FT, m: FMod, d: u32, a: Src, b: Src, c: Src },
+    /// f32 add/sub/mul/div/fma/sqrt and f64 add/sub/mul under `.rz`/`.rm`/`.rp` (`b`, `c`
+    /// unused where the operation takes fewer sources; sub is lowered to add of `-b`).
+    Carry { f: CarryOp, bits: u8, signed: bool, cc_in: bool, cc_out: bool, d: u32, a: Src, b: Src, c: Src },
+    FDirected { f: FDir, t: FT, mode: crate::float::Directed, m: FMod, d: u32, a: Src, b: Src, c: Src },
     Setp { cmp: Cmp, t: CmpTy, d: Option<u32>, d2: Option<u32>, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
     /// `set`: d is all ones (or 1.0f) when true.
     Set { cmp: Cmp, t: CmpTy, float_dst: bool, d: u32, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
@@ -321,7 +347,9 @@ pub mod special {
     pub const GRIDID: u32 = 22;
     pub const DYN_SMEM: u32 = 23;
     pub const TOTAL_SMEM: u32 = 24;
-    pub const COUNT: u32 = 25;
+    /// The carry flag of carry chains (`CC.CF`), one per thread; not nameable in PTX.
+    pub const CC: u32 = 25;
+    pub const COUNT: u32 = 26;
 
     pub fn lookup(name: &str) -> Option<u32> {
         Some(match name {

@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use crate::float::Directed;
 use crate::ir::*;
 use crate::parse::{self, Ast, Function, Instruction, Operand, Stmt, Var};
 use crate::PtxError;
@@ -129,6 +130,19 @@ fn cmp_op(m: &str) -> Option<Cmp> {
         "nan" => Cmp::Nan,
         _ => return None,
     })
+}
+
+/// The directed rounding mode an arithmetic instruction names, if any.
+fn directed(i: &Instruction) -> Option<Directed> {
+    if i.has("rz") {
+        Some(Directed::Zero)
+    } else if i.has("rm") {
+        Some(Directed::Down)
+    } else if i.has("rp") {
+        Some(Directed::Up)
+    } else {
+        None
+    }
 }
 
 fn rnd_of(m: &str) -> Option<Rnd> {
@@ -429,9 +443,25 @@ impl<'a> Lowerer<'a> {
         }
     }
 
+    /// An instruction of a carry chain (`add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`).
+    fn carry(&mut self, i: &Instruction, f: CarryOp, bits: u8, signed: bool, cc_in: bool, cc_out: bool) -> Result<Op, PtxError> {
+        let o = &i.operands;
+        let n = if matches!(f, CarryOp::MadLo | CarryOp::MadHi) { 4 } else { 3 };
+        if o.len() != n || !(bits == 32 || bits == 64) {
+            return Err(unsupported(i.line, i.text()));
+        }
+        let d = self.dst(&o[0], i.line)?;
+        let a = self.src(&o[1], None, i.line)?;
+        let b = self.src(&o[2], None, i.line)?;
+        let c = if n == 4 { self.src(&o[3], None, i.line)? } else { Src::C(0) };
+        Ok(Op::Carry { f, bits, signed, cc_in, cc_out, d, a, b, c })
+    }
+
     /// A source operand; `ft` converts float literals to the instruction's type.
     fn src(&mut self, o: &Operand, ft: Option<FT>, line: u32) -> Result<Src, PtxError> {
         Ok(match o {
+            // The warp size as a constant: what CUDA C's `warpSize` compiles to.
+            Operand::Name(n) if n == "WARP_SZ" && !self.is_reg(n) => Src::C(32),
             Operand::Name(n) => {
                 if special::lookup(n).is_some() || self.is_reg(n) {
                     Src::R(self.reg(n, line)?)
@@ -718,6 +748,19 @@ impl<'a> Lowerer<'a> {
             "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor" | "shl" | "shr" | "mul24" | "copysign" => {
                 need(3)?;
                 if let Some(ft) = float_ty(ty) {
+                    if let Some(mode) = directed(i) {
+                        check(&["rz", "rm", "rp", "ftz", "sat"])?;
+                        let f = match (i.opcode.as_str(), ft) {
+                            ("add", FT::F32 | FT::F64) => FDir::Add,
+                            ("sub", FT::F32 | FT::F64) => FDir::Sub,
+                            ("mul", FT::F32 | FT::F64) => FDir::Mul,
+                            ("div", FT::F32) => FDir::Div,
+                            _ => return Err(un()),
+                        };
+                        let d = self.dst(&o[0], line)?;
+                        let (a, b) = (self.src(&o[1], Some(ft), line)?, self.src(&o[2], Some(ft), line)?);
+                        return Ok(Some(Op::FDirected { f, t: ft, mode, m: fmod, d, a, b, c: Src::C(0) }));
+                    }
                     check(&["rn", "ftz", "sat", "approx", "full", "NaN"])?;
                     if i.has("NaN") {
                         return Err(un());
@@ -737,6 +780,15 @@ impl<'a> Lowerer<'a> {
                     Op::F2 { f, t: ft, m: fmod, d, a, b }
                 } else {
                     let (bits, signed) = int_ty(ty).ok_or_else(un)?;
+                    if i.has("cc") {
+                        check(&["cc"])?;
+                        let f = match i.opcode.as_str() {
+                            "add" => CarryOp::Add,
+                            "sub" => CarryOp::Sub,
+                            _ => return Err(un()),
+                        };
+                        return self.carry(i, f, bits, signed, false, true).map(Some);
+                    }
                     check(&["lo", "hi", "wide", "sat"])?;
                     let f = match (i.opcode.as_str(), i.has("hi"), i.has("wide"), i.has("sat")) {
                         ("add", false, false, false) => I2::Add,
@@ -763,13 +815,38 @@ impl<'a> Lowerer<'a> {
                     Op::I2 { f, bits, signed, d, a, b }
                 }
             }
+            "addc" | "subc" | "madc" => {
+                let (bits, signed) = int_ty(ty).ok_or_else(un)?;
+                let f = match (i.opcode.as_str(), i.has("hi")) {
+                    ("addc", false) => CarryOp::Add,
+                    ("subc", false) => CarryOp::Sub,
+                    ("madc", false) => CarryOp::MadLo,
+                    ("madc", true) => CarryOp::MadHi,
+                    _ => return Err(un()),
+                };
+                check(if f == CarryOp::MadLo || f == CarryOp::MadHi { &["lo", "hi", "cc"] } else { &["cc"] })?;
+                self.carry(i, f, bits, signed, true, i.has("cc"))?
+            }
             "mad" | "fma" | "mad24" => {
                 need(4)?;
                 if let Some(ft) = float_ty(ty) {
-                    check(&["rn", "ftz", "sat"])?;
+                    let mode = directed(i);
+                    check(&["rn", "rz", "rm", "rp", "ftz", "sat"])?;
                     let d = self.dst(&o[0], line)?;
                     let (a, b, c) = (self.src(&o[1], Some(ft), line)?, self.src(&o[2], Some(ft), line)?, self.src(&o[3], Some(ft), line)?);
-                    Op::Fma { t: ft, m: fmod, d, a, b, c }
+                    match mode {
+                        None => Op::Fma { t: ft, m: fmod, d, a, b, c },
+                        Some(mode) if ft == FT::F32 => Op::FDirected { f: FDir::Fma, t: ft, mode, m: fmod, d, a, b, c },
+                        Some(_) => return Err(un()),
+                    }
+                } else if i.has("cc") {
+                    check(&["lo", "hi", "cc"])?;
+                    let (bits, signed) = int_ty(ty).ok_or_else(un)?;
+                    let f = if i.has("hi") { CarryOp::MadHi } else { CarryOp::MadLo };
+                    if i.opcode != "mad" {
+                        return Err(un());
+                    }
+                    return self.carry(i, f, bits, signed, false, true).map(Some);
                 } else {
                     check(&["lo", "hi", "wide"])?;
                     let (bits, signed) = int_ty(ty).ok_or_else(un)?;
@@ -787,6 +864,16 @@ impl<'a> Lowerer<'a> {
             }
             "neg" | "abs" | "not" | "cnot" | "popc" | "clz" | "brev" | "bfind" | "sqrt" | "rsqrt" | "rcp" | "ex2" | "lg2" | "sin" | "cos" | "tanh" => {
                 need(2)?;
+                if let (Some(FT::F32), Some(mode)) = (float_ty(ty), directed(i)) {
+                    check(&["rz", "rm", "rp", "ftz"])?;
+                    let d = self.dst(&o[0], line)?;
+                    let x = self.src(&o[1], Some(FT::F32), line)?;
+                    return Ok(Some(match i.opcode.as_str() {
+                        "sqrt" => Op::FDirected { f: FDir::Sqrt, t: FT::F32, mode, m: fmod, d, a: x, b: Src::C(0), c: Src::C(0) },
+                        "rcp" => Op::FDirected { f: FDir::Div, t: FT::F32, mode, m: fmod, d, a: Src::C(1.0f32.to_bits() as u64), b: x, c: Src::C(0) },
+                        _ => return Err(un()),
+                    }));
+                }
                 if let Some(ft) = float_ty(ty) {
                     check(&["rn", "ftz", "approx", "full"])?;
                     let f = match i.opcode.as_str() {

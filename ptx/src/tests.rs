@@ -237,13 +237,60 @@ fn time_limit_ends_an_endless_kernel() {
     assert_eq!(e.fault, Fault::Timeout);
 }
 
+/// Carry chains as libdevice's trigonometric range reduction and multi-word integer code use
+/// them, checked against u128 arithmetic here.
+#[test]
+fn carry_chains() {
+    // 64-bit sum from 32-bit halves: (2^32 - 1 + t) + (1 + t * 2^32), per thread t.
+    let r = per_thread(
+        "mov.u32 %r2, -1;\nadd.u32 %r2, %r2, %r0;\nmov.u32 %r3, %r0;\nadd.cc.u32 %r4, %r2, 1;\naddc.u32 %r5, %r3, %r0;\nxor.b32 %r1, %r4, %r5;",
+        64,
+    );
+    for (t, v) in r.iter().enumerate() {
+        let t = t as u64;
+        let x = t << 32 | (u32::MAX as u64 + t) & 0xffff_ffff;
+        let sum = x.wrapping_add(t << 32 | 1);
+        assert_eq!(*v, (sum as u32) ^ ((sum >> 32) as u32), "thread {t}");
+    }
+    // Borrow through subc, and madc.hi with the carry of mad.lo.cc (a 32x32 -> 64 product
+    // plus a 64-bit addend, the way libdevice writes it).
+    let r = per_thread(
+        "mov.u32 %r2, 0;\nsub.cc.u32 %r3, %r2, %r0;\nsubc.u32 %r4, %r2, 0;\n\
+         mov.u32 %r6, -7;\nmad.lo.cc.u32 %r7, %r6, %r6, %r6;\nmadc.hi.u32 %r8, %r6, %r6, %r0;\n\
+         xor.b32 %r1, %r4, %r8;\nxor.b32 %r1, %r1, %r7;",
+        40,
+    );
+    for (t, v) in r.iter().enumerate() {
+        let t = t as u64;
+        let hi_borrow = if t > 0 { u32::MAX } else { 0 }; // 0 - t borrows for t > 0
+        let a = (u32::MAX - 6) as u64;
+        let full = a as u128 * a as u128 + (t << 32 | a) as u128;
+        let (lo, hi) = (full as u32, (full >> 32) as u32);
+        assert_eq!(*v, hi_borrow ^ hi ^ lo, "thread {t}");
+    }
+}
+
+#[test]
+fn directed_rounding_and_the_warp_size_constant() {
+    // 1 + 2^-30: towards zero stays at 1.0 (0x3f800000), upwards goes to 0x3f800001.
+    let r = per_thread("mov.f32 %f1, 0f3F800000;\nmov.f32 %f2, 0f30800000;\nadd.rz.f32 %f3, %f1, %f2;\nadd.rp.f32 %f4, %f1, %f2;\nmov.b32 %r2, %f3;\nmov.b32 %r3, %f4;\nsub.u32 %r1, %r3, %r2;", 1);
+    assert_eq!(r, [1]);
+    let r = per_thread("mov.f32 %f1, 0f3F800000;\nmov.f32 %f2, 0f40400000;\ndiv.rm.f32 %f3, %f1, %f2;\nmov.b32 %r1, %f3;", 1);
+    assert_eq!(r, [float::next_down_f32(1.0f32 / 3.0).to_bits()]);
+    let r = per_thread("mov.f32 %f1, 0f3F800000;\nmov.f32 %f2, 0f33800000;\nfma.rz.f32 %f3, %f2, %f2, %f1;\nmov.b32 %r1, %f3;", 1);
+    assert_eq!(r, [1.0f32.to_bits()]);
+    let r = per_thread("mov.u32 %r1, WARP_SZ;", 2);
+    assert_eq!(r, [32, 32]);
+}
+
 #[test]
 fn unknown_instructions_are_refused_at_lowering() {
-    let src = kernel("addc.cc.u32 %r1, %r1, 1;");
+    // Directed rounding of an f64 quotient is not modelled (f32's is).
+    let src = kernel("div.rz.f64 %fd1, %fd1, %fd1;");
     let m = Module::parse(&src).unwrap();
     let e = m.lower("k", &|_| None).unwrap_err();
-    assert!(matches!(&e, PtxError::Unsupported { what, .. } if what == "addc.cc.u32"), "{e}");
-    let src = kernel("add.rz.f32 %f1, %f1, %f1;");
+    assert!(matches!(&e, PtxError::Unsupported { what, .. } if what == "div.rz.f64"), "{e}");
+    let src = kernel("fma.rm.f64 %fd1, %fd1, %fd1, %fd1;");
     assert!(Module::parse(&src).unwrap().lower("k", &|_| None).is_err());
 }
 

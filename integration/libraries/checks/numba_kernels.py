@@ -35,13 +35,20 @@ def block_sum(x, out):
         cuda.atomic.add(out, 0, s[0])
 
 
-# sqrt and fabs map to PTX instructions; libdevice's sin/cos need carry-chain
-# instructions the sim's interpreter does not have yet (issue 14), and fail clearly.
+# sqrt and fabs map to PTX instructions; libdevice's sin/cos/tan reduce their argument with
+# carry chains (mad.lo.cc, madc) and its float32 functions round with .rz/.rm/.rp.
 @cuda.jit
 def roots(x, out):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = math.sqrt(x[i]) * math.sqrt(x[i]) - math.fabs(-x[i])
+
+
+@cuda.jit
+def trig(x, out):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = math.sin(x[i]) + math.cos(x[i]) + math.log1p(math.fabs(x[i]))
 
 
 n = 10_000
@@ -58,6 +65,14 @@ assert total.copy_to_host()[0] == n, total.copy_to_host()
 
 roots[(n + 255) // 256, 256](cuda.to_device(x), out)
 assert np.allclose(out.copy_to_host(), 0.0, atol=1e-5), "sqrt(x)^2 - |x|"
+
+for dt, tol in ((np.float32, 4e-6), (np.float64, 1e-14)):
+    xs = np.linspace(-100, 100, 4096).astype(dt)
+    got = cuda.device_array_like(xs)
+    trig[16, 256](cuda.to_device(xs), got)
+    want = np.sin(xs) + np.cos(xs) + np.log1p(np.abs(xs))
+    err = np.max(np.abs(got.copy_to_host() - want) / (1 + np.abs(want)))
+    assert err < tol, (dt, err)
 # numba's reduction kernels: for a partial last warp, lane 0 sums it in a loop that LLVM lays
 # out after the kernel's return, then meets the other lanes at a barrier. The sim once let the
 # block pass that barrier without it: sums of 63 or 127 values came out short, reporting success.
@@ -67,4 +82,4 @@ for size in (1, 31, 33, 63, 64, 127, 129, 1025, 34567):
     got = sum_reduce(a)
     assert got == a.sum(), (size, got, a.sum())
 
-print("ok: numba kernels: axpy, shared-memory block sum with atomics, math functions, cuda.reduce")
+print("ok: numba kernels: axpy, shared-memory block sum with atomics, sqrt/sin/cos/log1p, cuda.reduce")
