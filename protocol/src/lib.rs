@@ -6,6 +6,7 @@
 //! - `broker_capnp`: the GPU pool broker (capnp-rpc): registration,
 //!   heartbeats, leases, drain; [`token`]: the lease tokens it signs;
 //!   [`scope`]: the topology unit a lease request names.
+//! - [`bundle`]: the image the shim's JIT linker hands back for several inputs.
 //! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
 //!   then raw bulk bytes.
 //!
@@ -29,6 +30,7 @@ pub mod data_capnp {
     include!("generated/data_capnp.rs");
 }
 
+pub mod bundle;
 pub mod frame;
 pub mod message;
 pub mod scope;

@@ -1,4 +1,5 @@
-//! The JIT linker (cuLink*), over `objects::link`: one image in, the same image out.
+//! The JIT linker (cuLink*), over `objects::link`: one image in, the same image out; several
+//! in, a link bundle out, which the server links when it is loaded.
 
 use std::ffi::{c_char, c_void, CStr};
 
@@ -59,7 +60,7 @@ fn add(s: &LinkState, ty: CUjitInputType, bytes: Vec<u8>, name: &str) -> CuResul
             return Err(CuError::NOT_SUPPORTED);
         }
     }
-    s.inputs.lock().unwrap_or_else(|e| e.into_inner()).push(bytes);
+    s.inputs.lock().unwrap_or_else(|e| e.into_inner()).push((ty.0 as u32, bytes));
     Ok(())
 }
 
@@ -112,24 +113,32 @@ pub(crate) unsafe fn add_file_v2(
 pub(crate) unsafe fn complete(s: CUlinkState, cubin: &mut *mut c_void, size: Option<&mut usize>) -> CuResult<()> {
     let st = state(s)?;
     let mut inputs = st.inputs.lock().unwrap_or_else(|e| e.into_inner());
-    let image = match inputs.len() {
-        0 => return Err(CuError::INVALID_VALUE),
-        1 => inputs.remove(0),
-        n => {
-            tracing::warn!("cuLinkComplete: linking {n} images together is not supported by rgpu yet");
-            return Err(CuError::NOT_SUPPORTED);
-        }
-    };
+    if inputs.is_empty() {
+        return Err(CuError::INVALID_VALUE);
+    }
     // An image must be whole: its headers may not claim more bytes than were added. Zero
     // padding keeps the header reads inside the buffer and leaves PTX (read to its NUL) as it is.
-    let mut padded = image;
-    if padded.len() < 64 {
-        padded.resize(64, 0);
+    for (_, image) in inputs.iter_mut() {
+        if image.len() < 64 {
+            image.resize(64, 0);
+        }
+        if image_bytes(image.as_ptr() as *const c_void)?.len() > image.len() {
+            return Err(CuError::INVALID_IMAGE);
+        }
     }
-    if image_bytes(padded.as_ptr() as *const c_void)?.len() > padded.len() {
-        return Err(CuError::INVALID_IMAGE);
-    }
-    let image = padded;
+    // One cubin or fatbin is already linked; PTX goes through the server's linker even alone,
+    // which refuses references nothing defines, as a driver's linker does.
+    let single_ptx = inputs.len() == 1 && inputs[0].0 == CUjitInputType::CU_JIT_INPUT_PTX.0 as u32;
+    let image = if inputs.len() == 1 && !single_ptx {
+        inputs.remove(0).1
+    } else {
+        if inputs.len() > rgpu_protocol::bundle::MAX_INPUTS {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let parts: Vec<rgpu_protocol::bundle::Input<'_>> =
+            inputs.iter().map(|(kind, bytes)| rgpu_protocol::bundle::Input { kind: *kind, bytes }).collect();
+        rgpu_protocol::bundle::encode(&parts)
+    };
     let mut out = st.output.lock().unwrap_or_else(|e| e.into_inner());
     let image = out.insert(image);
     *cubin = image.as_mut_ptr() as *mut c_void;

@@ -104,6 +104,13 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> CuResult<&'a [u8]> {
         return Err(CuError::INVALID_VALUE);
     }
     let p = image as *const u8;
+    // (The first byte first: a PTX string may be shorter than the magic.)
+    if *p == b'R' && std::slice::from_raw_parts(p, 8) == rgpu_protocol::bundle::MAGIC {
+        // What our cuLinkComplete returned for several inputs; its header gives its length.
+        let head: &[u8; 16] = &*(p as *const [u8; 16]);
+        let total = rgpu_protocol::bundle::announced_len(head).filter(|&t| t <= MAX_IMAGE).ok_or(CuError::INVALID_IMAGE)?;
+        return Ok(std::slice::from_raw_parts(p, total as usize));
+    }
     let magic = (p as *const u32).read_unaligned();
     match magic {
         FATBIN_WRAPPER_MAGIC => {

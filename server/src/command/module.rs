@@ -38,7 +38,24 @@ impl BulkHandler for ModuleLoad {
             return Err(CuError::INVALID_VALUE.into());
         }
         let image = bulk.read_to_vec()?;
-        let parsed = match crate::module::read_image_for(&image, s.backend.module_arch(self.device)) {
+        let arch = s.backend.module_arch(self.device);
+        // Several linker inputs: link them here, where the device and backend are known.
+        let image = if image.starts_with(rgpu_protocol::bundle::MAGIC) {
+            match crate::module::link_bundle(&image, arch) {
+                Ok(linked) => linked,
+                Err(e @ crate::module::ImageError::NothingToLink { .. }) => {
+                    warn!(module = self.handle, len, "linked module refused: {e}");
+                    return Err(CuError::NOT_SUPPORTED.into());
+                }
+                Err(e) => {
+                    warn!(module = self.handle, len, "linked module refused: {e}");
+                    return Err(CuError::INVALID_IMAGE.into());
+                }
+            }
+        } else {
+            image
+        };
+        let parsed = match crate::module::read_image_for(&image, arch) {
             Ok(p) => p,
             Err(e @ (crate::module::ImageError::NoBinaryForGpu { .. } | crate::module::ImageError::NoCompatibleCode { .. })) => {
                 warn!(module = self.handle, len, "module image refused: {e}");

@@ -13,6 +13,7 @@
 
 pub mod cubin;
 pub mod fatbin;
+pub mod link;
 pub mod ptx;
 
 use fatbin::{EntryKind, FATBIN_MAGIC, FATBIN_WRAPPER_MAGIC};
@@ -149,6 +150,12 @@ pub enum ImageError {
     Ptx { line: u32, msg: String },
     #[error("PTX line {line}: unsupported: {msg}")]
     PtxUnsupported { line: u32, msg: String },
+    #[error("{0}")]
+    Bundle(#[from] rgpu_protocol::bundle::BundleError),
+    #[error("linking: {0}")]
+    Link(#[from] link::LinkError),
+    #[error("linker input {input} has no PTX for this device (SASS for {sass:?}): rgpu links PTX inputs only")]
+    NothingToLink { input: usize, sass: Vec<u32> },
 }
 
 fn entry_err(e: &fatbin::FatbinEntry<'_>, source: ImageError) -> ImageError {
@@ -220,6 +227,26 @@ pub fn read_image_for(bytes: &[u8], arch: u32) -> Result<ModuleImage, ImageError
         ptx_arch,
         newer_ptx: None,
     })
+}
+
+/// Links the inputs of a link bundle (what the shim's `cuLinkComplete` returned for several
+/// inputs) for a device of architecture `arch`: the PTX each input has for the device (as
+/// [`read_image_for`] chooses it), linked into one module. Returns that module's PTX text,
+/// NUL-terminated as an image, for the backend to load in place of the bundle.
+pub fn link_bundle(bytes: &[u8], arch: u32) -> Result<Vec<u8>, ImageError> {
+    let inputs = rgpu_protocol::bundle::decode(bytes)?;
+    let mut texts = Vec::with_capacity(inputs.len());
+    for (n, input) in inputs.iter().enumerate() {
+        let m = read_image_for(input.bytes, arch)?;
+        match m.ptx {
+            Some(t) => texts.push(t),
+            None => return Err(ImageError::NothingToLink { input: n, sass: m.sass_archs }),
+        }
+    }
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    let mut linked = link::link_ptx(&refs)?.into_bytes();
+    linked.push(0);
+    Ok(linked)
 }
 
 /// `90` from `90`, `90a` or `100f` (the architecture-specific suffixes of `.target`).
