@@ -21,6 +21,10 @@ pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Failed logins and registrations a host may make per second (bursts of
+/// twice that) before it is refused without a look.
+pub const FAILURES_PER_S: u32 = 5;
+
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Lease, BrokerError>>>>>;
 
 pub struct Service {
@@ -32,6 +36,8 @@ pub struct Service {
     pub credentials: Credentials,
     pub audit: Audit,
     rates: Mutex<RateLimits>,
+    /// Failed logins and registrations per peer host.
+    failures: Mutex<RateLimits>,
     waiters: Waiters,
     pub started: Millis,
     pub data_dir: String,
@@ -55,6 +61,7 @@ impl Service {
             credentials,
             audit,
             rates: Mutex::default(),
+            failures: Mutex::default(),
             waiters: Arc::default(),
             started: now_ms(),
             data_dir,
@@ -73,6 +80,22 @@ impl Service {
             return Err(BrokerError::Rate(format!("tenant {} is over its rate of {rate} requests per second", id.tenant)));
         }
         Ok(())
+    }
+
+    /// Refuses a login or registration from `host` while it is over
+    /// [`FAILURES_PER_S`] failed ones (checked before any work is done on
+    /// it, and not audited: a flood of bad proofs must not fill the log).
+    pub fn may_try(&self, host: &str) -> Result<(), BrokerError> {
+        if self.failures.lock().unwrap_or_else(|p| p.into_inner()).has(host, FAILURES_PER_S, now_ms()) {
+            Ok(())
+        } else {
+            Err(BrokerError::Rate(format!("too many failed logins or registrations from {host}; try again in a second")))
+        }
+    }
+
+    /// Counts a failed login or registration from `host`.
+    pub fn failed(&self, host: &str) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).take(host, FAILURES_PER_S, now_ms());
     }
 
     /// Revokes `tenant`'s credentials issued before `before` (at most now),

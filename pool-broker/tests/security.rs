@@ -265,7 +265,29 @@ fn default_quotas_and_the_request_rate_hold() {
     let refused = (0..40).filter(|_| flood.whoami().is_err_and(|e| e.kind() == Some("rate"))).count();
     assert!(refused >= 25, "{refused} of 40 refused");
     assert!(carol.whoami().is_ok(), "one tenant's flood does not slow the others");
+
+    // Bad proofs from one host: refused without a look once over 5 a
+    // second (bursts of 10), so they cannot fill the audit log; a moment
+    // later that host logs in again.
+    let forged = credential(&dir, "key", "carol", Role::User);
+    let kinds: Vec<String> = (0..30).map(|_| kind(BrokerClient::connect(&addr, &forged).map(|_| ()))).collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "auth").count(), 10, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "rate").count(), 20, "{kinds:?}");
+    let ops = login_when_allowed(&addr, &dir);
+    let failed = ops.audit("", 1000).unwrap().iter().filter(|r| r.op == "login" && !r.ok).count();
+    assert_eq!(failed, 10, "only the bad proofs looked at are in the log");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Logs in as an operator, waiting (bounded) out the failed-proof limit.
+fn login_when_allowed(addr: &str, dir: &Path) -> BrokerClient {
+    let cred = credential(dir, "admin.key", "ops", Role::Operator);
+    let mut out = None;
+    wait_for("the failed-login limit to let a good login through", || {
+        out = BrokerClient::connect(addr, &cred).ok();
+        out.is_some()
+    });
+    out.unwrap()
 }
 
 /// Finding 7: a server's recorded registration and heartbeat bytes,

@@ -67,6 +67,9 @@ pub(crate) fn audit<T>(svc: &Service, actor: &str, peer: &str, op: &str, target:
 struct Broker {
     service: Arc<Service>,
     peer: String,
+    /// The peer's host (its address without the port): failed proofs are
+    /// counted per host.
+    host: String,
     /// The nonces `challenge` drew on this connection and no login or
     /// registration used yet, oldest first.
     nonces: RefCell<VecDeque<Vec<u8>>>,
@@ -136,11 +139,15 @@ impl broker::Server for Broker {
     async fn login(self: Rc<Self>, params: broker::LoginParams, mut results: broker::LoginResults) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let (tenant, role) = (text(p.get_tenant()), text(p.get_role()));
+        self.service.may_try(&self.host).map_err(fail)?;
         let r = self.take_nonce(p.get_nonce().unwrap_or_default()).and_then(|n| {
             self.service.credentials.login(&n, &tenant, &role, p.get_serial(), p.get_proof().unwrap_or_default(), now_ms())
         });
         let actor = r.as_ref().map_or_else(|_| "-".to_string(), |id| id.actor());
         audit(&self.service, &actor, &self.peer, "login", &format!("{tenant}/{role}"), &r, |id| format!("serial {}", id.serial));
+        if r.is_err() {
+            self.service.failed(&self.host);
+        }
         let id = r.map_err(fail)?;
         let s = session::Session::new(self.service.clone(), id, self.peer.clone());
         results.get().set_session(capnp_rpc::new_client(s));
@@ -150,6 +157,7 @@ impl broker::Server for Broker {
     async fn register(self: Rc<Self>, params: broker::RegisterParams, mut results: broker::RegisterResults) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let s = p.get_server()?;
+        self.service.may_try(&self.host).map_err(fail)?;
         let spec = server_spec(s)?;
         let id = spec.id.clone();
         let checked = self.take_nonce(p.get_nonce().unwrap_or_default()).and_then(|n| {
@@ -157,6 +165,9 @@ impl broker::Server for Broker {
                 .map_err(|e| BrokerError::Invalid(format!("server inventory: {e}")))?;
             self.service.check_server_proof(&id, &msg, p.get_proof().unwrap_or_default())
         });
+        if checked.is_err() {
+            self.service.failed(&self.host);
+        }
         let gpus = spec.gpus.len();
         let r = match checked {
             Ok(()) => self.service.register(spec).await,
@@ -229,7 +240,7 @@ async fn accept_loop(listener: TcpListener, service: Arc<Service>, shutdown: Can
                 rpc_twoparty_capnp::Side::Server,
                 Default::default(),
             );
-            let me = Broker { service: svc, peer: peer.to_string(), nonces: RefCell::default() };
+            let me = Broker { service: svc, peer: peer.to_string(), host: peer.ip().to_string(), nonces: RefCell::default() };
             let client: broker::Client = capnp_rpc::new_client(me);
             let rpc = RpcSystem::new(Box::new(network), Some(client.client));
             tokio::select! {

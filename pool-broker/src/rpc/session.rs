@@ -150,6 +150,10 @@ impl session::Server for Session {
         self.allow(Role::User)?;
         let svc = self.service.clone();
         svc.read(|st| write_status(results.get().init_status(), st, &svc, now_ms()));
+        if self.id.role < Role::Operator {
+            // Where the broker keeps its files is the operators' business.
+            results.get().get_status()?.set_data_dir("");
+        }
         Ok(())
     }
 
