@@ -192,6 +192,15 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
         req.send().promise.await.map(|_| ()).map_err(|e| e.to_string())
     });
     assert!(no_challenge.unwrap_err().contains("[auth]"));
+    // Nor can it hand the broker a huge message to hold.
+    let huge = local(async {
+        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+        let mut req = conn.client().login_request();
+        req.get().set_tenant(&"x".repeat(2 << 20));
+        req.send().promise.await.map(|_| ()).map_err(|e| e.to_string())
+    });
+    let huge = huge.unwrap_err();
+    assert!(!huge.contains("[auth]"), "a 2 MiB login was read (and refused only for its tenant): {huge}");
 
     let alice = login(&addr, &dir, "alice", Role::User);
     let bob = login(&addr, &dir, "bob", Role::User);

@@ -63,6 +63,15 @@ pub(crate) fn audit<T>(svc: &Service, actor: &str, peer: &str, op: &str, target:
     });
 }
 
+/// What one message to the broker may hold. Anyone may send before proving
+/// anything: a message is bounded to 1 MiB (a registration of a server with
+/// hundreds of GPUs is a few KiB).
+fn receive_options() -> capnp::message::ReaderOptions {
+    let mut o = capnp::message::ReaderOptions::new();
+    o.traversal_limit_in_words(Some(1 << 17)).nesting_limit(32);
+    o
+}
+
 /// The bootstrap capability of one connection.
 struct Broker {
     service: Arc<Service>,
@@ -238,7 +247,7 @@ async fn accept_loop(listener: TcpListener, service: Arc<Service>, shutdown: Can
                 futures::io::BufReader::new(reader),
                 futures::io::BufWriter::new(writer),
                 rpc_twoparty_capnp::Side::Server,
-                Default::default(),
+                receive_options(),
             );
             let me = Broker { service: svc, peer: peer.to_string(), host: peer.ip().to_string(), nonces: RefCell::default() };
             let client: broker::Client = capnp_rpc::new_client(me);
