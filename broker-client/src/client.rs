@@ -1,13 +1,14 @@
-//! [`BrokerClient`]: a blocking connection to a broker, for callers with no
-//! runtime of their own (the CLI, tests). It owns a small single-threaded
-//! runtime and drives it on the calling thread for each call.
+//! [`BrokerClient`]: a blocking connection to a broker, logged in with a
+//! [`Credential`], for callers with no runtime of their own (the CLI,
+//! tests). It owns a small single-threaded runtime and drives it on the
+//! calling thread for each call.
 
-use rgpu_protocol::broker_capnp::broker;
+use rgpu_protocol::broker_capnp::{broker, session};
 use thiserror::Error;
 
-use crate::admin::{AdminAuth, AdminOp};
+use crate::credential::Credential;
 use crate::rpc::{self, Connection, CONNECT_TIMEOUT};
-use crate::views::{read_lease, read_server, read_status, LeaseSpec, LeaseView, ServerView, StatusView};
+use crate::views::{read_audit, read_lease, read_server, read_status, AuditView, LeaseSpec, LeaseView, ServerView, StatusView};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -41,49 +42,73 @@ fn from_capnp(e: capnp::Error) -> ClientError {
     }
 }
 
-/// A blocking connection to a broker.
+/// A blocking, logged-in connection to a broker.
 pub struct BrokerClient {
-    // Dropped in this order: the connection's task is cancelled before the
-    // LocalSet that holds it, and that before the runtime it runs on.
+    // Dropped in this order: the capabilities and the connection's task
+    // are dropped before the LocalSet that holds it, and that before the
+    // runtime it runs on.
+    session: session::Client,
     conn: Connection<broker::Client>,
     local: tokio::task::LocalSet,
     rt: tokio::runtime::Runtime,
     pub addr: String,
-    /// Signs drain/undrain (see [`crate::admin`]).
-    admin_key: Option<Vec<u8>>,
+    /// Who this connection is (a copy, for reconnecting).
+    pub credential: Credential,
+}
+
+/// The runtime, LocalSet and connection every call needs.
+fn open(addr: &str) -> Result<(tokio::runtime::Runtime, tokio::task::LocalSet, Connection<broker::Client>), ClientError> {
+    let unreachable = |r: String| ClientError::Unreachable { addr: addr.to_string(), reason: r };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| unreachable(e.to_string()))?;
+    let local = tokio::task::LocalSet::new();
+    let conn = local
+        .block_on(&rt, rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT))
+        .map_err(|e| unreachable(e.to_string()))?;
+    Ok((rt, local, conn))
+}
+
+/// The broker's (version, protocol version): the one call that needs no
+/// credential.
+pub fn version(addr: &str) -> Result<(String, u32), ClientError> {
+    let (rt, local, conn) = open(addr)?;
+    let req = conn.client().version_request();
+    local.block_on(&rt, async {
+        let reply = req.send().promise.await.map_err(from_capnp)?;
+        let r = reply.get().map_err(from_capnp)?;
+        Ok((r.get_version().ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string(), r.get_protocol()))
+    })
 }
 
 impl BrokerClient {
-    pub fn connect(addr: &str) -> Result<BrokerClient, ClientError> {
-        let unreachable = |r: String| ClientError::Unreachable { addr: addr.to_string(), reason: r };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| unreachable(e.to_string()))?;
-        let local = tokio::task::LocalSet::new();
-        let conn = local
-            .block_on(&rt, rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT))
-            .map_err(|e| unreachable(e.to_string()))?;
-        Ok(BrokerClient { conn, local, rt, addr: addr.to_string(), admin_key: None })
+    /// Connects and logs in as `credential`.
+    pub fn connect(addr: &str, credential: &Credential) -> Result<BrokerClient, ClientError> {
+        let (rt, local, conn) = open(addr)?;
+        let session = local.block_on(&rt, credential.login(conn.client())).map_err(from_capnp)?;
+        Ok(BrokerClient { session, conn, local, rt, addr: addr.to_string(), credential: credential.clone() })
     }
 
-    /// Proves drain and undrain with `key` (the broker's admin key, or its
-    /// token key).
-    pub fn with_admin_key(mut self, key: Vec<u8>) -> Self {
-        self.admin_key = Some(key);
-        self
-    }
-
-    fn admin_auth(&self, op: AdminOp, server: &str, deadline_ms: u64) -> AdminAuth {
-        AdminAuth::with_key(self.admin_key.as_deref(), op, server, deadline_ms, crate::now_ms())
-    }
-
-    fn client(&self) -> &broker::Client {
-        self.conn.client()
+    fn client(&self) -> &session::Client {
+        &self.session
     }
 
     fn run<T>(&self, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
         self.local.block_on(&self.rt, f)
+    }
+
+    /// True once the broker closed the connection.
+    pub fn is_closed(&self) -> bool {
+        self.conn.is_closed()
+    }
+
+    /// (tenant, role) as the broker sees this connection.
+    pub fn whoami(&self) -> Result<(String, String), ClientError> {
+        let req = self.client().whoami_request();
+        self.run(async {
+            let reply = req.send().promise.await.map_err(from_capnp)?;
+            let r = reply.get().map_err(from_capnp)?;
+            let t = |x: capnp::Result<capnp::text::Reader<'_>>| x.ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+            Ok((t(r.get_tenant()), t(r.get_role())))
+        })
     }
 
     pub fn lease(&self, s: &LeaseSpec) -> Result<LeaseView, ClientError> {
@@ -115,6 +140,8 @@ impl BrokerClient {
         })
     }
 
+    /// The leases this credential may see ("" for all of them; a user sees
+    /// its own tenant's only).
     pub fn leases(&self, tenant: &str) -> Result<Vec<LeaseView>, ClientError> {
         let mut req = self.client().list_leases_request();
         req.get().set_tenant(tenant);
@@ -134,12 +161,11 @@ impl BrokerClient {
         })
     }
 
-    /// `deadline_ms`: unix ms, or 0 for none.
+    /// `deadline_ms`: unix ms, or 0 for none. Needs the operator role.
     pub fn drain(&self, server: &str, deadline_ms: u64) -> Result<ServerView, ClientError> {
         let mut req = self.client().drain_request();
         req.get().set_server_id(server);
         req.get().set_deadline_ms(deadline_ms);
-        self.admin_auth(AdminOp::Drain, server, deadline_ms).write(req.get().init_auth());
         self.run(async {
             let reply = req.send().promise.await.map_err(from_capnp)?;
             Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
@@ -149,7 +175,6 @@ impl BrokerClient {
     pub fn undrain(&self, server: &str) -> Result<ServerView, ClientError> {
         let mut req = self.client().undrain_request();
         req.get().set_server_id(server);
-        self.admin_auth(AdminOp::Undrain, server, 0).write(req.get().init_auth());
         self.run(async {
             let reply = req.send().promise.await.map_err(from_capnp)?;
             Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
@@ -163,6 +188,31 @@ impl BrokerClient {
             Ok(read_status(reply.get().and_then(|r| r.get_status()).map_err(from_capnp)?))
         })
     }
+
+    /// The newest `limit` audit records (of `tenant`, "" for all), oldest
+    /// first. Needs the operator role.
+    pub fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditView>, ClientError> {
+        let mut req = self.client().audit_request();
+        req.get().set_tenant(tenant);
+        req.get().set_limit(limit);
+        self.run(async {
+            let reply = req.send().promise.await.map_err(from_capnp)?;
+            let list = reply.get().and_then(|r| r.get_records()).map_err(from_capnp)?;
+            Ok(list.iter().map(read_audit).collect())
+        })
+    }
+
+    /// Refuses `tenant`'s credentials issued before `before_serial` (unix
+    /// ms, at most now); returns the serial now required. Needs the admin role.
+    pub fn revoke(&self, tenant: &str, before_serial: u64) -> Result<u64, ClientError> {
+        let mut req = self.client().revoke_credentials_request();
+        req.get().set_tenant(tenant);
+        req.get().set_before_serial(before_serial);
+        self.run(async {
+            let reply = req.send().promise.await.map_err(from_capnp)?;
+            Ok(reply.get().map_err(from_capnp)?.get_before_serial())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -172,27 +222,49 @@ mod tests {
     use capnp_rpc::rpc_twoparty_capnp::Side;
     use capnp_rpc::{twoparty, RpcSystem};
     use futures::AsyncReadExt;
-    use rgpu_protocol::token::{admin_message, verify_bytes};
-    use std::sync::{Arc, Mutex};
+    use rgpu_protocol::auth::Role;
+    use std::cell::RefCell;
     use tokio_util::compat::TokioAsyncReadCompatExt;
 
-    const KEY: &[u8] = b"the admin key";
+    const KEY: &[u8] = b"the credential key";
 
-    /// (server, deadline, proof valid) of each drain the fake broker saw.
-    type Drains = Arc<Mutex<Vec<(String, u64, bool)>>>;
-
-    /// A broker that grants one canned lease, refuses renewals as the real
-    /// one words refusals, and checks drain proofs against [`KEY`].
+    /// A broker that logs in whoever proves a credential under [`KEY`]
+    /// over its challenge.
     struct Fake {
-        seen_drains: Drains,
+        nonce: RefCell<Vec<u8>>,
+    }
+
+    /// The session it gives: one canned lease, renewals refused as the
+    /// real broker words refusals.
+    struct FakeSession {
+        tenant: String,
     }
 
     impl broker::Server for Fake {
-        async fn lease(self: Rc<Self>, p: broker::LeaseParams, mut r: broker::LeaseResults) -> Result<(), capnp::Error> {
+        async fn challenge(self: Rc<Self>, _: broker::ChallengeParams, mut r: broker::ChallengeResults) -> Result<(), capnp::Error> {
+            *self.nonce.borrow_mut() = vec![5; 32];
+            r.get().set_nonce(&[5; 32]);
+            Ok(())
+        }
+
+        async fn login(self: Rc<Self>, p: broker::LoginParams, mut r: broker::LoginResults) -> Result<(), capnp::Error> {
+            let p = p.get()?;
+            let tenant = p.get_tenant()?.to_string()?;
+            let c = Credential::issue(KEY, &tenant, Role::parse(p.get_role()?.to_str()?).unwrap(), p.get_serial()).unwrap();
+            if p.get_nonce()? != &self.nonce.borrow()[..] || p.get_proof()? != c.proof(&self.nonce.borrow()) {
+                return Err(capnp::Error::failed("[auth] login refused".into()));
+            }
+            r.get().set_session(capnp_rpc::new_client(FakeSession { tenant }));
+            Ok(())
+        }
+    }
+
+    impl session::Server for FakeSession {
+        async fn lease(self: Rc<Self>, p: session::LeaseParams, mut r: session::LeaseResults) -> Result<(), capnp::Error> {
             let req = p.get()?.get_request()?;
             let mut l = r.get().init_lease();
             l.set_id(0x2a);
-            l.set_tenant(req.get_tenant()?);
+            l.set_tenant(&self.tenant);
             l.set_generation(u64::from(req.get_gpus()));
             let mut g = l.init_gpus(1);
             g.reborrow().get(0).set_server("gpu1:7767");
@@ -200,31 +272,15 @@ mod tests {
             Ok(())
         }
 
-        async fn renew(self: Rc<Self>, _: broker::RenewParams, _: broker::RenewResults) -> Result<(), capnp::Error> {
+        async fn renew(self: Rc<Self>, _: session::RenewParams, _: session::RenewResults) -> Result<(), capnp::Error> {
             Err(capnp::Error::failed("[not-found] lease 000000000000002a is not live".into()))
-        }
-
-        async fn drain(self: Rc<Self>, p: broker::DrainParams, mut r: broker::DrainResults) -> Result<(), capnp::Error> {
-            let p = p.get()?;
-            let (server, deadline) = (p.get_server_id()?.to_string()?, p.get_deadline_ms());
-            let auth = p.get_auth()?;
-            let msg = admin_message("drain", &server, deadline, auth.get_issued_ms());
-            let valid = verify_bytes(KEY, &msg, auth.get_proof()?);
-            self.seen_drains.lock().unwrap().push((server.clone(), deadline, valid));
-            let mut s = r.get().init_server();
-            s.set_id(&server);
-            s.set_draining(true);
-            Ok(())
         }
     }
 
-    /// Serves `Fake` on a loopback port from its own thread; returns the
-    /// address and what drains it saw.
-    fn start_fake() -> (String, Drains) {
+    /// Serves `Fake` on a loopback port from its own thread.
+    fn start_fake() -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let seen2 = seen.clone();
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             tokio::task::LocalSet::new().block_on(&rt, async move {
@@ -232,7 +288,7 @@ mod tests {
                 let listener = tokio::net::TcpListener::from_std(listener).unwrap();
                 loop {
                     let (s, _) = listener.accept().await.unwrap();
-                    let cap: broker::Client = capnp_rpc::new_client(Fake { seen_drains: seen2.clone() });
+                    let cap: broker::Client = capnp_rpc::new_client(Fake { nonce: RefCell::new(Vec::new()) });
                     let (reader, writer) = s.compat().split();
                     let net = twoparty::VatNetwork::new(
                         futures::io::BufReader::new(reader),
@@ -244,7 +300,7 @@ mod tests {
                 }
             });
         });
-        (addr, seen)
+        addr
     }
 
     #[test]
@@ -260,7 +316,8 @@ mod tests {
     #[test]
     fn an_absent_broker_is_unreachable() {
         let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-        match BrokerClient::connect(&addr) {
+        let c = Credential::issue(KEY, "ana", Role::User, 1).unwrap();
+        match BrokerClient::connect(&addr, &c) {
             Err(e @ ClientError::Unreachable { .. }) => assert!(e.to_string().contains(&addr), "{e}"),
             Err(e) => panic!("expected Unreachable, got {e:?}"),
             Ok(_) => panic!("connected to a closed port"),
@@ -269,22 +326,18 @@ mod tests {
 
     #[test]
     fn calls_against_a_broker() {
-        let (addr, seen) = start_fake();
-        let c = BrokerClient::connect(&addr).unwrap();
-        let spec = LeaseSpec { tenant: "ana".into(), gpus: 3, ..LeaseSpec::default() };
+        let addr = start_fake();
+        let wrong = Credential::issue(b"another key", "ana", Role::User, 1).unwrap();
+        let e = BrokerClient::connect(&addr, &wrong).err().expect("a credential of another key logs in");
+        assert_eq!(e.kind(), Some("auth"), "{e}");
+        let c = BrokerClient::connect(&addr, &Credential::issue(KEY, "ana", Role::User, 1).unwrap()).unwrap();
+        let spec = LeaseSpec { gpus: 3, ..LeaseSpec::default() };
         let l = c.lease(&spec).unwrap();
         assert_eq!((l.id.as_str(), l.tenant.as_str(), l.generation), ("000000000000002a", "ana", 3));
         assert_eq!(l.servers(), ["gpu1:7767"]);
-
         let e = c.renew(0x2a, 1000).unwrap_err();
         assert_eq!(e.kind(), Some("not-found"), "{e}");
         // A method the broker does not serve is no refusal.
         assert_eq!(c.status().unwrap_err().kind(), None);
-
-        // Without a key the drain goes out unsigned; with one, signed.
-        assert!(c.drain("gpu1:7767", 0).unwrap().draining);
-        let c = c.with_admin_key(KEY.to_vec());
-        assert_eq!(c.drain("gpu1:7767", 5000).unwrap().id, "gpu1:7767");
-        assert_eq!(*seen.lock().unwrap(), [("gpu1:7767".to_string(), 0, false), ("gpu1:7767".to_string(), 5000, true)]);
     }
 }

@@ -7,19 +7,22 @@
 //!   (`connect::<broker::Client>`, `connect::<gpu_server::Client>`): written
 //!   once here instead of in every client;
 //! - [`BrokerClient`] ([`client`]): the blocking client the CLI uses, and
-//!   what it returns ([`LeaseView`], [`ServerView`], [`StatusView`]);
-//! - [`admin`]: the proof that signs drain and undrain;
+//!   what it returns ([`LeaseView`], [`ServerView`], [`StatusView`],
+//!   [`AuditView`]);
+//! - [`credential`]: a tenant's credential, its file, and the login with it;
 //! - [`duration`]: durations as people write them (`90s`, `10m`).
 
-pub mod admin;
 pub mod client;
+pub mod credential;
 pub mod duration;
 pub mod rpc;
 pub mod views;
 
 pub use client::{BrokerClient, ClientError};
+pub use credential::{Credential, CredentialError};
+pub use rgpu_protocol::auth::Role;
 pub use rgpu_protocol::scope::Scope;
-pub use views::{format_lease_id, parse_lease_id, GpuView, LeaseSpec, LeaseView, ServerView, StatusView};
+pub use views::{format_lease_id, parse_lease_id, AuditView, GpuView, LeaseSpec, LeaseView, ServerView, StatusView};
 
 /// Unix time in milliseconds, as the broker's API carries it.
 pub fn now_ms() -> u64 {

@@ -95,14 +95,14 @@ mod tests {
     use capnp::capability::Rc;
     use rgpu_protocol::broker_capnp::broker;
 
-    /// A broker that knows only `status`.
+    /// A broker that knows only `version`.
     struct Fake {
         generation: u64,
     }
 
     impl broker::Server for Fake {
-        async fn status(self: Rc<Self>, _: broker::StatusParams, mut r: broker::StatusResults) -> Result<(), capnp::Error> {
-            r.get().init_status().set_generation(self.generation);
+        async fn version(self: Rc<Self>, _: broker::VersionParams, mut r: broker::VersionResults) -> Result<(), capnp::Error> {
+            r.get().set_protocol(self.generation as u32);
             Ok(())
         }
     }
@@ -135,8 +135,8 @@ mod tests {
             let (ours, theirs) = tokio::io::duplex(1 << 16);
             let server = tokio::task::spawn_local(serve_one(theirs, 42));
             let conn = bootstrap::<broker::Client, _>(ours);
-            let reply = conn.client().status_request().send().promise.await.unwrap();
-            assert_eq!(reply.get().unwrap().get_status().unwrap().get_generation(), 42);
+            let reply = conn.client().version_request().send().promise.await.unwrap();
+            assert_eq!(reply.get().unwrap().get_protocol(), 42);
             assert!(!conn.is_closed());
             drop(conn);
             // The far end sees the connection close once ours is dropped.
@@ -154,8 +154,8 @@ mod tests {
                 serve_one(s, 7).await;
             });
             let conn = connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
-            let reply = conn.client().status_request().send().promise.await.unwrap();
-            assert_eq!(reply.get().unwrap().get_status().unwrap().get_generation(), 7);
+            let reply = conn.client().version_request().send().promise.await.unwrap();
+            assert_eq!(reply.get().unwrap().get_protocol(), 7);
         });
     }
 

@@ -2,7 +2,7 @@
 //! with their capnp encoding and decoding. Plain values so the CLI can
 //! print them and serialize them (`--json`) without touching capnp.
 
-use rgpu_protocol::broker_capnp::{broker_status, lease as lease_p, lease_request, server_status};
+use rgpu_protocol::broker_capnp::{audit_record, broker_status, lease as lease_p, lease_request, server_status};
 use rgpu_protocol::scope::Scope;
 use rgpu_protocol::token::to_hex;
 use serde::Serialize;
@@ -93,7 +93,20 @@ pub struct StatusView {
     pub uptime_ms: u64,
 }
 
-/// A lease request as the CLI builds it.
+/// One record of the broker's audit log.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditView {
+    pub time_ms: u64,
+    /// "tenant/role", "server:ID", or "-" (a login that proved nothing).
+    pub actor: String,
+    pub peer: String,
+    pub op: String,
+    pub target: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// A lease request as the CLI builds it; `tenant` empty: the credential's.
 #[derive(Debug, Clone, Default)]
 pub struct LeaseSpec {
     pub tenant: String,
@@ -198,6 +211,18 @@ pub fn read_status(s: broker_status::Reader<'_>) -> StatusView {
         policy: text(s.get_policy()),
         data_dir: text(s.get_data_dir()),
         uptime_ms: s.get_uptime_ms(),
+    }
+}
+
+pub fn read_audit(r: audit_record::Reader<'_>) -> AuditView {
+    AuditView {
+        time_ms: r.get_time_ms(),
+        actor: text(r.get_actor()),
+        peer: text(r.get_peer()),
+        op: text(r.get_op()),
+        target: text(r.get_target()),
+        ok: r.get_ok(),
+        detail: text(r.get_detail()),
     }
 }
 

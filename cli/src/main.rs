@@ -34,6 +34,8 @@ enum Command {
     Drain(commands::drain::Args),
     Undrain(commands::undrain::Args),
     Status(commands::status::Args),
+    Credential(commands::credential::Args),
+    Audit(commands::audit::Args),
 }
 
 fn main() {
@@ -57,6 +59,8 @@ fn main() {
         Command::Drain(a) => commands::drain::exec(a),
         Command::Undrain(a) => commands::undrain::exec(a),
         Command::Status(a) => commands::status::exec(a),
+        Command::Credential(a) => commands::credential::exec(a),
+        Command::Audit(a) => commands::audit::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

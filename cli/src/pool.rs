@@ -1,12 +1,13 @@
-//! What the broker subcommands share: the broker address, `--json`, the
-//! lease request flags, and human-readable tables (stdout), status lines
-//! (stderr).
+//! What the broker subcommands share: the broker address and the
+//! credential to log in with, `--json`, the lease request flags, and
+//! human-readable tables (stdout), status lines (stderr).
 
+use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use rgpu_broker_client::duration::parse_duration_ms;
-use rgpu_broker_client::{BrokerClient, ClientError, LeaseSpec, LeaseView, Scope, ServerView};
+use rgpu_broker_client::{AuditView, BrokerClient, ClientError, Credential, LeaseSpec, LeaseView, Role, Scope, ServerView};
 
 pub const DEFAULT_BROKER: &str = "127.0.0.1:7770";
 
@@ -15,11 +16,45 @@ pub struct BrokerArgs {
     /// The pool broker, host:port.
     #[arg(long, env = "RGPU_BROKER", default_value = DEFAULT_BROKER, value_name = "ADDR")]
     pub broker: String,
+    /// Your credential for the broker (from your operator: `rgpu credential
+    /// issue`) [default: ~/.config/rgpu/credential when it exists].
+    #[arg(long, env = "RGPU_CREDENTIAL", value_name = "FILE")]
+    pub credential: Option<PathBuf>,
+    /// The broker's admin key file (or its token key file, if it has no
+    /// admin key): without --credential, act as admin with it.
+    #[arg(long, env = "RGPU_ADMIN_KEY_FILE", value_name = "FILE")]
+    pub admin_key_file: Option<PathBuf>,
+}
+
+/// Reads a key file as the broker writes them.
+pub fn read_key(p: &Path) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(p).with_context(|| format!("cannot read key file {}", p.display()))?;
+    rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("key file {}", p.display()))
 }
 
 impl BrokerArgs {
+    /// Who to log in as: --credential, else an admin credential made from
+    /// --admin-key-file, else the default credential file.
+    pub fn credential(&self) -> Result<Credential> {
+        if let Some(p) = &self.credential {
+            return Ok(Credential::load(p)?);
+        }
+        if let Some(p) = &self.admin_key_file {
+            return Ok(Credential::issue(&read_key(p)?, ADMIN_TENANT, Role::Admin, now_ms())?);
+        }
+        match rgpu_broker_client::credential::default_path().filter(|p| p.exists()) {
+            Some(p) => Ok(Credential::load(&p)?),
+            None => bail!(
+                "the broker needs a credential: ask your operator for one (`rgpu credential issue --tenant NAME --out FILE`) \
+                 and pass --credential FILE (or RGPU_CREDENTIAL, or put it at ~/.config/rgpu/credential); \
+                 operators may pass --admin-key-file instead"
+            ),
+        }
+    }
+
     pub fn connect(&self) -> Result<BrokerClient> {
-        BrokerClient::connect(&self.broker).map_err(|e| match e {
+        let cred = self.credential()?;
+        BrokerClient::connect(&self.broker, &cred).map_err(|e| match e {
             ClientError::Unreachable { .. } => anyhow::anyhow!(
                 "{e}\n  help: is rgpu-broker running there? Point --broker ADDR (or RGPU_BROKER) at the pool's broker"
             ),
@@ -28,25 +63,8 @@ impl BrokerArgs {
     }
 }
 
-/// The operator's credential for drain/undrain.
-#[derive(clap::Args, Debug, Clone)]
-pub struct AdminArgs {
-    /// The broker's admin key file (or its token key file): drain and
-    /// undrain are refused without it when the broker has a key.
-    #[arg(long, env = "RGPU_ADMIN_KEY_FILE", value_name = "FILE")]
-    pub admin_key_file: Option<std::path::PathBuf>,
-}
-
-impl AdminArgs {
-    /// Connects to the broker, signing admin requests when a key is given.
-    pub fn connect(&self, broker: &BrokerArgs) -> Result<BrokerClient> {
-        let c = broker.connect()?;
-        let Some(p) = &self.admin_key_file else { return Ok(c) };
-        let bytes = std::fs::read(p).with_context(|| format!("cannot read admin key file {}", p.display()))?;
-        let key = rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("admin key file {}", p.display()))?;
-        Ok(c.with_admin_key(key))
-    }
-}
+/// The tenant an admin key file acts as.
+pub const ADMIN_TENANT: &str = "admin";
 
 /// What to lease.
 #[derive(clap::Args, Debug, Clone)]
@@ -69,9 +87,6 @@ pub struct LeaseArgs {
     /// Fail rather than spread wider than --same.
     #[arg(long, requires = "same")]
     pub strict: bool,
-    /// Tenant to lease for.
-    #[arg(long, env = "RGPU_TENANT", value_name = "NAME")]
-    pub tenant: Option<String>,
     /// Queue priority: when GPUs are short, higher priorities are granted
     /// first (negative values allowed).
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
@@ -110,7 +125,8 @@ impl LeaseArgs {
             (None, false) => 1,
         };
         LeaseSpec {
-            tenant: self.tenant.clone().unwrap_or_else(default_tenant),
+            // The broker takes the tenant from the credential.
+            tenant: String::new(),
             gpus,
             memory: self.memory.unwrap_or(0),
             compute_milli: self.compute.unwrap_or(0),
@@ -123,11 +139,6 @@ impl LeaseArgs {
             key: self.key.clone().unwrap_or_default(),
         }
     }
-}
-
-/// $USER, else "default".
-pub fn default_tenant() -> String {
-    std::env::var("USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| "default".into())
 }
 
 pub fn now_ms() -> u64 {
@@ -218,6 +229,22 @@ pub fn server_table(servers: &[ServerView]) {
             // A server that does not say serves TCP only.
             if s.transports.is_empty() { "tcp".to_string() } else { s.transports.join(",") },
             drain
+        );
+    }
+}
+
+pub fn audit_table(records: &[AuditView]) {
+    println!("{:<10}  {:<20}  {:<21}  {:<18}  {:<22}  {:<3}  DETAIL", "WHEN", "ACTOR", "PEER", "OP", "TARGET", "OK");
+    for r in records {
+        println!(
+            "{:<10}  {:<20}  {:<21}  {:<18}  {:<22}  {:<3}  {}",
+            relative(r.time_ms),
+            r.actor,
+            r.peer,
+            r.op,
+            r.target,
+            if r.ok { "ok" } else { "no" },
+            r.detail
         );
     }
 }

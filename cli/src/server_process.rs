@@ -1,6 +1,6 @@
 //! Child processes on loopback ports, for `demo` and `bench`: an
 //! rgpu-server, and for the demo's pool an rgpu-broker with a temporary
-//! data folder and a fresh key (both removed when it is dropped).
+//! data folder and fresh keys (all removed when it is dropped).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -101,7 +101,7 @@ impl BrokerProcess {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let dir = std::env::temp_dir().join(format!("rgpu-demo-{}-{nanos:08x}", std::process::id()));
         std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let (data, key) = (dir.join("data"), dir.join("broker.key"));
+        let (data, key, admin) = (dir.join("data"), dir.join("broker.key"), dir.join("admin.key"));
         let args = [
             "--listen",
             "127.0.0.1:0",
@@ -109,6 +109,8 @@ impl BrokerProcess {
             data.to_str().context("temporary folder name is not UTF-8")?,
             "--key-file",
             key.to_str().context("temporary folder name is not UTF-8")?,
+            "--admin-key-file",
+            admin.to_str().context("temporary folder name is not UTF-8")?,
             "--create-key",
         ];
         match spawn_listening(&bin, &args, "RGPU_DEMO_BROKER_LOG") {
@@ -123,6 +125,11 @@ impl BrokerProcess {
     /// The key file servers are started with.
     pub fn key_file(&self) -> PathBuf {
         self.dir.join("broker.key")
+    }
+
+    /// The key file credentials are issued with.
+    pub fn admin_key_file(&self) -> PathBuf {
+        self.dir.join("admin.key")
     }
 }
 

@@ -94,13 +94,16 @@ fn check_all(cases: &[(&str, &[&str])]) {
 }
 
 const SUBCOMMANDS: &[&str] =
-    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status"];
+    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit"];
 
 #[test]
 fn help_of_every_command() {
     let mut cases: Vec<(String, Vec<&str>)> = vec![("help".into(), vec!["--help"])];
     for s in SUBCOMMANDS {
         cases.push((format!("help-{s}"), vec![s, "--help"]));
+    }
+    for s in ["issue", "rotate", "revoke"] {
+        cases.push((format!("help-credential-{s}"), vec!["credential", s, "--help"]));
     }
     let cases: Vec<(&str, &[&str])> = cases.iter().map(|(n, a)| (n.as_str(), a.as_slice())).collect();
     check_all(&cases);
@@ -129,8 +132,13 @@ fn errors_of_common_mistakes() {
         ("error-unknown-command", &["lese"]),
         ("error-run-no-server", &["run", "--", "true"]),
         ("error-run-no-program", &["run", "--server", "127.0.0.1:1"]),
-        ("error-leases-unreachable-broker", &["leases", "--broker", "127.0.0.1:1"]),
-        ("error-run-unreachable-broker", &["run", "--gpus", "1", "--broker", "127.0.0.1:1", "--", "true"]),
+        ("error-leases-no-credential", &["leases", "--broker", "127.0.0.1:1"]),
+        ("error-leases-unreachable-broker", &["leases", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key"]),
+        (
+            "error-run-unreachable-broker",
+            &["run", "--gpus", "1", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key", "--", "true"],
+        ),
+        ("error-credential-bad-tenant", &["credential", "issue", "--tenant", "a:b", "--out", "/nonexistent/x", "--admin-key-file", "tests/fixtures/admin.key"]),
         ("error-memory-unknown-unit", &["run", "--memory", "20XB", "--", "true"]),
         ("error-memory-not-a-size", &["lease", "--memory", "lots"]),
         ("error-memory-zero", &["lease", "--memory", "0GiB"]),

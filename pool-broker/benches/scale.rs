@@ -10,9 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_broker_client::rpc::{Connection, CONNECT_TIMEOUT};
+use rgpu_broker_client::{Credential, Role};
 use rgpu_pool_broker::config::{Config, Placement, Settings};
-use rgpu_protocol::broker_capnp::broker;
-use rgpu_protocol::token::{register_message, sign_bytes};
+use rgpu_protocol::auth::register_message;
+use rgpu_protocol::broker_capnp::{broker, server_agent};
+use rgpu_protocol::token::sign_bytes;
 use tokio_util::sync::CancellationToken;
 
 const SERVERS: usize = 1000;
@@ -35,6 +37,8 @@ fn main() {
         create_key: true,
         threads: 2,
         placement,
+        // The clients lease and release as fast as they can: no rate limit.
+        default_max_rate: u32::MAX / 4,
         ..Settings::default()
     })
     .expect("config");
@@ -48,18 +52,28 @@ fn main() {
 
     // Register 1,000 servers x 10 GPUs, then keep them heartbeating.
     let t = Instant::now();
-    run_local(register_all(addr.clone(), key.clone()));
-    eprintln!("registered {SERVERS} servers / {} GPUs in {:.2} s", SERVERS * GPUS, t.elapsed().as_secs_f64());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (a, k, s3) = (addr.clone(), key.clone(), stop.clone());
-    std::thread::spawn(move || run_local(heartbeats(a, k, s3)));
+    // Agents live on the connection that registered them: one thread
+    // registers, then heartbeats through them.
+    std::thread::spawn(move || {
+        run_local(async move {
+            let conn = connect(&a).await;
+            let agents = register_all(conn.client(), &k).await;
+            let _ = ready_tx.send(());
+            heartbeats(agents, s3).await;
+        })
+    });
+    ready_rx.recv().expect("registration");
+    eprintln!("registered {SERVERS} servers / {} GPUs in {:.2} s", SERVERS * GPUS, t.elapsed().as_secs_f64());
 
     // Clients: `conns` connections over 2 threads, each lease+release in a loop.
     let deadline = Instant::now() + Duration::from_secs(secs);
     let mut threads = Vec::new();
     for t in 0..2 {
-        let a = addr.clone();
+        let (a, k) = (addr.clone(), key.clone());
         let n = conns / 2 + if t == 0 { conns % 2 } else { 0 };
-        threads.push(std::thread::spawn(move || run_local(clients(a, n, deadline))));
+        threads.push(std::thread::spawn(move || run_local(clients(a, k, t * conns, n, deadline))));
     }
     let mut lat: Vec<f64> = Vec::new();
     let mut errors = 0u64;
@@ -97,60 +111,53 @@ fn server_id(i: usize) -> String {
     format!("10.{}.{}.{}:7767", i / 65536, i / 256 % 256, i % 256)
 }
 
-async fn register_all(addr: String, key: Vec<u8>) {
-    let conn = connect(&addr).await;
-    let c = conn.client();
-    let mut pending = Vec::new();
-    for i in 0..SERVERS {
-        let mut req = c.register_request();
-        let id = server_id(i);
-        {
-            let mut s = req.get().init_server();
-            s.set_id(&id);
-            s.set_node(&id);
-            s.set_leaf(&format!("leaf{}", i / 8));
-            s.set_spine(&format!("spine{}", i / 128));
-            let mut gs = s.init_gpus(GPUS as u32);
-            for g in 0..GPUS {
-                let mut x = gs.reborrow().get(g as u32);
-                let mut uuid = [0u8; 16];
-                uuid[..8].copy_from_slice(&(i as u64).to_le_bytes());
-                uuid[8] = g as u8;
-                x.set_uuid(&uuid);
-                x.set_ordinal(g as u32);
-                x.set_model("H100");
-                x.set_memory(80 << 30);
-                x.set_sms(132);
-                x.set_healthy(true);
-            }
-        }
-        req.get().set_proof(&sign_bytes(&key, &register_message(&id)));
-        pending.push(req.send().promise);
-        if pending.len() == 100 {
-            for p in pending.drain(..) {
-                p.await.unwrap();
-            }
-        }
-    }
-    for p in pending {
-        p.await.unwrap();
-    }
-}
-
-async fn heartbeats(addr: String, key: Vec<u8>, stop: CancellationToken) {
-    let conn = connect(&addr).await;
-    let c = conn.client();
-    let proofs: Vec<Vec<u8>> =
-        (0..SERVERS).map(|i| sign_bytes(&key, &register_message(&server_id(i)))).collect();
-    while !stop.is_cancelled() {
-        let t = Instant::now();
+/// Registers every server, 64 at a time (a connection holds 64 unused
+/// challenges at most); returns their agents.
+async fn register_all(c: &broker::Client, key: &[u8]) -> Vec<server_agent::Client> {
+    let mut agents = Vec::new();
+    for batch in (0..SERVERS).collect::<Vec<_>>().chunks(64) {
+        let challenges: Vec<_> = batch.iter().map(|_| c.challenge_request().send().promise).collect();
         let mut pending = Vec::new();
-        for (i, proof) in proofs.iter().enumerate() {
-            let mut req = c.heartbeat_request();
-            req.get().set_server_id(&server_id(i));
-            req.get().set_proof(proof);
+        for (&i, ch) in batch.iter().zip(challenges) {
+            let nonce = ch.await.unwrap().get().unwrap().get_nonce().unwrap().to_vec();
+            let mut req = c.register_request();
+            let id = server_id(i);
+            {
+                let mut s = req.get().init_server();
+                s.set_id(&id);
+                s.set_node(&id);
+                s.set_leaf(&format!("leaf{}", i / 8));
+                s.set_spine(&format!("spine{}", i / 128));
+                let mut gs = s.init_gpus(GPUS as u32);
+                for g in 0..GPUS {
+                    let mut x = gs.reborrow().get(g as u32);
+                    let mut uuid = [0u8; 16];
+                    uuid[..8].copy_from_slice(&(i as u64).to_le_bytes());
+                    uuid[8] = g as u8;
+                    x.set_uuid(&uuid);
+                    x.set_ordinal(g as u32);
+                    x.set_model("H100");
+                    x.set_memory(80 << 30);
+                    x.set_sms(132);
+                    x.set_healthy(true);
+                }
+            }
+            let msg = register_message(&nonce, req.get().get_server().unwrap().into_reader()).unwrap();
+            req.get().set_nonce(&nonce);
+            req.get().set_proof(&sign_bytes(key, &msg));
             pending.push(req.send().promise);
         }
+        for p in pending {
+            agents.push(p.await.unwrap().get().unwrap().get_agent().unwrap());
+        }
+    }
+    agents
+}
+
+async fn heartbeats(agents: Vec<server_agent::Client>, stop: CancellationToken) {
+    while !stop.is_cancelled() {
+        let t = Instant::now();
+        let pending: Vec<_> = agents.iter().map(|a| a.heartbeat_request().send().promise).collect();
         for p in pending {
             let _ = p.await;
         }
@@ -158,21 +165,22 @@ async fn heartbeats(addr: String, key: Vec<u8>, stop: CancellationToken) {
     }
 }
 
-async fn clients(addr: String, n: usize, deadline: Instant) -> (Vec<f64>, u64) {
+/// `n` clients, tenants `bench{first}`..., each logged in with its own
+/// credential (issued with the token key: the bench's broker has no admin key).
+async fn clients(addr: String, key: Vec<u8>, first: usize, n: usize, deadline: Instant) -> (Vec<f64>, u64) {
     let mut tasks = Vec::new();
-    for i in 0..n {
-        let addr = addr.clone();
+    for i in first..first + n {
+        let (addr, key) = (addr.clone(), key.clone());
         tasks.push(tokio::task::spawn_local(async move {
             let conn = connect(&addr).await;
-            let c = conn.client();
+            let cred = Credential::issue(&key, &format!("bench{i}"), Role::User, 1).unwrap();
+            let c = cred.login(conn.client()).await.unwrap();
             let mut lat = Vec::new();
             let mut errors = 0u64;
-            let tenant = format!("bench{i}");
             while Instant::now() < deadline {
                 let mut req = c.lease_request();
                 {
                     let mut r = req.get().init_request();
-                    r.set_tenant(&tenant);
                     r.set_gpus(1);
                     r.set_ttl_ms(60_000);
                 }

@@ -2,7 +2,9 @@
 //! `RGPU_BROKER_*` environment variable and its key in the TOML file
 //! `--config` names (the long flag), in that order of precedence, then its
 //! default. The file also holds the tenant policies, `[tenants.NAME]`
-//! tables: `partitions`, `max-gpus`, `max-memory`, and `pkey`, the tenant's
+//! tables: `partitions`, the quotas `max-gpus`, `max-memory`, `max-leases`
+//! and `max-rate` (requests per second; a quota left out is the broker's
+//! `--default-max-*`, none for memory), and `pkey`, the tenant's
 //! InfiniBand partition key (e.g. `pkey = 0x8001`).
 
 use std::collections::HashMap;
@@ -28,17 +30,17 @@ rgpu_config::settings! {
         /// Directory of the broker's durable state [default: ./rgpu-broker-data].
         #[setting(flag = "data-dir", env = "RGPU_BROKER_DATA_DIR", value_name = "DIR")]
         data_dir: PathBuf = PathBuf::from("rgpu-broker-data"),
-        /// File with the key that signs lease tokens (GPU servers get the same
-        /// file). Without one, tokens are empty and servers admit anyone.
+        /// File with the key that signs lease tokens and that GPU servers prove
+        /// their registrations with (they get the same file). Required.
         #[setting(flag = "key-file", env = "RGPU_BROKER_KEY_FILE", value_name = "FILE")]
         key_file: Option<PathBuf> = None,
         /// Create the key file (and the admin key file) with a fresh random key
         /// if it does not exist.
         #[setting(flag = "create-key", env = "RGPU_BROKER_CREATE_KEY")]
         create_key: bool = false,
-        /// File with the operators' key: `drain` and `undrain` must carry a
-        /// proof made with it (`rgpu drain --admin-key-file`), or with the
-        /// token key. Without either key, anyone may drain.
+        /// File with the operators' key: tenants' credentials are issued with
+        /// it (`rgpu credential issue`), and whoever holds it acts as admin
+        /// (`rgpu --admin-key-file`). Without it, the token key does both.
         #[setting(flag = "admin-key-file", env = "RGPU_BROKER_ADMIN_KEY_FILE", value_name = "FILE")]
         admin_key_file: Option<PathBuf> = None,
         /// Heartbeat interval servers are told to keep, in ms [default: 1000];
@@ -53,6 +55,17 @@ rgpu_config::settings! {
         /// behind it, in ms [default: 2000].
         #[setting(flag = "reserve-after-ms", env = "RGPU_BROKER_RESERVE_AFTER_MS", value_name = "MS")]
         reserve_after_ms: u64 = Limits::default().reserve_after_ms,
+        /// Leases (held and queued) of a tenant whose policy names no
+        /// `max-leases` [default: 32].
+        #[setting(flag = "default-max-leases", env = "RGPU_BROKER_DEFAULT_MAX_LEASES", value_name = "N")]
+        default_max_leases: u32 = Limits::default().default_max_leases,
+        /// Whole GPUs of a tenant whose policy names no `max-gpus` [default: 8].
+        #[setting(flag = "default-max-gpus", env = "RGPU_BROKER_DEFAULT_MAX_GPUS", value_name = "N")]
+        default_max_gpus: u32 = Limits::default().default_max_gpus,
+        /// Requests per second (bursts of twice that) of a tenant whose policy
+        /// names no `max-rate` [default: 50].
+        #[setting(flag = "default-max-rate", env = "RGPU_BROKER_DEFAULT_MAX_RATE", value_name = "N")]
+        default_max_rate: u32 = Limits::default().default_max_rate,
         /// Threads serving RPC connections [default: 2].
         #[setting(flag = "threads", env = "RGPU_BROKER_THREADS", value_name = "N")]
         threads: usize = 2,
@@ -119,6 +132,8 @@ struct FileTenant {
     /// A size as `--sim-memory` takes it: `"160GiB"`, or a number of bytes.
     max_memory: Option<toml::Value>,
     pkey: Option<u16>,
+    max_leases: Option<u32>,
+    max_rate: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -169,7 +184,14 @@ impl Config {
                 }
             }
             let partitions = if t.partitions.is_empty() { vec![name.clone()] } else { t.partitions };
-            tenants.insert(name, TenantPolicy { partitions, max_gpus: t.max_gpus, max_memory, pkey: t.pkey });
+            tenants.insert(name, TenantPolicy {
+                partitions,
+                max_gpus: t.max_gpus,
+                max_memory,
+                max_leases: t.max_leases,
+                max_rate: t.max_rate,
+                pkey: t.pkey,
+            });
         }
         if s.heartbeat_ms == 0 {
             bail!("heartbeat-ms must be at least 1");
@@ -178,6 +200,9 @@ impl Config {
             heartbeat_ms: s.heartbeat_ms,
             default_ttl_ms: s.default_ttl_ms.max(1),
             reserve_after_ms: s.reserve_after_ms,
+            default_max_leases: s.default_max_leases,
+            default_max_gpus: s.default_max_gpus,
+            default_max_rate: s.default_max_rate.max(1),
             ..Limits::default()
         };
         Ok(Config {
@@ -233,6 +258,9 @@ mod tests {
         ("heartbeat-ms", ["10", "20"]),
         ("default-ttl-ms", ["10", "20"]),
         ("reserve-after-ms", ["10", "20"]),
+        ("default-max-leases", ["10", "20"]),
+        ("default-max-gpus", ["10", "20"]),
+        ("default-max-rate", ["10", "20"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
     ];
@@ -280,7 +308,7 @@ mod tests {
         let p = temp_file(
             "tenants",
             "listen = \"127.0.0.1:1\"\n[tenants.alice]\nmax-gpus = 2\nmax-memory = \"32GiB\"\npkey = 0x8001\n\
-             [tenants.bob]\nmax-memory = 1073741824\npartitions = [\"a\", \"b\"]\n",
+             [tenants.bob]\nmax-memory = 1073741824\npartitions = [\"a\", \"b\"]\nmax-leases = 3\nmax-rate = 7\n",
         );
         let path = p.to_str().unwrap();
         let c = load(&["--config", path, "--listen", "127.0.0.1:2"]).unwrap();
@@ -290,6 +318,7 @@ mod tests {
         let b = &c.tenants["bob"];
         assert_eq!((b.partitions.clone(), b.max_memory, b.pkey), (vec!["a".to_string(), "b".into()], Some(1 << 30), None));
         assert_eq!(a.pkey, Some(0x8001));
+        assert_eq!((b.max_leases, b.max_rate, a.max_leases), (Some(3), Some(7), None));
         std::fs::write(&p, "[tenants.alice]\npkey = 0x8000\n").unwrap();
         let e = load(&["--config", path]).unwrap_err();
         assert!(format!("{e:#}").contains("pkey"), "{e:#}");

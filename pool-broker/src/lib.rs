@@ -6,13 +6,20 @@
 //!   placement take `now` and return decisions, changes and events;
 //! - [`store`]: durability in redb, group-committed by one writer thread;
 //! - [`service`]: orchestration: lock the state, apply, persist, answer;
-//! - [`rpc`]: the capnp-rpc `Broker` (decode, one service call, encode).
+//! - [`identity`], [`rate`], [`audit`]: who is calling (tenant
+//!   credentials, their revocations), how fast, and the record of what
+//!   each did;
+//! - [`rpc`]: the capnp-rpc `Broker` (decode, one service call, encode),
+//!   its per-login `Session` and per-server `ServerAgent`.
 //!
 //! The client side of the same API (what the `rgpu` CLI and GPU servers
 //! call) is the `rgpu-broker-client` crate, which does not link this one.
+pub mod audit;
+pub mod identity;
 pub mod inventory;
 pub mod placement;
 pub mod policies;
+pub mod rate;
 pub mod state;
 pub mod config;
 pub mod rpc;
@@ -28,28 +35,32 @@ use crate::state::State;
 
 /// Opens the store, restores the state and builds the service.
 pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Service>> {
-    let key = match &config.key_file {
-        Some(p) => Some(config::load_key(p, config.create_key)?),
+    let Some(key_file) = &config.key_file else {
+        anyhow::bail!(
+            "rgpu-broker needs --key-file: it signs lease tokens and proves GPU servers with it \
+             (--create-key makes a fresh one, and --admin-key-file's)"
+        );
+    };
+    let key = config::load_key(key_file, config.create_key)?;
+    let credential_key = match &config.admin_key_file {
+        Some(p) => config::load_key(p, config.create_key)?,
         None => {
-            tracing::warn!("no --key-file: tokens are not signed and GPU servers admit any client");
-            None
+            tracing::warn!(
+                "no --admin-key-file: tenants' credentials are issued with the token key, which GPU servers hold too"
+            );
+            key.clone()
         }
     };
-    let admin_key = match &config.admin_key_file {
-        Some(p) => Some(config::load_key(p, config.create_key)?),
-        None => None,
-    };
-    if key.is_none() && admin_key.is_none() {
-        tracing::warn!("no --key-file or --admin-key-file: anyone may drain and undrain servers");
-    }
     let store = store::Store::open(&config.data_dir)?;
     let loaded = store.load()?;
+    let audit = audit::Audit::open(&config.data_dir)?;
     let mut state = State::new(config.limits.clone(), config.tenants.clone(), config.placement.policy());
     let (servers, leases) = (loaded.servers.len(), loaded.leases.len());
     state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
     tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
+    let credentials = identity::Credentials::new(credential_key, loaded.revoked);
     let writer = store::spawn_writer(store).context("cannot start the store writer")?;
-    Ok(service::Service::new(state, writer, key, admin_key, config.data_dir.display().to_string()))
+    Ok(service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string()))
 }
 
 /// Runs a broker until SIGINT or SIGTERM.

@@ -6,96 +6,117 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use rgpu_protocol::auth::Role;
 use rgpu_protocol::token::{self, Claims};
 use tokio::sync::oneshot;
 
+use crate::audit::Audit;
+use crate::identity::{Credentials, Identity};
 use crate::inventory::{Millis, ServerSpec};
-use crate::state::{BrokerError, Event, Lease, LeaseRequest, Outcome, State};
+use crate::rate::RateLimits;
+use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
 use crate::store::{Job, StoreError};
 
 pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Failed logins and registrations a host may make per second (bursts of
+/// twice that) before it is refused without a look.
+pub const FAILURES_PER_S: u32 = 5;
+
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Lease, BrokerError>>>>>;
 
 pub struct Service {
     state: Mutex<State>,
     writer: mpsc::Sender<Job>,
-    key: Option<Vec<u8>>,
-    /// The operators' key for drain/undrain (the token key works too).
-    admin_key: Option<Vec<u8>>,
-    /// Admin proofs already used, with their issue time (pruned after the
-    /// window), so that none is replayed.
-    seen_admin: Mutex<HashMap<Vec<u8>, Millis>>,
+    /// Signs lease tokens and proves GPU servers' registrations.
+    key: Vec<u8>,
+    /// Checks tenants' logins (derived from the admin key, else the token key).
+    pub credentials: Credentials,
+    pub audit: Audit,
+    rates: Mutex<RateLimits>,
+    /// Failed logins and registrations per peer host.
+    failures: Mutex<RateLimits>,
     waiters: Waiters,
     pub started: Millis,
     pub data_dir: String,
 }
 
-/// How far an admin request's issue time may be from the broker's clock.
-pub const ADMIN_WINDOW_MS: u64 = 5 * 60_000;
-
 impl Service {
-    /// `key` signs tokens; `admin_key` (or `key`) proves drain/undrain.
+    /// `key` signs tokens and proves servers; `credential_key` (the admin
+    /// key, or `key` without one) issues tenants' credentials.
     pub fn new(
         state: State,
         writer: mpsc::Sender<Job>,
-        key: Option<Vec<u8>>,
-        admin_key: Option<Vec<u8>>,
+        key: Vec<u8>,
+        credentials: Credentials,
+        audit: Audit,
         data_dir: String,
     ) -> Arc<Service> {
         Arc::new(Service {
             state: Mutex::new(state),
             writer,
             key,
-            admin_key,
-            seen_admin: Mutex::default(),
+            credentials,
+            audit,
+            rates: Mutex::default(),
+            failures: Mutex::default(),
             waiters: Arc::default(),
             started: now_ms(),
             data_dir,
         })
     }
 
-    /// Checks an admin request's credential (see `AdminAuth` in
-    /// broker.capnp): a proof under the admin key or the token key, issued
-    /// within [`ADMIN_WINDOW_MS`] of now, not seen before. Open when the
-    /// broker has neither key.
-    pub fn check_admin(
-        &self,
-        op: &str,
-        server_id: &str,
-        deadline_ms: u64,
-        issued_ms: u64,
-        proof: &[u8],
-        now: Millis,
-    ) -> Result<(), BrokerError> {
-        let keys: Vec<&Vec<u8>> = self.admin_key.iter().chain(self.key.iter()).collect();
-        if keys.is_empty() {
-            return Ok(());
+    /// May `id` do what needs `need`? Its credential must still be valid,
+    /// and each call takes one from its tenant's rate.
+    pub fn authorize(&self, id: &Identity, need: Role) -> Result<(), BrokerError> {
+        self.credentials.check(id)?;
+        if id.role < need {
+            return Err(BrokerError::Auth(format!("{} may not do this: it needs the {} role", id.actor(), need.name())));
         }
-        if proof.is_empty() {
-            return Err(BrokerError::Auth(format!(
-                "{op} needs an admin credential (rgpu {op} --admin-key-file FILE, or RGPU_ADMIN_KEY_FILE)"
-            )));
-        }
-        if issued_ms.abs_diff(now) > ADMIN_WINDOW_MS {
-            return Err(BrokerError::Auth(format!(
-                "{op} request issued {} s from the broker's clock (at most {} s allowed)",
-                issued_ms.abs_diff(now) / 1000,
-                ADMIN_WINDOW_MS / 1000
-            )));
-        }
-        let msg = token::admin_message(op, server_id, deadline_ms, issued_ms);
-        if !keys.iter().any(|k| token::verify_bytes(k, &msg, proof)) {
-            return Err(BrokerError::Auth(format!("{op} refused: the admin credential does not match the broker's keys")));
-        }
-        let mut seen = self.seen_admin.lock().unwrap_or_else(|p| p.into_inner());
-        seen.retain(|_, &mut t| t.abs_diff(now) <= ADMIN_WINDOW_MS);
-        if seen.insert(proof.to_vec(), issued_ms).is_some() {
-            return Err(BrokerError::Auth(format!("{op} refused: this admin credential was used before")));
+        let rate = self.lock().quota_of(&id.tenant).max_rate;
+        if !self.rates.lock().unwrap_or_else(|p| p.into_inner()).take(&id.tenant, rate, now_ms()) {
+            return Err(BrokerError::Rate(format!("tenant {} is over its rate of {rate} requests per second", id.tenant)));
         }
         Ok(())
+    }
+
+    /// Refuses a login or registration from `host` while it is over
+    /// [`FAILURES_PER_S`] failed ones (checked before any work is done on
+    /// it, and not audited: a flood of bad proofs must not fill the log).
+    pub fn may_try(&self, host: &str) -> Result<(), BrokerError> {
+        if self.failures.lock().unwrap_or_else(|p| p.into_inner()).has(host, FAILURES_PER_S, now_ms()) {
+            Ok(())
+        } else {
+            Err(BrokerError::Rate(format!("too many failed logins or registrations from {host}; try again in a second")))
+        }
+    }
+
+    /// Counts a failed login or registration from `host`.
+    pub fn failed(&self, host: &str) {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner()).take(host, FAILURES_PER_S, now_ms());
+    }
+
+    /// Revokes `tenant`'s credentials issued before `before` (at most now),
+    /// durably; returns the serial now required.
+    pub async fn revoke(&self, tenant: &str, before: u64) -> Result<u64, BrokerError> {
+        if !rgpu_protocol::auth::valid_tenant(tenant) {
+            return Err(BrokerError::Invalid(format!("{tenant:?} is not a tenant name")));
+        }
+        let before = self.credentials.revoke(tenant, before.min(now_ms()));
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            changes: vec![Change::Revocation { tenant: tenant.to_string(), before }],
+            then: Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        };
+        if let Err(mpsc::SendError(job)) = self.writer.send(job) {
+            (job.then)(Err(StoreError { path: String::new(), reason: "the store writer has stopped".into() }));
+        }
+        Self::durable(rx).await?;
+        Ok(before)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -130,37 +151,32 @@ impl Service {
         }
     }
 
-    pub fn check_server_proof(&self, server_id: &str, proof: &[u8]) -> Result<(), BrokerError> {
-        match &self.key {
-            None => Ok(()),
-            Some(k) => {
-                if token::verify_bytes(k, &token::register_message(server_id), proof) {
-                    Ok(())
-                } else {
-                    Err(BrokerError::Auth(format!("server {server_id} did not prove it holds the broker key")))
-                }
-            }
+    /// Checks a GPU server's registration proof: `message` is
+    /// `auth::register_message` of this connection's nonce and the
+    /// inventory it registers.
+    pub fn check_server_proof(&self, server_id: &str, message: &[u8], proof: &[u8]) -> Result<(), BrokerError> {
+        if token::verify_bytes(&self.key, message, proof) {
+            Ok(())
+        } else {
+            Err(BrokerError::Auth(format!("server {server_id} did not prove it holds the broker key over this connection's challenge")))
         }
     }
 
     pub fn token_for(&self, l: &Lease) -> Vec<u8> {
-        match &self.key {
-            None => Vec::new(),
-            Some(k) => Claims {
-                pkey: self.lock().pkey_of(&l.tenant),
-                lease_id: l.id,
-                generation: l.generation,
-                deadline_ms: l.deadline,
-                memory_limit: l.memory_limit,
-                tenant: l.tenant.clone(),
-                gpus: l.gpus.iter().map(|g| g.uuid).collect(),
-            }
-            .sign(k),
+        Claims {
+            pkey: self.lock().pkey_of(&l.tenant),
+            lease_id: l.id,
+            generation: l.generation,
+            deadline_ms: l.deadline,
+            memory_limit: l.memory_limit,
+            tenant: l.tenant.clone(),
+            gpus: l.gpus.iter().map(|g| g.uuid).collect(),
         }
+        .sign(&self.key)
     }
 
-    pub async fn register(&self, spec: ServerSpec, proof: &[u8]) -> Result<u64, BrokerError> {
-        self.check_server_proof(&spec.id, proof)?;
+    /// Registers a server whose proof was checked.
+    pub async fn register(&self, spec: ServerSpec) -> Result<u64, BrokerError> {
         if spec.id.is_empty() {
             return Err(BrokerError::Invalid("a server registers with its address as id".into()));
         }
@@ -173,19 +189,23 @@ impl Service {
         Ok(hb)
     }
 
-    /// The live leases (id, generation, deadline) on a server and the floor.
-    pub fn heartbeat(&self, id: &str, proof: &[u8]) -> Result<Option<(Vec<(u64, u64, u64)>, u64)>, BrokerError> {
-        self.check_server_proof(id, proof)?;
+    /// The live leases (id, generation, deadline) on a registered server and the floor.
+    pub fn heartbeat(&self, id: &str) -> Option<(Vec<(u64, u64, u64)>, u64)> {
         let mut st = self.lock();
         let r = st
             .heartbeat(id, now_ms())
             .map(|(live, floor)| (live.iter().map(|l| (l.id, l.generation, l.deadline)).collect(), floor));
         // A returning server may let queued requests through.
         let _ = self.commit(&mut st);
-        Ok(r)
+        r
     }
 
-    pub async fn lease(&self, req: LeaseRequest) -> Result<Lease, BrokerError> {
+    /// A lease for `who`'s tenant: the request names no other.
+    pub async fn lease(&self, who: &Identity, mut req: LeaseRequest) -> Result<Lease, BrokerError> {
+        if !req.tenant.is_empty() && req.tenant != who.tenant {
+            return Err(BrokerError::Auth(format!("{} may not lease for tenant {}", who.actor(), req.tenant)));
+        }
+        req.tenant = who.tenant.clone();
         let mut idb = [0u8; 8];
         getrandom::fill(&mut idb).map_err(|e| BrokerError::Store(format!("no randomness: {e}")))?;
         let id = u64::from_le_bytes(idb) | 1;
@@ -220,20 +240,32 @@ impl Service {
         }
     }
 
-    pub async fn renew(&self, id: u64, ttl_ms: u64) -> Result<Lease, BrokerError> {
+    /// Renews one of `who`'s tenant's leases; another tenant's is answered
+    /// as a lease this broker does not know.
+    pub async fn renew(&self, who: &Identity, id: u64, ttl_ms: u64) -> Result<Lease, BrokerError> {
         let (r, rx) = {
             let mut st = self.lock();
-            let r = st.renew(id, ttl_ms, now_ms());
+            let r = match st.lease(id) {
+                Some(l) if l.tenant != who.tenant => {
+                    Err(BrokerError::NotFound { id, why: "is not known to this broker".into() })
+                }
+                _ => st.renew(id, ttl_ms, now_ms()),
+            };
             (r, self.commit(&mut st))
         };
         Self::durable(rx).await?;
         r
     }
 
-    pub async fn release(&self, id: u64) -> Result<bool, BrokerError> {
+    /// Releases one of `who`'s tenant's leases (an admin: any); another
+    /// tenant's is answered as one that already ended.
+    pub async fn release(&self, who: &Identity, id: u64) -> Result<bool, BrokerError> {
         let (r, rx) = {
             let mut st = self.lock();
-            let r = st.release(id, now_ms());
+            let r = match st.lease(id) {
+                Some(l) if l.tenant != who.tenant && who.role < Role::Admin => false,
+                _ => st.release(id, now_ms()),
+            };
             (r, self.commit(&mut st))
         };
         Self::durable(rx).await?;
@@ -303,54 +335,43 @@ fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError
 mod tests {
     use super::*;
     use crate::placement::FragmentationAware;
-    use crate::state::Limits;
+    use crate::state::{Limits, TenantPolicy};
 
-    fn service(key: Option<&[u8]>, admin: Option<&[u8]>) -> Arc<Service> {
-        let state = State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+    fn service(tenants: HashMap<String, TenantPolicy>, key: &[u8]) -> Arc<Service> {
+        let state = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
         let (writer, _) = mpsc::channel();
-        Service::new(state, writer, key.map(<[u8]>::to_vec), admin.map(<[u8]>::to_vec), String::new())
+        let creds = Credentials::new(b"credential key".to_vec(), HashMap::new());
+        Service::new(state, writer, key.to_vec(), creds, Audit::in_memory(), String::new())
     }
 
-    fn proof(key: &[u8], op: &str, server: &str, deadline: u64, issued: u64) -> Vec<u8> {
-        token::sign_bytes(key, &token::admin_message(op, server, deadline, issued))
+    fn who(tenant: &str, role: Role) -> Identity {
+        Identity { tenant: tenant.into(), role, serial: 1 }
     }
 
     #[test]
-    fn admin_requests_need_a_fresh_proof_under_a_broker_key() {
-        let (key, admin) = (&[1u8; 32][..], &[2u8; 32][..]);
-        let s = service(Some(key), Some(admin));
-        let now = 1_000_000;
+    fn roles_and_the_request_rate() {
+        let mut tenants = HashMap::new();
+        tenants.insert("slow".to_string(), TenantPolicy { max_rate: Some(2), ..TenantPolicy::default() });
+        let s = service(tenants, &[1; 32]);
         let is_auth = |r: Result<(), BrokerError>| matches!(r, Err(BrokerError::Auth(_)));
-        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &[], now)), "no credential");
-        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &proof(&[3; 32], "drain", "a:1", 0, now), now)));
-        // Bound to the operation, the server and the deadline.
-        let p = proof(admin, "drain", "a:1", 0, now);
-        assert!(is_auth(s.check_admin("undrain", "a:1", 0, now, &p, now)));
-        assert!(is_auth(s.check_admin("drain", "b:1", 0, now, &p, now)));
-        assert!(is_auth(s.check_admin("drain", "a:1", 9, now, &p, now)));
-        assert!(s.check_admin("drain", "a:1", 0, now, &p, now).is_ok());
-        assert!(is_auth(s.check_admin("drain", "a:1", 0, now, &p, now + 1)), "replayed");
-        // The token key (the GPU servers' own drain) works too.
-        assert!(s.check_admin("drain", "a:1", 5, now, &proof(key, "drain", "a:1", 5, now), now).is_ok());
-        // Issued too long ago, or too far ahead.
-        let old = now - ADMIN_WINDOW_MS - 1;
-        assert!(is_auth(s.check_admin("undrain", "a:1", 0, old, &proof(admin, "undrain", "a:1", 0, old), now)));
-        let ahead = now + ADMIN_WINDOW_MS + 1;
-        assert!(is_auth(s.check_admin("undrain", "a:1", 0, ahead, &proof(admin, "undrain", "a:1", 0, ahead), now)));
-        // A broker with no key at all is open.
-        assert!(service(None, None).check_admin("drain", "a:1", 0, 0, &[], now).is_ok());
+        assert!(is_auth(s.authorize(&who("a", Role::User), Role::Operator)));
+        assert!(s.authorize(&who("a", Role::Operator), Role::Operator).is_ok());
+        assert!(s.authorize(&who("a", Role::Admin), Role::Operator).is_ok());
+        let slow = who("slow", Role::User);
+        let passed = (0..10).filter(|_| s.authorize(&slow, Role::User).is_ok()).count();
+        assert_eq!(passed, 4, "a burst of twice the tenant's rate");
+        assert!(matches!(s.authorize(&slow, Role::User), Err(BrokerError::Rate(_))));
+        assert!(s.authorize(&who("fast", Role::User), Role::User).is_ok(), "others are not slowed");
     }
 
     #[test]
     fn lease_tokens_carry_the_tenants_pkey() {
         let key = [1u8; 32];
         let mut tenants = HashMap::new();
-        let policy = |pkey| crate::state::TenantPolicy { partitions: vec![], max_gpus: None, max_memory: None, pkey };
+        let policy = |pkey| TenantPolicy { pkey, ..TenantPolicy::default() };
         tenants.insert("ib".to_string(), policy(Some(0x8001)));
         tenants.insert("plain".to_string(), policy(None));
-        let state = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
-        let (writer, _) = mpsc::channel();
-        let s = Service::new(state, writer, Some(key.to_vec()), None, String::new());
+        let s = service(tenants, &key);
         let lease = |tenant: &str| Lease {
             id: 1,
             key: String::new(),

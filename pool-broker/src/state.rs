@@ -37,6 +37,8 @@ pub enum BrokerError {
     UnknownServer(String),
     #[error("[auth] {0}")]
     Auth(String),
+    #[error("[rate] {0}")]
+    Rate(String),
     #[error("[store] {0}")]
     Store(String),
 }
@@ -103,13 +105,21 @@ pub struct LeaseRequest {
     pub key: String,
 }
 
-/// Operator policy per tenant (from the broker's configuration).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Operator policy per tenant (from the broker's configuration). A quota
+/// left out (None) is the broker's default for leases, GPUs and the request
+/// rate ([`Limits`]), and no limit for memory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct TenantPolicy {
     pub partitions: Vec<String>,
     /// Whole GPUs (fractions count by their larger share of memory or compute).
     pub max_gpus: Option<u32>,
     pub max_memory: Option<u64>,
+    /// Leases held at once (queued requests count too).
+    #[serde(default)]
+    pub max_leases: Option<u32>,
+    /// Requests per second to the broker, sustained (bursts of twice that).
+    #[serde(default)]
+    pub max_rate: Option<u32>,
     /// The tenant's InfiniBand partition key (`pkey = 0x8001`): its lease
     /// tokens carry it, and RDMA data planes for its sessions run in that
     /// partition. Not the placement `partitions` above.
@@ -127,6 +137,20 @@ pub struct Limits {
     /// A queued request that has waited this long for capacity reserves
     /// it: see [`State::reservation`].
     pub reserve_after_ms: u64,
+    /// Quotas of tenants whose policy does not name them (or who have no
+    /// policy): one client alone must not take the whole pool.
+    pub default_max_leases: u32,
+    pub default_max_gpus: u32,
+    pub default_max_rate: u32,
+}
+
+/// A tenant's quotas in effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    pub max_gpus: u32,
+    pub max_memory: Option<u64>,
+    pub max_leases: u32,
+    pub max_rate: u32,
 }
 
 impl Default for Limits {
@@ -138,6 +162,9 @@ impl Default for Limits {
             max_ttl_ms: 24 * 3600 * 1000,
             max_wait_ms: 3600 * 1000,
             reserve_after_ms: 2_000,
+            default_max_leases: 32,
+            default_max_gpus: 8,
+            default_max_rate: 50,
         }
     }
 }
@@ -149,6 +176,9 @@ pub enum Change {
     Lease(Lease),
     LeaseGone(u64),
     Generation(u64),
+    /// Credentials of `tenant` with a serial below `before` are refused
+    /// (made by the service, not the state machine: see `identity`).
+    Revocation { tenant: String, before: u64 },
 }
 
 /// What to tell waiting clients once the changes before it are durable.
@@ -198,6 +228,7 @@ struct Waiting {
 struct Usage {
     milli: u64,
     memory: u64,
+    leases: u32,
 }
 
 pub struct State {
@@ -301,6 +332,17 @@ impl State {
     /// The tenant's InfiniBand P_Key, if its policy names one.
     pub fn pkey_of(&self, tenant: &str) -> Option<u16> {
         self.tenants.get(tenant).and_then(|p| p.pkey)
+    }
+
+    /// The quotas `tenant` is held to: its policy's, else the defaults.
+    pub fn quota_of(&self, tenant: &str) -> Quota {
+        let p = self.tenants.get(tenant);
+        Quota {
+            max_gpus: p.and_then(|p| p.max_gpus).unwrap_or(self.limits.default_max_gpus),
+            max_memory: p.and_then(|p| p.max_memory),
+            max_leases: p.and_then(|p| p.max_leases).unwrap_or(self.limits.default_max_leases),
+            max_rate: p.and_then(|p| p.max_rate).unwrap_or(self.limits.default_max_rate),
+        }
     }
 
     fn partitions_of(&self, tenant: &str) -> Vec<String> {
@@ -407,6 +449,15 @@ impl State {
             }
         }
         self.check_quota_ever(&req)?;
+        let queued = self.queue.values().filter(|w| w.req.tenant == req.tenant).count() as u64;
+        let held = self.usage.get(&req.tenant).map_or(0, |u| u.leases) as u64;
+        let max = self.quota_of(&req.tenant).max_leases as u64;
+        if held + queued >= max {
+            return Err(BrokerError::Quota(format!(
+                "tenant {} holds {held} lease(s) and has {queued} queued, its quota is {max} leases",
+                req.tenant
+            )));
+        }
         let granted = match self.reservation(&req, None, now) {
             Some(held) => Err(BrokerError::Unavailable(held)),
             None => self.try_grant(&req, id, now),
@@ -490,17 +541,18 @@ impl State {
         if d.is_fraction() {
             // Memory counts as asked; the GPU share is not known before
             // placement: count the compute share (memory share checked after).
-            Usage { milli: d.compute_milli as u64, memory: d.memory }
+            Usage { milli: d.compute_milli as u64, memory: d.memory, leases: 0 }
         } else {
-            Usage { milli: d.gpus as u64 * 1000, memory: 0 }
+            Usage { milli: d.gpus as u64 * 1000, memory: 0, leases: 0 }
         }
     }
 
     /// Refuses at once a request larger than the tenant's whole quota.
     fn check_quota_ever(&self, req: &LeaseRequest) -> Result<(), BrokerError> {
-        let Some(p) = self.tenants.get(&req.tenant) else { return Ok(()) };
+        let p = self.quota_of(&req.tenant);
         let want = self.demand_share(req);
-        if let Some(g) = p.max_gpus {
+        {
+            let g = p.max_gpus;
             if want.milli > g as u64 * 1000 {
                 return Err(BrokerError::Quota(format!(
                     "tenant {} asks for {} GPU(s), its quota is {g}",
@@ -523,9 +575,13 @@ impl State {
     }
 
     fn check_quota_now(&self, tenant: &str, add: Usage) -> Result<(), BrokerError> {
-        let Some(p) = self.tenants.get(tenant) else { return Ok(()) };
+        let p = self.quota_of(tenant);
         let u = self.usage.get(tenant).copied().unwrap_or_default();
-        if let Some(g) = p.max_gpus {
+        if u.leases >= p.max_leases {
+            return Err(BrokerError::Quota(format!("tenant {tenant} holds {} lease(s), its quota is {}", u.leases, p.max_leases)));
+        }
+        {
+            let g = p.max_gpus;
             if u.milli + add.milli > g as u64 * 1000 {
                 return Err(BrokerError::Quota(format!(
                     "tenant {tenant} would hold {:.3} GPU(s), its quota is {g}",
@@ -579,6 +635,7 @@ impl State {
         let add = Usage {
             milli: gpus.iter().map(|g| share_milli(g.take_memory, g.memory, g.take_milli)).sum(),
             memory: gpus.iter().map(|g| g.take_memory).sum(),
+            leases: 0,
         };
         self.check_quota_now(&req.tenant, add)?;
         let id = if id == 0 || self.leases.contains_key(&id) { self.fresh_id(id) } else { id };
@@ -631,6 +688,7 @@ impl State {
         let u = self.usage.entry(l.tenant.clone()).or_default();
         u.milli += l.gpu_milli();
         u.memory += l.memory();
+        u.leases += 1;
     }
 
     fn vacate(&mut self, l: &Lease) {
@@ -648,6 +706,7 @@ impl State {
         if let Some(u) = self.usage.get_mut(&l.tenant) {
             u.milli = u.milli.saturating_sub(l.gpu_milli());
             u.memory = u.memory.saturating_sub(l.memory());
+            u.leases = u.leases.saturating_sub(1);
         }
     }
 
@@ -840,7 +899,7 @@ mod tests {
         let mut tenants = HashMap::new();
         tenants.insert(
             "alice".to_string(),
-            TenantPolicy { partitions: vec!["a".into()], max_gpus: Some(2), max_memory: None, pkey: None },
+            TenantPolicy { partitions: vec!["a".into()], max_gpus: Some(2), ..TenantPolicy::default() },
         );
         let mut s = State::new(Limits::default(), tenants, Box::new(FragmentationAware));
         s.register(spec("x", 2, &[]), 0);
@@ -913,6 +972,27 @@ mod tests {
         let l2 = granted(s.request(f, 7, 0));
         assert_eq!(l2.gpus[0].uuid, l.gpus[0].uuid, "fractions share one GPU");
         assert!(matches!(s.request(req("nobody", 5), 8, 0), Err(BrokerError::Invalid(_))));
+    }
+
+    /// Finding: one client took 5,250 leases in under 3 s; a tenant with no
+    /// policy had no quota at all.
+    #[test]
+    fn tenants_without_a_policy_are_held_to_the_default_quotas() {
+        let limits = Limits { default_max_leases: 3, default_max_gpus: 2, ..Limits::default() };
+        let mut s = State::new(limits, HashMap::new(), Box::new(FragmentationAware));
+        s.register(spec("x", 4, &[]), 0);
+        assert!(matches!(s.request(req("bob", 3), 1, 0), Err(BrokerError::Quota(_))), "more GPUs than the default");
+        let mut f = req("bob", 0);
+        f.demand.memory = 1 << 30;
+        for i in 0..3 {
+            granted(s.request(f.clone(), 10 + i, 0));
+        }
+        assert!(matches!(s.request(f.clone(), 20, 0), Err(BrokerError::Quota(_))), "a 4th lease");
+        let mut queued = f.clone();
+        queued.wait_ms = 1000;
+        assert!(matches!(s.request(queued, 21, 0), Err(BrokerError::Quota(_))), "nor queued");
+        f.tenant = "carol".into();
+        granted(s.request(f, 30, 0));
     }
 
     #[test]

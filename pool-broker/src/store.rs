@@ -2,7 +2,8 @@
 //!
 //! What is stored: each server's registration and drain (operator policy),
 //! each live lease (a grant the client was told about must survive), and
-//! the generation counter. Not stored: reachability, heartbeat times, the
+//! the generation counter, and each tenant's credential revocation (the
+//! lowest credential serial still accepted). Not stored: reachability, heartbeat times, the
 //! queue (a queued client that loses the broker retries), usage (derived).
 //!
 //! One writer thread group-commits: it takes every job waiting, writes them
@@ -23,6 +24,7 @@ use crate::state::{Change, Lease};
 const SERVERS: TableDefinition<&str, &[u8]> = TableDefinition::new("servers");
 const LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("leases");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+const REVOKED: TableDefinition<&str, u64> = TableDefinition::new("revoked");
 const GENERATION: &str = "generation";
 
 #[derive(Debug, Error, Clone)]
@@ -42,6 +44,8 @@ pub struct Loaded {
     pub servers: Vec<(ServerSpec, Option<Drain>)>,
     pub leases: Vec<Lease>,
     pub generation: u64,
+    /// Tenant -> the lowest credential serial still accepted.
+    pub revoked: std::collections::HashMap<String, u64>,
 }
 
 pub struct Store {
@@ -67,7 +71,7 @@ impl Store {
 
     pub fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0 };
+        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: Default::default() };
         let t = txn.open_table(SERVERS).map_err(|e| self.err(e))?;
         for row in t.iter().map_err(|e| self.err(e))? {
             let (_, v) = row.map_err(|e| self.err(e))?;
@@ -83,6 +87,11 @@ impl Store {
         if let Some(g) = t.get(GENERATION).map_err(|e| self.err(e))? {
             out.generation = g.value();
         }
+        let t = txn.open_table(REVOKED).map_err(|e| self.err(e))?;
+        for row in t.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            out.revoked.insert(k.value().to_string(), v.value());
+        }
         Ok(out)
     }
 
@@ -93,6 +102,7 @@ impl Store {
             let mut servers = txn.open_table(SERVERS).map_err(|e| self.err(e))?;
             let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
+            let mut revoked = txn.open_table(REVOKED).map_err(|e| self.err(e))?;
             for c in changes {
                 match c {
                     Change::Server { spec, drain } => {
@@ -109,6 +119,9 @@ impl Store {
                     }
                     Change::Generation(g) => {
                         meta.insert(GENERATION, *g).map_err(|e| self.err(e))?;
+                    }
+                    Change::Revocation { tenant, before } => {
+                        revoked.insert(tenant.as_str(), *before).map_err(|e| self.err(e))?;
                     }
                 }
             }

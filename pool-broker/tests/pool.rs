@@ -3,67 +3,15 @@
 //! the shim (`rgpu demo` as the workload). Needs the workspace's binaries
 //! built (`cargo build`): rgpu-server, rgpu and libcuda.so beside rgpu-broker.
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use rgpu_broker_client::{BrokerClient, ClientError, LeaseSpec, LeaseView, Scope};
-
-fn bin_dir() -> PathBuf {
-    Path::new(env!("CARGO_BIN_EXE_rgpu-broker")).parent().unwrap().to_path_buf()
-}
-
-struct Proc {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `bin args` and waits for its "listening on ADDR" line.
-fn start(bin: &str, args: &[&str]) -> Proc {
-    let path = bin_dir().join(bin);
-    assert!(path.exists(), "{} is not built: run `cargo build` first", path.display());
-    let mut child = Command::new(&path)
-        .args(args)
-        .env("RGPU_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let err = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let name = bin.to_string();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(err).lines().map_while(Result::ok) {
-            if !sent {
-                if let Some(rest) = line.split("listening on ").nth(1) {
-                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
-                    sent = true;
-                }
-            }
-            if std::env::var_os("RGPU_TEST_LOG").is_some() {
-                eprintln!("[{name}] {line}");
-            }
-        }
-    });
-    let addr = rx.recv_timeout(Duration::from_secs(20)).expect("process did not start listening");
-    Proc { child, addr }
-}
-
-fn free_port() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
+use common::{bin_dir, credential, free_port, login, start, wait_for, Proc};
+use rgpu_broker_client::{BrokerClient, ClientError, LeaseSpec, LeaseView, Role, Scope};
 
 fn broker(dir: &Path, addr: &str) -> Proc {
     let cfg = dir.join("broker.toml");
@@ -98,22 +46,8 @@ fn server(dir: &Path, broker: &str, devices: &str, leaf: &str, partitions: &str)
     )
 }
 
-/// A client that proves drain/undrain with the key file `name` in `dir`.
-fn admin(addr: &str, dir: &Path, name: &str) -> BrokerClient {
-    let key = rgpu_protocol::token::parse_key(&std::fs::read(dir.join(name)).unwrap()).unwrap();
-    BrokerClient::connect(addr).unwrap().with_admin_key(key)
-}
-
 fn spec(tenant: &str, gpus: u32) -> LeaseSpec {
     LeaseSpec { tenant: tenant.into(), gpus, ttl_ms: 30_000, ..LeaseSpec::default() }
-}
-
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// Runs the built-in workload through the shim with `token` on `server`.
@@ -185,7 +119,7 @@ fn sigterm_drains_the_server_first() {
             ],
         )
     };
-    let c = BrokerClient::connect(&baddr).unwrap();
+    let c = login(&baddr, &dir, "bob", Role::User);
     let up = |c: &BrokerClient| {
         c.servers().map(|s| s.len() == 1 && s[0].state == "up" && !s[0].draining).unwrap_or(false)
     };
@@ -251,7 +185,9 @@ fn pool_with_three_servers() {
     let mut s2 = Some(server(&dir, &baddr, "2", "l1", "default"));
     let s3 = server(&dir, &baddr, "1", "l2", "secret");
     let s2addr = s2.as_ref().unwrap().addr.clone();
-    let c = admin(&baddr, &dir, "admin.key");
+    let c = login(&baddr, &dir, "bob", Role::User);
+    let ops = login(&baddr, &dir, "ops", Role::Operator);
+    let alice = login(&baddr, &dir, "alice", Role::User);
     wait_for("3 servers registered", || c.servers().map(|s| s.len() == 3).unwrap_or(false));
     // Each says which data-plane transports it serves (TCP always; RDMA
     // only with the verbs plugin and a device).
@@ -271,35 +207,36 @@ fn pool_with_three_servers() {
     assert_eq!(r.generation, l.generation);
     assert!(c.release(l.id_u64()).unwrap());
     assert!(!c.release(l.id_u64()).unwrap(), "release is idempotent");
-    assert!(c.leases("").unwrap().is_empty());
+    assert!(ops.leases("").unwrap().is_empty());
 
     // Expiry: not before the deadline, soon after.
     let mut short = spec("bob", 1);
     short.ttl_ms = 400;
     let e = c.lease(&short).unwrap();
     assert!(c.leases("").unwrap().iter().any(|x| x.id == e.id));
-    wait_for("expiry", || c.leases("").unwrap().is_empty());
+    wait_for("expiry", || ops.leases("").unwrap().is_empty());
     assert!(c.renew(e.id_u64(), 0).unwrap_err().to_string().contains("expired"));
 
     // Quota and partitions: alice sees only s3 ("secret"), one GPU at most.
-    assert_eq!(kind(c.lease(&spec("alice", 2))), "quota");
-    let a = c.lease(&spec("alice", 1)).unwrap();
+    assert_eq!(kind(alice.lease(&spec("alice", 2))), "quota");
+    let a = alice.lease(&spec("alice", 1)).unwrap();
     assert_eq!(a.servers(), vec![s3.addr.clone()]);
-    assert_eq!(kind(c.lease(&spec("alice", 1))), "quota");
+    assert_eq!(kind(alice.lease(&spec("alice", 1))), "quota");
     assert_eq!(kind(c.lease(&spec("bob", 5))), "invalid", "bob never sees s3: 4 GPUs");
 
     // Queueing: bob fills s1+s2; a waiting request is granted on release.
     let all = c.lease(&spec("bob", 4)).unwrap();
     assert_eq!(kind(c.lease(&spec("bob", 1))), "unavailable");
+    let bob = c.credential.clone();
     let baddr2 = baddr.clone();
     let waiter = std::thread::spawn(move || {
-        let c = BrokerClient::connect(&baddr2).unwrap();
+        let c = BrokerClient::connect(&baddr2, &bob).unwrap();
         let mut w = spec("bob", 1);
         w.wait_ms = 10_000;
         c.lease(&w)
     });
     std::thread::sleep(Duration::from_millis(300));
-    assert!(c.status().unwrap().queued == 1);
+    assert!(ops.status().unwrap().queued == 1);
     c.release(all.id_u64()).unwrap();
     let q = waiter.join().unwrap().unwrap();
     c.release(q.id_u64()).unwrap();
@@ -331,16 +268,15 @@ fn pool_with_three_servers() {
     // Drain without a deadline: no new grants there, leases keep running.
     let on1 = c.lease(&spec("bob", 2)).unwrap();
     let drained = on1.servers()[0].clone();
-    // Drain and undrain need the admin credential.
-    let anyone = BrokerClient::connect(&baddr).unwrap();
-    let refused = anyone.drain(&drained, 0).unwrap_err();
+    // Drain and undrain need the operator role.
+    let refused = c.drain(&drained, 0).unwrap_err();
     assert_eq!(refused.kind(), Some("auth"), "{refused}");
-    assert_eq!(anyone.undrain(&drained).unwrap_err().kind(), Some("auth"));
+    assert_eq!(c.undrain(&drained).unwrap_err().kind(), Some("auth"));
     std::fs::write(dir.join("wrong.key"), format!("{}\n", "ab".repeat(32))).unwrap();
-    let wrong = admin(&baddr, &dir, "wrong.key").drain(&drained, 0).unwrap_err();
+    let wrong = BrokerClient::connect(&baddr, &credential(&dir, "wrong.key", "ops", Role::Admin)).err().unwrap();
     assert_eq!(wrong.kind(), Some("auth"), "{wrong}");
     assert!(!c.servers().unwrap().iter().any(|s| s.draining), "nothing drained by the refused requests");
-    c.drain(&drained, 0).unwrap();
+    ops.drain(&drained, 0).unwrap();
     let other = c.lease(&spec("bob", 2)).unwrap();
     assert_ne!(other.servers()[0], drained);
     assert!(c.renew(on1.id_u64(), 0).is_ok(), "drain without deadline keeps leases");
@@ -349,30 +285,31 @@ fn pool_with_three_servers() {
     let d = c.lease(&spec("bob", 1)).unwrap();
     let target = d.servers()[0].clone();
     assert_ne!(target, drained);
-    c.drain(&target, rgpu_pool_broker::service::now_ms() + 300).unwrap();
+    ops.drain(&target, rgpu_pool_broker::service::now_ms() + 300).unwrap();
     wait_for("revocation", || c.renew(d.id_u64(), 0).is_err());
     assert!(c.renew(d.id_u64(), 0).unwrap_err().to_string().contains("revoked"));
-    c.undrain(&target).unwrap();
+    ops.undrain(&target).unwrap();
 
     // Broker SIGKILL and restart: leases, registrations, drains survive.
-    let before = c.leases("").unwrap();
-    let gen = c.status().unwrap().generation;
-    drop(c);
+    let before = ops.leases("").unwrap();
+    let gen = ops.status().unwrap().generation;
+    drop((c, ops, alice));
     b.child.kill().unwrap(); // SIGKILL
     let _ = b.child.wait();
     b = broker(&dir, &baddr);
-    let c = admin(&baddr, &dir, "admin.key");
-    let after = c.leases("").unwrap();
+    let c = login(&baddr, &dir, "bob", Role::User);
+    let ops = login(&baddr, &dir, "ops", Role::Operator);
+    let after = ops.leases("").unwrap();
     assert_eq!(
         before.iter().map(|l| (&l.id, l.generation, l.deadline_ms)).collect::<Vec<_>>(),
         after.iter().map(|l| (&l.id, l.generation, l.deadline_ms)).collect::<Vec<_>>()
     );
-    assert_eq!(c.status().unwrap().generation, gen);
-    let servers = c.servers().unwrap();
+    assert_eq!(ops.status().unwrap().generation, gen);
+    let servers = ops.servers().unwrap();
     assert_eq!(servers.len(), 3);
     assert!(servers.iter().all(|s| s.transports.iter().any(|t| t == "tcp")), "transports survive: {servers:?}");
     assert!(servers.iter().any(|s| s.id == drained && s.draining), "drain survives");
-    c.undrain(&drained).unwrap();
+    ops.undrain(&drained).unwrap();
     let next = c.lease(&spec("bob", 1)).unwrap();
     assert!(next.generation > gen, "generations never go back");
 

@@ -5,42 +5,81 @@
 # Failures come back as capnp errors whose text starts with a bracketed kind,
 # e.g. "[quota] tenant alice would use 5 GPUs, quota is 4".
 
+# Who may call what: the bootstrap `Broker` answers `version` and
+# `challenge` to anyone; everything else is reached through a capability
+# that `login` (a tenant's credential) or `register` (a GPU server holding
+# the broker's token key) returns once the caller proved itself over this
+# connection's challenge. The proofs are bound to a nonce the broker drew
+# for this connection and used once, so recorded bytes replayed on another
+# connection, or to a restarted broker, prove nothing. The messages the
+# proofs sign are built by `rgpu_protocol::auth`.
+
 interface Broker {
-  # --- GPU servers ---
-  # (Re-)registers a server and its GPUs. `proof` is HMAC-SHA256 over
-  # "rgpu-register:" ++ serverId under the broker key (empty without one).
-  register @0 (server :ServerInfo, proof :Data) -> (heartbeatMs :UInt32);
-  # Every `heartbeatMs`; the reply lists the live leases on this server and
-  # the generation floor: a lease with generation <= floor that is not in
-  # the list has ended, and the server closes its sessions.
-  heartbeat @1 (serverId :Text, proof :Data) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
-
-  # --- users ---
-  lease @2 (request :LeaseRequest) -> (lease :Lease);
-  renew @3 (leaseId :UInt64, ttlMs :UInt64) -> (lease :Lease);
-  release @4 (leaseId :UInt64) -> (released :Bool);
-  listLeases @5 (tenant :Text) -> (leases :List(Lease));
-
-  # --- operators ---
-  listServers @6 () -> (servers :List(ServerStatus));
-  # deadlineMs: unix milliseconds after which remaining leases are revoked (0: none).
-  # forShutdown: the server drains itself to stop; its next registration
-  # (when it is back) ends the drain.
-  # drain and undrain need `auth` when the broker has a key: see AdminAuth.
-  drain @7 (serverId :Text, deadlineMs :UInt64, forShutdown :Bool, auth :AdminAuth) -> (server :ServerStatus);
-  undrain @8 (serverId :Text, auth :AdminAuth) -> (server :ServerStatus);
-  status @9 () -> (status :BrokerStatus);
+  version @0 () -> (version :Text, protocol :UInt32);
+  # A fresh random nonce for this connection: a `login` or `register` on
+  # it proves over it and uses it up. A connection holds at most 64 unused
+  # nonces (the oldest is dropped first), so registrations may be pipelined.
+  challenge @1 () -> (nonce :Data);
+  # A tenant's credential (see `rgpu credential issue`): role is "user",
+  # "operator" or "admin"; serial is the credential's issue time (unix ms);
+  # proof = HMAC-SHA256(secret, auth::login_message(nonce, tenant, role,
+  # serial)) where secret = HMAC-SHA256(credential key, auth::credential_message(
+  # tenant, role, serial)). Refused: a wrong proof, no challenge, a revoked serial.
+  login @2 (nonce :Data, tenant :Text, role :Text, serial :UInt64, proof :Data) -> (session :Session);
+  # (Re-)registers a GPU server and its inventory: proof =
+  # HMAC-SHA256(token key, auth::register_message(nonce, server)), covering
+  # every field of `server`.
+  register @3 (server :ServerInfo, nonce :Data, proof :Data) -> (agent :ServerAgent, heartbeatMs :UInt32);
 }
 
-# An operator's credential for one request: HMAC-SHA256 under the broker's
-# admin key (or its token key, which GPU servers hold) of
-# "rgpu-admin:" ++ op ++ ":" ++ serverId ++ ":" ++ deadlineMs ++ ":" ++
-# issuedMs (decimal; op "drain" or "undrain", deadlineMs 0 for undrain).
-# The broker refuses one issued more than 5 minutes from its clock, or seen
-# before.
-struct AdminAuth {
-  issuedMs @0 :UInt64;
-  proof @1 :Data;
+# A logged-in tenant. A user sees, renews and releases only its own
+# tenant's leases; an operator also lists every lease, drains, undrains and
+# reads the audit log; an admin also revokes credentials and releases any lease.
+# Failures come back as capnp errors whose text starts with a bracketed kind
+# ("[auth] ...", "[quota] ...", "[rate] ...").
+interface Session {
+  whoami @0 () -> (tenant :Text, role :Text, serial :UInt64);
+  # `request.tenant` must be empty or the session's tenant.
+  lease @1 (request :LeaseRequest) -> (lease :Lease);
+  renew @2 (leaseId :UInt64, ttlMs :UInt64) -> (lease :Lease);
+  release @3 (leaseId :UInt64) -> (released :Bool);
+  # tenant: "" for all a role may see (a user: its own).
+  listLeases @4 (tenant :Text) -> (leases :List(Lease));
+  listServers @5 () -> (servers :List(ServerStatus));
+  status @6 () -> (status :BrokerStatus);
+  # deadlineMs: unix milliseconds after which remaining leases are revoked (0: none).
+  drain @7 (serverId :Text, deadlineMs :UInt64) -> (server :ServerStatus);
+  undrain @8 (serverId :Text) -> (server :ServerStatus);
+  # The newest `limit` records (at most 10000), oldest first; tenant "" for all.
+  audit @9 (tenant :Text, limit :UInt32) -> (records :List(AuditRecord));
+  # Refuses from now on every credential of `tenant` issued before
+  # `beforeSerial` (at most now): what `rgpu credential rotate` does.
+  revokeCredentials @10 (tenant :Text, beforeSerial :UInt64) -> (beforeSerial :UInt64);
+}
+
+# A registered GPU server, for as long as its connection lasts. Its
+# inventory changes only by a new `register` with a fresh proof.
+interface ServerAgent {
+  # Every `heartbeatMs`; the reply lists the live leases on this server and
+  # the generation floor: a lease with generation <= floor that is not in
+  # the list has ended, and the server closes its sessions. known = false:
+  # the broker forgot the server; register again.
+  heartbeat @0 () -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
+  # The server drains itself to stop (SIGTERM): no new grants; leases left
+  # at deadlineMs are revoked; its next registration ends the drain.
+  drainForShutdown @1 (deadlineMs :UInt64) -> (server :ServerStatus);
+}
+
+struct AuditRecord {
+  timeMs @0 :UInt64;
+  # Who: "tenant/role", or "server:ID", or "-" before any proof.
+  actor @1 :Text;
+  # The peer's address (host:port) as the broker saw it.
+  peer @2 :Text;
+  op @3 :Text;               # login, lease, renew, release, drain, undrain, register, revoke, ...
+  target @4 :Text;           # a lease id, a server id, a tenant
+  ok @5 :Bool;
+  detail @6 :Text;           # why it was refused, or what was granted
 }
 
 struct ServerInfo {
@@ -63,7 +102,7 @@ struct GpuInfo {
 }
 
 struct LeaseRequest {
-  tenant @0 :Text;
+  tenant @0 :Text;            # empty, or the logged-in tenant (it is taken from the credential)
   gpus @1 :UInt32;            # whole GPUs; 0 with memory/computeMilli: a fraction of one
   memory @2 :UInt64;          # bytes of one GPU (fractional lease)
   computeMilli @3 :UInt32;    # share of one GPU's compute, 1..1000 (fractional lease)

@@ -5,7 +5,8 @@
 //! - `data_capnp`: the data plane's messages, one `Request` or `Reply` per frame.
 //! - `broker_capnp`: the GPU pool broker (capnp-rpc): registration,
 //!   heartbeats, leases, drain; [`token`]: the lease tokens it signs;
-//!   [`scope`]: the topology unit a lease request names.
+//!   [`scope`]: the topology unit a lease request names; [`auth`]: what
+//!   the broker's logins and registrations prove.
 //! - [`bundle`]: the image the shim's JIT linker hands back for several inputs.
 //! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
 //!   then raw bulk bytes.
@@ -30,6 +31,7 @@ pub mod data_capnp {
     include!("generated/data_capnp.rs");
 }
 
+pub mod auth;
 pub mod bundle;
 pub mod frame;
 pub mod message;

@@ -59,17 +59,6 @@ pub fn sign_bytes(key: &[u8], data: &[u8]) -> Vec<u8> {
     m.finalize().into_bytes().to_vec()
 }
 
-/// What a server's `register`/`heartbeat` proof covers: that it holds the broker key, for
-/// this server id.
-pub fn register_message(server_id: &str) -> Vec<u8> {
-    format!("rgpu-register:{server_id}").into_bytes()
-}
-
-/// What an admin request's proof (`AdminAuth` in broker.capnp) covers.
-pub fn admin_message(op: &str, server_id: &str, deadline_ms: u64, issued_ms: u64) -> Vec<u8> {
-    format!("rgpu-admin:{op}:{server_id}:{deadline_ms}:{issued_ms}").into_bytes()
-}
-
 /// Constant-time check of `sig` against HMAC-SHA256 of `data`.
 pub fn verify_bytes(key: &[u8], data: &[u8], sig: &[u8]) -> bool {
     let mut m = mac(key);

@@ -2,7 +2,11 @@
 //! their place in the fabric, heartbeats, and applies each reply to the
 //! lease table ([`crate::lease`]), closing sessions of ended leases.
 //! Reconnects with backoff when the broker is away; leases keep running
-//! until the deadline last heard of.
+//! until the deadline last heard of. Each registration proves the broker
+//! key over the connection's fresh challenge and the inventory it
+//! registers; heartbeats and the drain for stopping go through the
+//! capability that registration returns, so they speak for this server
+//! on this connection only.
 //!
 //! When the server is told to stop ([`Stopping::requested`]), the agent
 //! asks the broker to drain it (no new grants; what is left at the drain
@@ -14,11 +18,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rgpu_broker_client::admin::{AdminAuth, AdminOp};
 use rgpu_broker_client::now_ms;
 use rgpu_broker_client::rpc::{self, CONNECT_TIMEOUT};
-use rgpu_protocol::broker_capnp::broker;
-use rgpu_protocol::token::{register_message, sign_bytes};
+use rgpu_protocol::auth::register_message;
+use rgpu_protocol::broker_capnp::{broker, server_agent};
+use rgpu_protocol::token::sign_bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -53,26 +57,14 @@ impl Agent {
     }
 
     /// Asks the broker to drain this server for its stop.
-    async fn ask_drain(&self, client: &broker::Client) -> Result<(), String> {
+    async fn ask_drain(&self, agent: &server_agent::Client) -> Result<(), String> {
         let deadline = *self.drain_deadline.get_or_init(|| now_ms() + self.stopping.timeout.as_millis() as u64);
-        let mut req = client.drain_request();
-        req.get().set_server_id(&self.server_id);
+        let mut req = agent.drain_for_shutdown_request();
         req.get().set_deadline_ms(deadline);
-        req.get().set_for_shutdown(true);
-        if let Some(k) = &self.key {
-            AdminAuth::sign(k, AdminOp::Drain, &self.server_id, deadline, now_ms()).write(req.get().init_auth());
-        }
         req.send().promise.await.map_err(|e| format!("drain for shutdown: {e}"))?;
         info!(broker = %self.broker, id = %self.server_id, deadline_ms = deadline,
             "stopping: drained at the broker (no new leases here); waiting for the leases here to end");
         Ok(())
-    }
-
-    fn proof(&self) -> Vec<u8> {
-        match &self.key {
-            Some(k) => sign_bytes(k, &register_message(&self.server_id)),
-            None => Vec::new(),
-        }
     }
 
     /// Runs until `shutdown`. Must run inside a `LocalSet`.
@@ -102,8 +94,13 @@ impl Agent {
         self.talk(conn.client(), service).await
     }
 
-    async fn register(&self, client: &broker::Client, service: &Service) -> Result<u64, String> {
+    async fn register(&self, client: &broker::Client, service: &Service) -> Result<(server_agent::Client, u64), String> {
+        let Some(key) = &self.key else {
+            return Err("registering needs the broker's key (--broker-key-file)".into());
+        };
         let devices = service.backend.devices();
+        let reply = client.challenge_request().send().promise.await.map_err(|e| e.to_string())?;
+        let nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| e.to_string())?.to_vec();
         let mut req = client.register_request();
         {
             let mut s = req.get().init_server();
@@ -131,32 +128,36 @@ impl Agent {
                 g.set_healthy(true);
             }
         }
-        req.get().set_proof(&self.proof());
+        let msg = register_message(&nonce, req.get().get_server().map_err(|e| e.to_string())?.into_reader())
+            .map_err(|e| e.to_string())?;
+        req.get().set_nonce(&nonce);
+        req.get().set_proof(&sign_bytes(key, &msg));
         let reply = req.send().promise.await.map_err(|e| e.to_string())?;
-        let hb = reply.get().map_err(|e| e.to_string())?.get_heartbeat_ms();
+        let r = reply.get().map_err(|e| e.to_string())?;
+        let (hb, agent) = (r.get_heartbeat_ms(), r.get_agent().map_err(|e| e.to_string())?);
         info!(broker = %self.broker, id = %self.server_id, gpus = devices.len(), "registered with the broker");
-        Ok(u64::from(hb).max(50))
+        Ok((agent, u64::from(hb).max(50)))
     }
 
     async fn talk(&self, client: &broker::Client, service: &Arc<Service>) -> Result<(), String> {
-        let mut every = Duration::from_millis(self.register(client, service).await?);
+        let (mut agent, hb) = self.register(client, service).await?;
+        let mut every = Duration::from_millis(hb);
         // Registering ends a drain for shutdown: ask again on each (re)registration.
         let mut drain_asked = false;
         loop {
             if !drain_asked && self.stopping.requested.is_cancelled() {
-                self.ask_drain(client).await?;
+                self.ask_drain(&agent).await?;
                 drain_asked = true;
             }
-            let mut req = client.heartbeat_request();
-            req.get().set_server_id(&self.server_id);
-            req.get().set_proof(&self.proof());
+            let req = agent.heartbeat_request();
             let reply = tokio::time::timeout(every * 3, req.send().promise)
                 .await
                 .map_err(|_| "heartbeat unanswered".to_string())?
                 .map_err(|e| e.to_string())?;
             let r = reply.get().map_err(|e| e.to_string())?;
             if !r.get_known() {
-                every = Duration::from_millis(self.register(client, service).await?);
+                let (a, hb) = self.register(client, service).await?;
+                (agent, every) = (a, Duration::from_millis(hb));
                 drain_asked = false;
                 continue;
             }

@@ -102,7 +102,8 @@ rgpu_config::settings! {
         /// turns it off. The same variable sets the shim's [default: 50].
         #[setting(flag = "spin-us", env = "RGPU_SPIN_US", value_name = "US")]
         spin_us: u64 = rgpu_transport::tcp::DEFAULT_SPIN.as_micros() as u64,
-        /// Pool broker to register with and heartbeat (host:port).
+        /// Pool broker to register with and heartbeat (host:port); needs
+        /// --broker-key-file.
         #[setting(flag = "broker", env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
         broker: Option<String> = None,
         /// The broker's key file: with it, sessions need a lease token the
@@ -207,6 +208,10 @@ impl Config {
             }
             None => None,
         };
+        if s.broker.is_some() && broker_key.is_none() {
+            // The broker takes registrations only with a proof under its key.
+            bail!("--broker needs --broker-key-file: a server registers by proving it holds the broker's key");
+        }
         Ok(Config {
             listen: s.listen,
             backend: s.backend,
@@ -319,6 +324,12 @@ mod tests {
         let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let argv = std::iter::once("rgpu-server").chain(args.iter().copied());
         Config::from_settings(Settings::load_from(argv, &env)?.settings)
+    }
+
+    #[test]
+    fn a_broker_needs_its_key() {
+        let e = load(&["--broker", "b:1"], &[]).unwrap_err();
+        assert!(e.to_string().contains("--broker-key-file"), "{e}");
     }
 
     #[test]

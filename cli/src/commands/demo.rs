@@ -1,7 +1,8 @@
 //! `rgpu demo`: the main job on a fresh machine. Starts a pool on loopback
-//! ports: a broker (temporary data folder, fresh key) and one GPU server (a
+//! ports: a broker (temporary data folder, fresh keys) and one GPU server (a
 //! real GPU when the server finds one, else the simulated one) that admits
-//! only lease tokens; takes a lease, runs a built-in CUDA workload through
+//! only lease tokens; issues itself a credential with the broker's admin
+//! key, takes a lease, runs a built-in CUDA workload through
 //! the shim with the lease's token, checks its results, prints what ran
 //! where and how fast, and releases the lease. `--no-broker` (or
 //! `--server`) talks to the server directly.
@@ -10,7 +11,7 @@ use std::ffi::{c_void, CString};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rgpu_broker_client::{BrokerClient, LeaseSpec, LeaseView};
+use rgpu_broker_client::{BrokerClient, Credential, LeaseSpec, LeaseView, Role};
 
 use crate::driver::{CuResult, Driver, DEMO_PTX};
 use rgpu_cuda_types::{CUdevice_attribute as Attr, CuError};
@@ -57,7 +58,11 @@ impl Pool {
             backend,
             &["--broker", &broker.addr, "--broker-key-file", key, "--drain-timeout", "0"],
         )?;
-        let client = BrokerClient::connect(&broker.addr).context("cannot reach the demo's broker")?;
+        // The demo is its own operator: it issues itself a credential with
+        // its broker's admin key.
+        let admin_key = crate::pool::read_key(&broker.admin_key_file())?;
+        let cred = Credential::issue(&admin_key, "demo", Role::User, crate::pool::now_ms())?;
+        let client = BrokerClient::connect(&broker.addr, &cred).context("cannot reach the demo's broker")?;
         let t = Instant::now();
         while !client.servers().is_ok_and(|s| s.iter().any(|s| s.id == server.addr && s.state == "up")) {
             if t.elapsed() > Duration::from_secs(10) {
@@ -65,7 +70,7 @@ impl Pool {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let spec = LeaseSpec { tenant: "demo".into(), gpus: 1, ttl_ms: 10 * 60_000, ..LeaseSpec::default() };
+        let spec = LeaseSpec { gpus: 1, ttl_ms: 10 * 60_000, ..LeaseSpec::default() };
         let lease = client.lease(&spec).context("the demo's broker did not grant a lease")?;
         Ok(Pool { lease, client, server, broker })
     }

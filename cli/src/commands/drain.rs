@@ -3,15 +3,13 @@
 use anyhow::Result;
 use rgpu_broker_client::duration::parse_duration_ms;
 
-use crate::pool::{self, AdminArgs, BrokerArgs};
+use crate::pool::{self, BrokerArgs};
 
 /// Stop new grants on a server; with --deadline, revoke what is left then.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     broker: BrokerArgs,
-    #[command(flatten)]
-    admin: AdminArgs,
     /// The server, as `rgpu servers` lists it (host:port).
     server: String,
     /// Revoke the leases still there after this long (e.g. 10m).
@@ -24,7 +22,7 @@ pub struct Args {
 
 pub fn exec(a: Args) -> Result<i32> {
     let deadline = a.deadline.map_or(0, |d| pool::now_ms() + d);
-    let s = a.admin.connect(&a.broker)?.drain(&a.server, deadline)?;
+    let s = a.broker.connect()?.drain(&a.server, deadline)?;
     if a.json {
         pool::json(&s)?;
     } else {

@@ -9,7 +9,7 @@ use crate::pool::{self, BrokerArgs};
 pub struct Args {
     #[command(flatten)]
     broker: BrokerArgs,
-    /// Only this tenant's leases.
+    /// Only this tenant's leases (operators; a user sees its own only).
     #[arg(long)]
     tenant: Option<String>,
     /// Print JSON on stdout instead of a table.

@@ -1,4 +1,6 @@
+pub mod audit;
 pub mod bench;
+pub mod credential;
 pub mod demo;
 pub mod drain;
 pub mod lease;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use rgpu_broker_client::BrokerClient;
+use rgpu_broker_client::{BrokerClient, Credential};
 
 use crate::paths;
 use crate::pool::{self, BrokerArgs, LeaseArgs};
@@ -62,7 +62,8 @@ pub fn exec(a: Args) -> Result<i32> {
     let done = Arc::new(AtomicBool::new(false));
     let renewer = {
         let (done, addr, ttl) = (done.clone(), a.broker.broker.clone(), spec.ttl_ms.max(3000));
-        std::thread::spawn(move || renew_loop(&addr, id, ttl, &done))
+        let cred = client.credential.clone();
+        std::thread::spawn(move || renew_loop(&addr, &cred, id, ttl, &done))
     };
     let result = run_program(&a.program, &pool::lease_env(&lease));
     done.store(true, Ordering::Release);
@@ -76,7 +77,7 @@ pub fn exec(a: Args) -> Result<i32> {
 
 /// Renews every third of the TTL until `done`; says so once if the lease
 /// is lost or revoked.
-fn renew_loop(addr: &str, id: u64, ttl_ms: u64, done: &AtomicBool) {
+fn renew_loop(addr: &str, cred: &Credential, id: u64, ttl_ms: u64, done: &AtomicBool) {
     let every = Duration::from_millis(ttl_ms / 3);
     let mut client: Option<BrokerClient> = None;
     let mut waited = Duration::ZERO;
@@ -88,7 +89,7 @@ fn renew_loop(addr: &str, id: u64, ttl_ms: u64, done: &AtomicBool) {
         }
         waited = Duration::ZERO;
         if client.is_none() {
-            client = BrokerClient::connect(addr).ok();
+            client = BrokerClient::connect(addr, cred).ok();
         }
         let Some(c) = &client else { continue };
         match c.renew(id, ttl_ms) {

@@ -2,15 +2,13 @@
 
 use anyhow::Result;
 
-use crate::pool::{self, AdminArgs, BrokerArgs};
+use crate::pool::{self, BrokerArgs};
 
 /// Put a drained server back in service.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
     broker: BrokerArgs,
-    #[command(flatten)]
-    admin: AdminArgs,
     server: String,
     /// Print the result as JSON on stdout.
     #[arg(long)]
@@ -18,7 +16,7 @@ pub struct Args {
 }
 
 pub fn exec(a: Args) -> Result<i32> {
-    let s = a.admin.connect(&a.broker)?.undrain(&a.server)?;
+    let s = a.broker.connect()?.undrain(&a.server)?;
     if a.json {
         pool::json(&s)?;
     } else {

@@ -1,0 +1,65 @@
+//! A registered GPU server's capability (`ServerAgent` in broker.capnp):
+//! it exists only on the connection whose registration proved the broker
+//! key over that connection's challenge, and speaks for that server alone.
+
+use std::sync::Arc;
+
+use capnp::capability::Rc;
+use rgpu_protocol::broker_capnp::server_agent;
+
+use super::encode::write_server;
+use super::{audit, fail};
+use crate::service::Service;
+
+pub struct Agent {
+    service: Arc<Service>,
+    server_id: String,
+    peer: String,
+}
+
+impl Agent {
+    pub fn new(service: Arc<Service>, server_id: String, peer: String) -> Agent {
+        Agent { service, server_id, peer }
+    }
+}
+
+impl server_agent::Server for Agent {
+    async fn heartbeat(self: Rc<Self>, _: server_agent::HeartbeatParams, mut results: server_agent::HeartbeatResults) -> Result<(), capnp::Error> {
+        let mut out = results.get();
+        match self.service.heartbeat(&self.server_id) {
+            None => out.set_known(false),
+            Some((live, floor)) => {
+                out.set_known(true);
+                out.set_generation_floor(floor);
+                let mut l = out.init_leases(live.len() as u32);
+                for (i, (id, gen, deadline)) in live.iter().enumerate() {
+                    let mut x = l.reborrow().get(i as u32);
+                    x.set_id(*id);
+                    x.set_generation(*gen);
+                    x.set_deadline_ms(*deadline);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn drain_for_shutdown(
+        self: Rc<Self>,
+        params: server_agent::DrainForShutdownParams,
+        mut results: server_agent::DrainForShutdownResults,
+    ) -> Result<(), capnp::Error> {
+        let deadline = Some(params.get()?.get_deadline_ms()).filter(|&d| d != 0);
+        let id = &self.server_id;
+        let r = self.service.drain(id, deadline, true).await;
+        audit(&self.service, &format!("server:{id}"), &self.peer, "drain-for-shutdown", id, &r, |_| {
+            format!("deadline {}", deadline.unwrap_or(0))
+        });
+        r.map_err(fail)?;
+        self.service.read(|st| {
+            if let Some(s) = st.server(id) {
+                write_server(results.get().init_server(), st, s);
+            }
+        });
+        Ok(())
+    }
+}

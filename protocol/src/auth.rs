@@ -1,0 +1,158 @@
+//! What the broker's proofs sign (`broker.capnp`): a tenant credential's
+//! secret, a login over the connection's challenge, a GPU server's
+//! registration over it. Both ends build these bytes here, so they cannot
+//! drift apart. Sans-I/O.
+//!
+//! A credential is (tenant, role, serial, secret) where serial is its issue
+//! time in unix ms and secret = HMAC-SHA256(credential key,
+//! [`credential_message`]): the broker keeps no list of credentials, it
+//! derives the secret again, and revokes by serial (every credential of a
+//! tenant issued before a time).
+
+use crate::broker_capnp::server_info;
+use crate::token::{sign_bytes, to_hex};
+
+/// Bytes of the nonce `challenge` hands out.
+pub const NONCE_LEN: usize = 32;
+/// Longest tenant name.
+pub const TENANT_MAX: usize = 64;
+
+/// What a logged-in tenant may do (`Session` in broker.capnp); each role
+/// may do what the ones before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Its own tenant's leases; the server inventory and status.
+    User,
+    /// Also: every lease listed, drain, undrain, the audit log.
+    Operator,
+    /// Also: revoke credentials, release any lease.
+    Admin,
+}
+
+impl Role {
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Role> {
+        match s {
+            "user" => Some(Role::User),
+            "operator" => Some(Role::Operator),
+            "admin" => Some(Role::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Tenant names are 1..=64 of `A-Za-z0-9._-`: no separator of the signed
+/// messages can hide in one.
+pub fn valid_tenant(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= TENANT_MAX
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// What a credential's secret is the HMAC of, under the broker's credential key.
+pub fn credential_message(tenant: &str, role: Role, serial: u64) -> Vec<u8> {
+    format!("rgpu-credential:v1:{tenant}:{}:{serial}", role.name()).into_bytes()
+}
+
+/// The secret of the credential (tenant, role, serial) under `key`.
+pub fn credential_secret(key: &[u8], tenant: &str, role: Role, serial: u64) -> Vec<u8> {
+    sign_bytes(key, &credential_message(tenant, role, serial))
+}
+
+/// What a login's proof is the HMAC of, under the credential's secret.
+pub fn login_message(nonce: &[u8], tenant: &str, role: Role, serial: u64) -> Vec<u8> {
+    format!("rgpu-login:v1:{}:{tenant}:{}:{serial}", to_hex(nonce), role.name()).into_bytes()
+}
+
+/// What a registration's proof is the HMAC of, under the token key: the
+/// nonce and every field of the server's inventory, each length-prefixed.
+pub fn register_message(nonce: &[u8], s: server_info::Reader<'_>) -> capnp::Result<Vec<u8>> {
+    let mut m = Canon(b"rgpu-register:v2:".to_vec());
+    m.bytes(nonce);
+    m.text(s.get_id()?.to_str()?);
+    m.text(s.get_node()?.to_str()?);
+    m.text(s.get_leaf()?.to_str()?);
+    m.text(s.get_spine()?.to_str()?);
+    let parts = s.get_partitions()?;
+    m.u64(parts.len().into());
+    for p in parts.iter() {
+        m.text(p?.to_str()?);
+    }
+    let gpus = s.get_gpus()?;
+    m.u64(gpus.len().into());
+    for g in gpus.iter() {
+        m.bytes(g.get_uuid()?);
+        m.u64(g.get_ordinal().into());
+        m.text(g.get_model()?.to_str()?);
+        m.u64(g.get_memory());
+        m.u64(g.get_sms().into());
+        m.u64(g.get_healthy().into());
+    }
+    let transports = s.get_transports()?;
+    m.u64(transports.len().into());
+    for t in transports.iter() {
+        m.text(t?.to_str()?);
+    }
+    Ok(m.0)
+}
+
+struct Canon(Vec<u8>);
+
+impl Canon {
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.u64(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+    fn text(&mut self, t: &str) {
+        self.bytes(t.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(gpu_memory: u64, partition: &str) -> Vec<u8> {
+        let mut b = capnp::message::Builder::new_default();
+        let mut s = b.init_root::<server_info::Builder>();
+        s.set_id("gpu1:7767");
+        s.reborrow().init_partitions(1).set(0, partition);
+        let mut g = s.reborrow().init_gpus(1).get(0);
+        g.set_uuid(&[7; 16]);
+        g.set_memory(gpu_memory);
+        register_message(&[1; NONCE_LEN], s.into_reader()).unwrap()
+    }
+
+    #[test]
+    fn registration_covers_the_inventory() {
+        assert_eq!(info(1 << 30, "a"), info(1 << 30, "a"));
+        assert_ne!(info(1 << 30, "a"), info(2 << 30, "a"));
+        assert_ne!(info(1 << 30, "a"), info(1 << 30, "b"));
+    }
+
+    #[test]
+    fn messages_name_every_field_and_tenants_are_plain() {
+        let m = login_message(&[0xab; 2], "alice", Role::Operator, 5);
+        assert_eq!(m, b"rgpu-login:v1:abab:alice:operator:5");
+        assert_ne!(credential_secret(b"k", "a", Role::User, 1), credential_secret(b"k", "a", Role::Admin, 1));
+        assert_ne!(credential_secret(b"k", "a", Role::User, 1), credential_secret(b"k", "a", Role::User, 2));
+        for bad in ["", "a:b", "a b", "é", &"x".repeat(65)] {
+            assert!(!valid_tenant(bad), "{bad:?}");
+        }
+        assert!(valid_tenant("team-a.prod_1"));
+        for r in [Role::User, Role::Operator, Role::Admin] {
+            assert_eq!(Role::parse(r.name()), Some(r));
+        }
+        assert!(Role::User < Role::Operator && Role::Operator < Role::Admin);
+    }
+}
