@@ -65,7 +65,7 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1, "stream memory operations"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, "stream memory operations"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, "stream memory operations"),
-        (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management (cuMemCreate, cuMemMap)"),
+        (A::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, "compressible memory (cuMemCreate)"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, "exportable allocations"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, "exportable allocations"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, "exportable allocations"),
@@ -286,8 +286,8 @@ mod tests {
             "cuMemHostGetDevicePointer_v2",
             "cuLaunchCooperativeKernel",
             "cuStreamWaitValue32_v2",
-            "cuMemCreate",
             "cuIpcGetEventHandle",
+            "cuMemExportToShareableHandle",
         ] {
             let addr = crate::symbol_address(name).unwrap_or_else(|| panic!("{name} is exported"));
             // SAFETY: an unimplemented entry point reads none of its arguments; calling it with

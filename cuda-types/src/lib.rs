@@ -50,6 +50,8 @@ pub mod tag {
     pub const KERNEL: u16 = 0x4E;
     pub const MEMPOOL: u16 = 0x9A;
     pub const LINK: u16 = 0x11;
+    /// A physical allocation of the virtual memory management API (cuMemCreate).
+    pub const MEM_HANDLE: u16 = 0x6A;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;
@@ -77,7 +79,7 @@ mod tests {
 
     #[test]
     fn tags_are_distinct_and_decodable() {
-        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL, tag::LINK];
+        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL, tag::LINK, tag::MEM_HANDLE];
         let set: std::collections::BTreeSet<u16> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
         assert_eq!(tag::of((tag::STREAM as u64) << tag::SHIFT | 42), tag::STREAM);

@@ -108,6 +108,13 @@ fn drv_api() {
     chain("drv_api", Variant::Driver, &[]);
 }
 
+/// Virtual memory management through the cuda backend's forwarding to the driver (here the
+/// shim, over B's sim).
+#[test]
+fn drv_vmm() {
+    chain("drv_vmm", Variant::Driver, &[]);
+}
+
 /// Module loading, globals, attributes, then a launch (see [`chain_launch`]).
 #[test]
 fn drv_module() {

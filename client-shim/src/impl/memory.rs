@@ -52,7 +52,7 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
         )
         .map_err(cu_err)?;
     let ptr = rt.to_client(dev, remote);
-    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool });
+    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool, mapped: false });
     Ok(ptr)
 }
 

@@ -18,3 +18,4 @@ pub mod pointer;
 pub mod primary_context;
 pub mod profiler;
 pub mod stream;
+pub mod vmm;
