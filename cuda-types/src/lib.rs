@@ -37,6 +37,16 @@ pub fn code_of<T>(r: &CuResult<T>) -> u32 {
     }
 }
 
+/// Passed by value to cuMemPrefetchAsync_v2 and cuMemAdvise_v2, so the shim's call log
+/// prints it; the union is an int in every variant.
+impl std::fmt::Debug for types::CUmemLocation_st {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: every member of the union is plain data of the same size or smaller.
+        let id = unsafe { self.__bindgen_anon_1.id };
+        write!(f, "CUmemLocation {{ type: {}, id: {id} }}", self.type_.0)
+    }
+}
+
 /// The tag in bits 48..64 of each kind of handle the shim mints (`tag << 48 | id`), so that a
 /// handle of one kind passed where another is expected is refused, never misread. Tools that
 /// print handles (the cli) decode them with the same table.

@@ -49,6 +49,7 @@
 //!    | `cuCtx` | `context` | |
 //!    | `cuMemcpy`, `cuMemset` | `memory` | `Memcpy`/`Memset` |
 //!    | `cuMem` | `memory` | |
+//!    | `cuMemAllocManaged`, `cuMemPrefetch`, `cuMemAdvise` | `managed` | all of it after `cuMem` |
 //!    | `cuMemCreate`, `cuMemRelease`, `cuMemAddress`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`, `cuMemGetAccess`, `cuMemGetAllocation`, `cuMemRetainAllocationHandle`, `cuMem{Export,Import}*ShareableHandle` | `vmm` | all of it after `cuMem` |
 //!    | `cuModule` | `module` | |
 //!    | `cuLibrary` | `library` | |
@@ -104,6 +105,9 @@ const PREFIXES: &[(&str, &str, &str)] = &[
     ("cuMemcpy", "memory", "Memcpy"),
     ("cuMemset", "memory", "Memset"),
     ("cuMem", "memory", ""),
+    ("cuMemAllocManaged", "managed", "AllocManaged"),
+    ("cuMemPrefetch", "managed", "Prefetch"),
+    ("cuMemAdvise", "managed", "Advise"),
     ("cuMemAddress", "vmm", "Address"),
     ("cuMemCreate", "vmm", "Create"),
     ("cuMemRelease", "vmm", "Release"),
@@ -457,6 +461,8 @@ mod tests {
             ("cuMemcpy2DAsync_v2", "memory::memcpy_2d_async_v2"),
             ("cuMemHostAlloc", "memory::host_alloc"),
             ("cuMemCreate", "vmm::create"),
+            ("cuMemAllocManaged", "managed::alloc_managed"),
+            ("cuMemPrefetchAsync_v2", "managed::prefetch_async_v2"),
             ("cuMemAddressReserve", "vmm::address_reserve"),
             ("cuMemGetAllocationGranularity", "vmm::get_allocation_granularity"),
             ("cuMemAllocHost_v2", "memory::alloc_host_v2"),

@@ -11,6 +11,7 @@ pub mod kernel;
 pub mod launch;
 pub mod library;
 pub mod link;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod occupancy;

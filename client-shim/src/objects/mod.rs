@@ -11,6 +11,8 @@
 //!          └─ context-local storage    (cudart's per-context state, with destructors)
 //! vmm ─────┬─ physical allocations     (cuMemCreate; by handle, with references and maps)
 //!          └─ reservations ── maps     (each map is also an entry of the allocation table)
+//! managed                              (cuMemAllocManaged: host and device copies, and which
+//!                                       is newer; also in the allocation table)
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
 //! ```
@@ -29,6 +31,7 @@ pub mod event;
 pub mod library;
 pub mod link;
 pub mod logs;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod pool;
@@ -59,6 +62,7 @@ pub struct Objects {
     pub logs: logs::Callbacks,
     pub links: Table<link::LinkState>,
     pub vmm: vmm::Vmm,
+    pub managed: managed::ManagedTable,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -77,6 +81,7 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     logs: logs::Callbacks::default(),
     links: Table::new(tag::LINK),
     vmm: vmm::Vmm::default(),
+    managed: managed::ManagedTable::default(),
 });
 
 /// The process's objects.
