@@ -128,11 +128,23 @@ fn pull(rt: &Runtime, ptr: u64, a: &Managed) -> CuResult<()> {
 /// Device work is about to be queued: every host-owned allocation goes to its device.
 pub fn to_device(rt: &Runtime) -> CuResult<()> {
     let mut m = table().lock();
+    let mut pushed: Vec<CUdevice> = Vec::new();
     for (&p, a) in m.iter_mut() {
         if a.owner == Owner::Host {
             push(rt, p, a)?;
             a.owner = Owner::Device;
+            if !pushed.contains(&a.device) {
+                pushed.push(a.device);
+            }
         }
+    }
+    // The pushes went to the legacy stream, which a non-blocking stream does not wait for (on
+    // a real GPU): they are finished before the work that may read them is queued.
+    for dev in pushed {
+        let remote = rt.device(dev)?.remote.ordinal;
+        rt.conn(dev)?
+            .call(|r| r.init_ctx_synchronize().set_device(remote), &[], Sink::None, |_| Ok(()))
+            .map_err(cu_err)?;
     }
     Ok(())
 }
