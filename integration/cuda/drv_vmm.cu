@@ -151,14 +151,33 @@ int main() {
     CU_CHECK_ERR(cuMemCreate(&hx, G + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE);
     size_t huge = (total / G + 1) * G;
     CU_CHECK_ERR(cuMemCreate(&hx, huge, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+    // Asking for POSIX fd export (PyTorch always does) gives an allocation; exporting it
+    // works where the device says it does, and is refused where it says not.
+    CUmemAllocationProp shared = prop;
+    shared.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CU_CHECK(cuMemCreate(&hx, G, &shared, 0));
+    CUmemAllocationProp sp;
+    memset(&sp, 0, sizeof sp);
+    CU_CHECK(cuMemGetAllocationPropertiesFromHandle(&sp, hx));
+    EXPECT(sp.requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, "handle types %d", (int)sp.requestedHandleTypes);
+    int fd = -1;
     if (posix == 0) {
-        CUmemAllocationProp shared = prop;
-        shared.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-        CU_CHECK_ERR(cuMemCreate(&hx, G, &shared, 0), CUDA_ERROR_NOT_SUPPORTED);
+        CU_CHECK_ERR(cuMemExportToShareableHandle(&fd, hx, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_ERROR_NOT_SUPPORTED);
+    } else {
+        CU_CHECK(cuMemExportToShareableHandle(&fd, hx, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+        EXPECT(fd >= 0, "exported fd %d", fd);
+    }
+    CU_CHECK(cuMemRelease(hx));
+    int fabric = -1;
+    CU_CHECK(cuDeviceGetAttribute(&fabric, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED, dev));
+    if (fabric == 0) {
+        shared.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+        EXPECT(cuMemCreate(&hx, G, &shared, 0) != CUDA_SUCCESS, "a fabric-exportable allocation without fabric support");
     }
     CU_CHECK_ERR(cuMemAddressFree(va2, G), CUDA_ERROR_INVALID_VALUE);
     ok("errors: overlapping map, unaligned offset, map past the allocation, unaligned size, "
-       "more than the device has (%zu bytes) -> OUT_OF_MEMORY, address free of the wrong size", huge);
+       "more than the device has (%zu bytes) -> OUT_OF_MEMORY, address free of the wrong size; "
+       "POSIX fd export asked for: allocated, export %s", huge, posix ? "works" : "refused (NOT_SUPPORTED)");
 
     // Release while mapped: the memory stays until it is unmapped too.
     size_t free2 = 0, free3 = 0;

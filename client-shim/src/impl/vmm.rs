@@ -5,7 +5,7 @@
 //! A reservation is made on the server of the current context's device (device 0 without
 //! one); its maps must be of memory on that server (else CUDA_ERROR_NOT_SUPPORTED). Every call
 //! waits for the server, which checks it again (`rgpu-server`'s `vmm.rs`), so a mistake gets
-//! CUDA's immediate error. Exportable allocations (shareable handles), compressible memory,
+//! CUDA's immediate error. Exporting allocations (shareable handles), compressible memory,
 //! host locations and the managed allocation type are refused with CUDA_ERROR_NOT_SUPPORTED,
 //! as the device attributes say.
 
@@ -77,8 +77,12 @@ pub(crate) unsafe fn create(
         return Err(CuError::INVALID_VALUE);
     }
     let dev = check_prop(rt, prop)?;
-    if prop.requestedHandleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE {
-        // Shareable handles (POSIX fd, fabric, Win32) need IPC between client hosts.
+    // An allocation may ask to be exportable as a POSIX fd (PyTorch's expandable segments
+    // always do, for IPC they may never use); exporting it is what rgpu cannot do
+    // (cuMemExportToShareableHandle: CUDA_ERROR_NOT_SUPPORTED, HANDLE_TYPE_*_SUPPORTED 0).
+    // Fabric and Win32 handles are refused here, which PyTorch takes as "not supported".
+    let posix = CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    if prop.requestedHandleTypes != CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE && prop.requestedHandleTypes != posix {
         return Err(CuError::NOT_SUPPORTED);
     }
     let f = prop.allocFlags;
