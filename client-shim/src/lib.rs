@@ -148,6 +148,8 @@ rgpu_shim_macros::cuda_entry_points! {
         cuMemPoolTrimTo,
         cuMemPrefetchAsync,
         cuMemPrefetchAsync_v2,
+        cuMemRangeGetAttribute,
+        cuMemRangeGetAttributes,
         cuMemRelease,
         cuMemRetainAllocationHandle,
         cuMemSetAccess,

@@ -125,7 +125,23 @@ int main() {
     cudaGetLastError();
     CHECK(cudaStreamSynchronize(s));
     check_iota(p, 3000, 16, "after prefetch and advice");
-    ok("prefetch to the host accepted, to a device without concurrent access refused; advice accepted");
+    int rm = -5, pl = -5, lp = -5;
+    CHECK(cudaMemRangeGetAttribute(&rm, 4, cudaMemRangeAttributeReadMostly, p, n * 4));
+    CHECK(cudaMemRangeGetAttribute(&pl, 4, cudaMemRangeAttributePreferredLocation, p, n * 4));
+    CHECK(cudaMemRangeGetAttribute(&lp, 4, cudaMemRangeAttributeLastPrefetchLocation, p, n * 4));
+    EXPECT(rm == 1 && pl == cudaCpuDeviceId && lp == cudaCpuDeviceId, "read mostly %d preferred %d last prefetch %d", rm, pl, lp);
+#if CUDART_VERSION >= 13000
+    CHECK(cudaMemAdvise(p, 4096, cudaMemAdviseUnsetReadMostly, gpu));
+#else
+    CHECK(cudaMemAdvise(p, 4096, cudaMemAdviseUnsetReadMostly, 0));
+#endif
+    CHECK(cudaMemRangeGetAttribute(&rm, 4, cudaMemRangeAttributeReadMostly, p, n * 4));
+    EXPECT(rm == 0, "read mostly over a range with one page unset: %d", rm);
+    CHECK(cudaMemRangeGetAttribute(&rm, 4, cudaMemRangeAttributeReadMostly, p + 4096, 4096));
+    EXPECT(rm == 1, "read mostly past the unset page: %d", rm);
+    CHECK_ERR(cudaMemRangeGetAttribute(&rm, 4, cudaMemRangeAttributeReadMostly, d, 64), cudaErrorInvalidValue);
+    cudaGetLastError();
+    ok("prefetch to the host accepted, to a device without concurrent access refused; advice kept per page and read back by cudaMemRangeGetAttribute");
 
     unsigned *q = nullptr;
     CHECK_ERR(cudaMallocManaged(&q, 64, 4 /* cudaMemAttachSingle */), cudaErrorInvalidValue);

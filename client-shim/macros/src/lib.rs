@@ -49,7 +49,7 @@
 //!    | `cuCtx` | `context` | |
 //!    | `cuMemcpy`, `cuMemset` | `memory` | `Memcpy`/`Memset` |
 //!    | `cuMem` | `memory` | |
-//!    | `cuMemAllocManaged`, `cuMemPrefetch`, `cuMemAdvise` | `managed` | all of it after `cuMem` |
+//!    | `cuMemAllocManaged`, `cuMemPrefetch`, `cuMemAdvise`, `cuMemRange` | `managed` | all of it after `cuMem` |
 //!    | `cuMemCreate`, `cuMemRelease`, `cuMemAddress`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`, `cuMemGetAccess`, `cuMemGetAllocation`, `cuMemRetainAllocationHandle`, `cuMem{Export,Import}*ShareableHandle` | `vmm` | all of it after `cuMem` |
 //!    | `cuModule` | `module` | |
 //!    | `cuLibrary` | `library` | |
@@ -108,6 +108,7 @@ const PREFIXES: &[(&str, &str, &str)] = &[
     ("cuMemAllocManaged", "managed", "AllocManaged"),
     ("cuMemPrefetch", "managed", "Prefetch"),
     ("cuMemAdvise", "managed", "Advise"),
+    ("cuMemRange", "managed", "Range"),
     ("cuMemAddress", "vmm", "Address"),
     ("cuMemCreate", "vmm", "Create"),
     ("cuMemRelease", "vmm", "Release"),

@@ -7,6 +7,8 @@
 //! pointer of any other server carries its server tag in bits 48..55, which no host address
 //! can); there the allocation fails with CUDA_ERROR_NOT_SUPPORTED, as MANAGED_MEMORY says.
 
+use std::ffi::c_void;
+
 use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
@@ -144,7 +146,7 @@ pub(crate) unsafe fn alloc_managed(dptr: &mut CUdeviceptr, bytesize: usize, flag
         undo_host();
         return Err(e);
     }
-    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host });
+    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host, advice: managed::AdviceMap::new(size) });
     objects().memory.record(va, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false });
     *dptr = va;
     Ok(())
@@ -192,6 +194,7 @@ fn prefetch_to(ptr: u64, count: usize, to_host: bool, device: CUdevice, s: CUstr
     managed_range(ptr, count)?;
     stream::device_of(s)?;
     if to_host {
+        managed::with_advice(ptr, count as u64, |m, off| m.update(off, count as u64, |a| a.last_prefetch = Some(managed::CPU)))?;
         return Ok(());
     }
     rt.device(device).map_err(|_| CuError::INVALID_DEVICE)?;
@@ -218,7 +221,8 @@ pub(crate) unsafe fn prefetch_async_v2(ptr: CUdeviceptr, count: usize, location:
 }
 
 /// Advice is a hint CUDA lets a driver ignore; this one has nothing to tune (every
-/// allocation lives on its device and moves whole at synchronisations). Checked, not kept.
+/// allocation lives on its device and moves whole at synchronisations). It is kept, per
+/// page, for cuMemRangeGetAttribute. `device` None is the host.
 fn check_advice(ptr: u64, count: usize, advice: CUmem_advise, device: Option<CUdevice>) -> CuResult<()> {
     let rt = runtime::get()?;
     managed_range(ptr, count)?;
@@ -227,6 +231,90 @@ fn check_advice(ptr: u64, count: usize, advice: CUmem_advise, device: Option<CUd
     }
     if let Some(d) = device {
         rt.device(d).map_err(|_| CuError::INVALID_DEVICE)?;
+        if d >= 63 {
+            return Err(CuError::INVALID_DEVICE);
+        }
+    }
+    let loc = device.unwrap_or(managed::CPU);
+    let bit = if loc == managed::CPU { 1u64 << 63 } else { 1u64 << loc };
+    let n = count as u64;
+    managed::with_advice(ptr, n, |m, off| match advice.0 {
+        1 => m.update(off, n, |a| a.read_mostly = true),
+        2 => m.update(off, n, |a| a.read_mostly = false),
+        3 => m.update(off, n, |a| a.preferred = Some(loc)),
+        4 => m.update(off, n, |a| a.preferred = None),
+        5 => m.update(off, n, |a| a.accessed_by |= bit),
+        _ => m.update(off, n, |a| a.accessed_by &= !bit),
+    })
+}
+
+/// One range attribute into `data` (`size` bytes).
+unsafe fn range_attribute(data: *mut c_void, size: usize, attribute: CUmem_range_attribute, ptr: u64, count: usize) -> CuResult<()> {
+    if data.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let stretches = managed::with_advice(ptr, count as u64, |m, off| m.over(off, count as u64))?;
+    // One location for the whole range, or CU_DEVICE_INVALID.
+    let same = |f: fn(&managed::Advice) -> Option<i32>| -> i32 {
+        let first = stretches.first().and_then(f);
+        match first {
+            Some(l) if stretches.iter().all(|a| f(a) == Some(l)) => l,
+            _ => managed::INVALID,
+        }
+    };
+    let one = |v: i32| -> CuResult<()> {
+        if size != 4 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        *(data as *mut i32) = v;
+        Ok(())
+    };
+    match attribute.0 {
+        1 => one(i32::from(stretches.iter().all(|a| a.read_mostly))),
+        2 => one(same(|a| a.preferred)),
+        4 => one(same(|a| a.last_prefetch)),
+        3 => {
+            if size == 0 || size % 4 != 0 {
+                return Err(CuError::INVALID_VALUE);
+            }
+            let all = stretches.iter().fold(u64::MAX, |m, a| m & a.accessed_by);
+            let out = std::slice::from_raw_parts_mut(data as *mut i32, size / 4);
+            let mut devices = (0..63).filter(|d| all & (1u64 << d) != 0).chain((all & (1u64 << 63) != 0).then_some(managed::CPU));
+            for slot in out.iter_mut() {
+                *slot = devices.next().unwrap_or(managed::INVALID);
+            }
+            Ok(())
+        }
+        // The location type/id forms (CUDA 12.2) are not answered yet.
+        _ => Err(CuError::NOT_SUPPORTED),
+    }
+}
+
+pub(crate) unsafe fn range_get_attribute(
+    data: *mut c_void,
+    size: usize,
+    attribute: CUmem_range_attribute,
+    ptr: CUdeviceptr,
+    count: usize,
+) -> CuResult<()> {
+    runtime::get()?;
+    range_attribute(data, size, attribute, ptr, count)
+}
+
+pub(crate) unsafe fn range_get_attributes(
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    attributes: *mut CUmem_range_attribute,
+    n: usize,
+    ptr: CUdeviceptr,
+    count: usize,
+) -> CuResult<()> {
+    runtime::get()?;
+    if data.is_null() || sizes.is_null() || attributes.is_null() || n == 0 || n > 64 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    for i in 0..n {
+        range_attribute(*data.add(i), *sizes.add(i), *attributes.add(i), ptr, count)?;
     }
     Ok(())
 }

@@ -48,6 +48,8 @@ pub struct Managed {
     pub handle: u64,
     pub flags: u32,
     pub owner: Owner,
+    /// cuMemAdvise and cuMemPrefetchAsync, for cuMemRangeGetAttribute.
+    pub advice: AdviceMap,
 }
 
 #[derive(Default)]
@@ -190,4 +192,97 @@ pub fn insert(ptr: u64, a: Managed) {
 
 pub fn remove(ptr: u64) -> Option<Managed> {
     table().lock().remove(&ptr)
+}
+
+/// `CU_DEVICE_CPU` and `CU_DEVICE_INVALID` as advice locations.
+pub const CPU: i32 = -1;
+pub const INVALID: i32 = -2;
+
+/// The advice (cuMemAdvise) and last prefetch of one stretch of an allocation. The bit of
+/// device `d` in `accessed_by` is `1 << d` (devices 0..62); bit 63 is the host.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Advice {
+    pub read_mostly: bool,
+    pub preferred: Option<i32>,
+    pub accessed_by: u64,
+    pub last_prefetch: Option<i32>,
+}
+
+/// Advice over an allocation, piecewise constant on 4 KiB pages: each key starts a stretch
+/// that runs to the next key (the first key is 0).
+#[derive(Debug)]
+pub struct AdviceMap {
+    size: u64,
+    stretches: BTreeMap<u64, Advice>,
+}
+
+const PAGE: u64 = 4096;
+
+impl AdviceMap {
+    pub fn new(size: u64) -> Self {
+        AdviceMap { size: size.next_multiple_of(PAGE), stretches: BTreeMap::from([(0, Advice::default())]) }
+    }
+
+    /// `[off, off + len)` widened to whole pages and cut to the allocation.
+    fn pages(&self, off: u64, len: u64) -> (u64, u64) {
+        let a = off / PAGE * PAGE;
+        let b = off.saturating_add(len).next_multiple_of(PAGE).min(self.size);
+        (a.min(b), b)
+    }
+
+    fn split(&mut self, at: u64) {
+        if at >= self.size || self.stretches.contains_key(&at) {
+            return;
+        }
+        let v = self.stretches.range(..at).next_back().map(|(_, v)| *v).unwrap_or_default();
+        self.stretches.insert(at, v);
+    }
+
+    pub fn update(&mut self, off: u64, len: u64, f: impl Fn(&mut Advice)) {
+        let (a, b) = self.pages(off, len);
+        self.split(a);
+        self.split(b);
+        for (_, v) in self.stretches.range_mut(a..b) {
+            f(v);
+        }
+    }
+
+    /// The stretches that cover `[off, off + len)`.
+    pub fn over(&self, off: u64, len: u64) -> Vec<Advice> {
+        let (a, b) = self.pages(off, len);
+        let first = self.stretches.range(..=a).next_back().map(|(_, v)| *v);
+        first.into_iter().chain(self.stretches.range(a + 1..b).map(|(_, v)| *v)).collect()
+    }
+}
+
+/// Runs `f` on the advice of the allocation holding all of `[ptr, ptr + n)`.
+pub fn with_advice<R>(ptr: u64, n: u64, f: impl FnOnce(&mut AdviceMap, u64) -> R) -> CuResult<R> {
+    let mut m = table().lock();
+    let (&s, a) = m.range_mut(..=ptr).next_back().ok_or(CuError::INVALID_VALUE)?;
+    let end = ptr.checked_add(n).ok_or(CuError::INVALID_VALUE)?;
+    if n == 0 || end > s + a.size {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Ok(f(&mut a.advice, ptr - s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advice_is_kept_per_page_range() {
+        let mut m = AdviceMap::new(10 * PAGE);
+        m.update(PAGE + 5, 2 * PAGE, |a| a.read_mostly = true); // pages 1..4
+        assert!(m.over(PAGE, 3 * PAGE).iter().all(|a| a.read_mostly));
+        assert!(!m.over(0, 2 * PAGE).iter().all(|a| a.read_mostly), "page 0 has no advice");
+        assert!(!m.over(3 * PAGE, 2 * PAGE).iter().all(|a| a.read_mostly), "page 4 has no advice");
+        m.update(0, 10 * PAGE, |a| a.preferred = Some(0));
+        m.update(2 * PAGE, PAGE, |a| a.preferred = Some(CPU));
+        let p: Vec<Option<i32>> = m.over(0, 10 * PAGE).iter().map(|a| a.preferred).collect();
+        assert!(p.contains(&Some(0)) && p.contains(&Some(CPU)));
+        assert_eq!(m.over(5 * PAGE, PAGE).iter().map(|a| a.preferred).collect::<Vec<_>>(), [Some(0)]);
+        m.update(0, 100 * PAGE, |a| a.read_mostly = false);
+        assert!(m.over(0, 10 * PAGE).iter().all(|a| !a.read_mostly), "cut to the allocation");
+    }
 }
