@@ -24,6 +24,9 @@ pub const GRANULARITY: u64 = 2 << 20;
 /// Most reservations one session may hold; they cost the server memory but no device memory,
 /// so they are bounded here.
 pub const MAX_RESERVATIONS: usize = 1 << 16;
+/// Most maps one session may hold: aliases of one allocation cost no device memory, so the
+/// server's bookkeeping is bounded here (2^18 maps of 2 MiB are 512 GiB of addresses).
+pub const MAX_MAPPINGS: usize = 1 << 18;
 
 /// `CUmemAccess_flags`.
 pub const ACCESS_NONE: u32 = 0;
@@ -151,6 +154,9 @@ impl Vmm {
         let p = self.physical.get_mut(&handle).filter(|p| !p.released).ok_or(CuError::INVALID_VALUE)?;
         if offset.checked_add(size).is_none_or(|e| e > p.size) {
             return Err(CuError::INVALID_VALUE);
+        }
+        if self.mappings.len() >= MAX_MAPPINGS {
+            return Err(CuError::OUT_OF_MEMORY);
         }
         b.mem_map(ptr, size, offset, p.token)?;
         p.maps += 1;
