@@ -50,9 +50,9 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
     type A = CUdevice_attribute;
     &[
         (A::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, "mapped host memory (cuMemHostGetDevicePointer)"),
-        (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY, "managed memory (cuMemAllocManaged)"),
-        (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, "managed memory"),
-        (A::CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, "managed memory"),
+        // objects::managed keeps host and device coherent at synchronisations only.
+        (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, "concurrent managed access (host and device at once)"),
+        (A::CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST, "direct host access to device-resident managed memory"),
         (A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, "device access to pageable host memory"),
         (A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, "device access to pageable host memory"),
         (A::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, "device access to host memory"),
@@ -65,7 +65,7 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1, "stream memory operations"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, "stream memory operations"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR, "stream memory operations"),
-        (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, "virtual memory management (cuMemCreate, cuMemMap)"),
+        (A::CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, "compressible memory (cuMemCreate)"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, "exportable allocations"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED, "exportable allocations"),
         (A::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED, "exportable allocations"),
@@ -93,11 +93,18 @@ const PROVIDED: &[(CUdevice_attribute, i32)] = &[
 ];
 
 /// A server's attribute list as the program sees it: the features in [`NOT_PROVIDED`] read 0,
-/// those in [`PROVIDED`] their value. Logged once per attribute the server had set.
-fn as_provided(server: &[(u32, i32)]) -> HashMap<u32, i32> {
+/// those in [`PROVIDED`] their value. Logged once per attribute the server had set. Managed
+/// memory (`objects::managed`) is built on the server's virtual memory management and a host
+/// address equal to the device address, which only the first server's pointers (tag 0) have.
+fn as_provided(server: &[(u32, i32)], index: usize) -> HashMap<u32, i32> {
     let mut attrs: HashMap<u32, i32> = server.iter().copied().collect();
     for (a, v) in PROVIDED {
         attrs.insert(a.0, *v);
+    }
+    type A = CUdevice_attribute;
+    let vmm = attrs.get(&A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.0).copied().unwrap_or(0);
+    if let Some(v) = attrs.get_mut(&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0) {
+        *v = i32::from(index == 0 && vmm == 1);
     }
     for (a, feature) in NOT_PROVIDED {
         if let Some(v) = attrs.get_mut(&a.0) {
@@ -197,7 +204,7 @@ fn connect_all() -> Result<Runtime, CuError> {
             hello.devices.len()
         );
         for d in hello.devices {
-            let attributes = as_provided(&d.attributes);
+            let attributes = as_provided(&d.attributes, i);
             let limits = Limits::from(&attributes);
             devices.push(Device { server: i, remote: d, attributes, limits });
         }
@@ -268,13 +275,22 @@ mod tests {
             (A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0, 132),
             (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0, 1),
         ];
-        let a = as_provided(&server);
-        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0);
+        let a = as_provided(&server, 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0, "no virtual memory management on the server");
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0], 0);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0], 1, "the shim provides pools itself");
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0], 132);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0], 1);
         assert_eq!(a.len(), server.len(), "no attribute is added or dropped");
+        let vmm = [
+            (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0, 0),
+            (A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED.0, 1),
+        ];
+        let first = as_provided(&vmm, 0);
+        assert_eq!(first[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 1, "managed memory over the first server's VMM");
+        assert_eq!(first[&A::CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS.0], 0, "coherent at synchronisations only");
+        assert_eq!(as_provided(&vmm, 1)[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0, "a second server's pointers are tagged");
     }
 
     /// Every feature listed as not provided is in fact not implemented: its entry point
@@ -282,12 +298,11 @@ mod tests {
     #[test]
     fn the_features_turned_off_are_not_implemented() {
         for name in [
-            "cuMemAllocManaged",
             "cuMemHostGetDevicePointer_v2",
             "cuLaunchCooperativeKernel",
             "cuStreamWaitValue32_v2",
-            "cuMemCreate",
             "cuIpcGetEventHandle",
+            "cuMemExportToShareableHandle",
         ] {
             let addr = crate::symbol_address(name).unwrap_or_else(|| panic!("{name} is exported"));
             // SAFETY: an unimplemented entry point reads none of its arguments; calling it with

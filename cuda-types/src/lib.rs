@@ -37,6 +37,16 @@ pub fn code_of<T>(r: &CuResult<T>) -> u32 {
     }
 }
 
+/// Passed by value to cuMemPrefetchAsync_v2 and cuMemAdvise_v2, so the shim's call log
+/// prints it; the union is an int in every variant.
+impl std::fmt::Debug for types::CUmemLocation_st {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SAFETY: every member of the union is plain data of the same size or smaller.
+        let id = unsafe { self.__bindgen_anon_1.id };
+        write!(f, "CUmemLocation {{ type: {}, id: {id} }}", self.type_.0)
+    }
+}
+
 /// The tag in bits 48..64 of each kind of handle the shim mints (`tag << 48 | id`), so that a
 /// handle of one kind passed where another is expected is refused, never misread. Tools that
 /// print handles (the cli) decode them with the same table.
@@ -50,6 +60,8 @@ pub mod tag {
     pub const KERNEL: u16 = 0x4E;
     pub const MEMPOOL: u16 = 0x9A;
     pub const LINK: u16 = 0x11;
+    /// A physical allocation of the virtual memory management API (cuMemCreate).
+    pub const MEM_HANDLE: u16 = 0x6A;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;
@@ -77,7 +89,7 @@ mod tests {
 
     #[test]
     fn tags_are_distinct_and_decodable() {
-        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL, tag::LINK];
+        let all = [tag::CONTEXT, tag::STREAM, tag::EVENT, tag::MODULE, tag::FUNCTION, tag::LIBRARY, tag::KERNEL, tag::MEMPOOL, tag::LINK, tag::MEM_HANDLE];
         let set: std::collections::BTreeSet<u16> = all.iter().copied().collect();
         assert_eq!(set.len(), all.len());
         assert_eq!(tag::of((tag::STREAM as u64) << tag::SHIFT | 42), tag::STREAM);

@@ -50,6 +50,7 @@ chain_tests! {
     globals => [];
     funcattr => [];
     errors => [];
+    managed => [];
 }
 
 /// Runs a launch program with `--expect-supported`: it must pass (or, with
@@ -106,6 +107,13 @@ fn cudart12_memory() {
 #[test]
 fn drv_api() {
     chain("drv_api", Variant::Driver, &[]);
+}
+
+/// Virtual memory management through the cuda backend's forwarding to the driver (here the
+/// shim, over B's sim).
+#[test]
+fn drv_vmm() {
+    chain("drv_vmm", Variant::Driver, &[]);
 }
 
 /// Module loading, globals, attributes, then a launch (see [`chain_launch`]).

@@ -14,3 +14,10 @@ fn drv_api() {
 fn drv_module() {
     run_program("drv_module", Variant::Driver, &launch_args());
 }
+
+/// Virtual memory management: reserve, create, map end to end, access, copies and kernels
+/// across the boundary, aliases, release/unmap order, errors, a fault without access.
+#[test]
+fn drv_vmm() {
+    run_program("drv_vmm", Variant::Driver, &[]);
+}

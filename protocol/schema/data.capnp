@@ -40,6 +40,15 @@ struct Request {
     moduleUnload @20 :Handle;
     launchKernel @21 :LaunchKernel; # bulk: the packed parameter buffer
     ping @22 :Void;
+    # Virtual memory management (cuMemCreate, cuMemMap, ...): physical
+    # allocations by client-minted handle, mapped into reserved ranges.
+    memCreate @23 :MemCreate;
+    memRelease @24 :Handle;
+    memAddressReserve @25 :MemAddressReserve;  # reply: memAlloc, the range's start
+    memAddressFree @26 :MemRange;
+    memMap @27 :MemMap;
+    memUnmap @28 :MemRange;
+    memSetAccess @29 :MemSetAccess;
   }
 }
 
@@ -50,7 +59,7 @@ struct Reply {
   deferredError @1 :UInt32;
   union {
     none @2 :Void;
-    memAlloc @3 :UInt64;           # device pointer
+    memAlloc @3 :UInt64;           # device pointer (memAlloc, memAddressReserve)
     memGetInfo @4 :MemInfo;
     eventElapsedTime @5 :Float32;  # milliseconds
     moduleLoad @6 :ModuleLoaded;
@@ -167,4 +176,31 @@ struct LaunchKernel {
   blockZ @7 :UInt32;
   sharedMemBytes @8 :UInt32;
   stream @9 :UInt64;
+}
+
+struct MemCreate {
+  handle @0 :UInt64;               # minted by the client
+  device @1 :UInt32;
+  size @2 :UInt64;                 # a multiple of the granularity
+}
+struct MemAddressReserve {
+  size @0 :UInt64;
+  alignment @1 :UInt64;            # 0: the granularity
+  addr @2 :UInt64;                 # a hint; 0 for none
+}
+struct MemRange {
+  ptr @0 :UInt64;
+  size @1 :UInt64;
+}
+struct MemMap {
+  ptr @0 :UInt64;
+  size @1 :UInt64;
+  offset @2 :UInt64;               # into the physical allocation
+  handle @3 :UInt64;
+}
+struct MemSetAccess {
+  ptr @0 :UInt64;
+  size @1 :UInt64;
+  device @2 :UInt32;
+  flags @3 :UInt32;                # CUmemAccess_flags
 }

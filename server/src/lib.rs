@@ -7,6 +7,7 @@
 //! - [`command`]: the table of data-plane messages (decode, name, bulk rule,
 //!   dispatch, reply) and one handler file per driver-API group;
 //! - [`state`]: one session's handle tables, which the handlers check and change;
+//!   [`vmm`]: its virtual memory management objects (reservations, maps, allocations);
 //! - [`backend`]: the [`backend::Backend`] trait, the `sim` and `cuda` backends;
 //! - [`module`]: reading CUDA module images (fatbin, cubin, PTX).
 pub mod module;
@@ -22,6 +23,7 @@ pub mod service;
 pub mod session;
 pub mod state;
 pub mod transport_select;
+pub mod vmm;
 
 use std::sync::Arc;
 

@@ -61,6 +61,8 @@ pub struct SessionState {
     pub streams: HashMap<u64, Stream>,
     pub events: HashMap<u64, Event>,
     pub modules: HashMap<u64, Module>,
+    /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
+    pub vmm: crate::vmm::Vmm,
 }
 
 impl SessionState {
@@ -73,6 +75,7 @@ impl SessionState {
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
+            vmm: crate::vmm::Vmm::default(),
         }
     }
 
@@ -98,9 +101,13 @@ impl SessionState {
     }
 
     /// Checks that `[ptr, ptr + len)` lies inside one live allocation of this
-    /// session and returns its device. A zero-length range still has to
-    /// start inside one.
+    /// session, or in adjacent maps the device may access ([`crate::vmm::Vmm::check_range`]),
+    /// and returns its device. A zero-length range still has to start inside one.
     pub fn check_range(&self, ptr: u64, len: u64) -> CuResult<u32> {
+        self.check_alloc_range(ptr, len).or_else(|e| self.vmm.check_range(ptr, len).map_err(|_| e))
+    }
+
+    fn check_alloc_range(&self, ptr: u64, len: u64) -> CuResult<u32> {
         let (&start, a) = self.allocs.range(..=ptr).next_back().ok_or(CuError::INVALID_VALUE)?;
         let off = ptr - start;
         let end = off.checked_add(len).ok_or(CuError::INVALID_VALUE)?;

@@ -49,6 +49,8 @@
 //!    | `cuCtx` | `context` | |
 //!    | `cuMemcpy`, `cuMemset` | `memory` | `Memcpy`/`Memset` |
 //!    | `cuMem` | `memory` | |
+//!    | `cuMemAllocManaged`, `cuMemPrefetch`, `cuMemAdvise`, `cuMemRange` | `managed` | all of it after `cuMem` |
+//!    | `cuMemCreate`, `cuMemRelease`, `cuMemAddress`, `cuMemMap`, `cuMemUnmap`, `cuMemSetAccess`, `cuMemGetAccess`, `cuMemGetAllocation`, `cuMemRetainAllocationHandle`, `cuMem{Export,Import}*ShareableHandle` | `vmm` | all of it after `cuMem` |
 //!    | `cuModule` | `module` | |
 //!    | `cuLibrary` | `library` | |
 //!    | `cuKernel` | `kernel` | |
@@ -103,6 +105,21 @@ const PREFIXES: &[(&str, &str, &str)] = &[
     ("cuMemcpy", "memory", "Memcpy"),
     ("cuMemset", "memory", "Memset"),
     ("cuMem", "memory", ""),
+    ("cuMemAllocManaged", "managed", "AllocManaged"),
+    ("cuMemPrefetch", "managed", "Prefetch"),
+    ("cuMemAdvise", "managed", "Advise"),
+    ("cuMemRange", "managed", "Range"),
+    ("cuMemAddress", "vmm", "Address"),
+    ("cuMemCreate", "vmm", "Create"),
+    ("cuMemRelease", "vmm", "Release"),
+    ("cuMemMap", "vmm", "Map"),
+    ("cuMemUnmap", "vmm", "Unmap"),
+    ("cuMemSetAccess", "vmm", "SetAccess"),
+    ("cuMemGetAccess", "vmm", "GetAccess"),
+    ("cuMemGetAllocation", "vmm", "GetAllocation"),
+    ("cuMemRetainAllocationHandle", "vmm", "RetainAllocationHandle"),
+    ("cuMemExportToShareableHandle", "vmm", "ExportToShareableHandle"),
+    ("cuMemImportFromShareableHandle", "vmm", "ImportFromShareableHandle"),
     ("cuModule", "module", ""),
     ("cuLibrary", "library", ""),
     ("cuKernel", "kernel", ""),
@@ -444,6 +461,11 @@ mod tests {
             ("cuMemsetD8Async", "memory::memset_d8_async"),
             ("cuMemcpy2DAsync_v2", "memory::memcpy_2d_async_v2"),
             ("cuMemHostAlloc", "memory::host_alloc"),
+            ("cuMemCreate", "vmm::create"),
+            ("cuMemAllocManaged", "managed::alloc_managed"),
+            ("cuMemPrefetchAsync_v2", "managed::prefetch_async_v2"),
+            ("cuMemAddressReserve", "vmm::address_reserve"),
+            ("cuMemGetAllocationGranularity", "vmm::get_allocation_granularity"),
             ("cuMemAllocHost_v2", "memory::alloc_host_v2"),
             ("cuMemcpy", "memory::memcpy"),
             ("cuMemcpyDtoHAsync_v2_ptsz", "memory::memcpy_dtoh_async_v2_ptsz"),

@@ -110,7 +110,8 @@ fn sync_device(dev: CUdevice) -> CuResult<()> {
     let remote = rt.device(dev)?.remote.ordinal;
     rt.conn(dev)?
         .call(|r| r.init_ctx_synchronize().set_device(remote), &[], Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+        .map_err(cu_err)?;
+    crate::objects::managed::sync_point(rt)
 }
 
 pub(crate) unsafe fn get_api_version(c: CUcontext, version: &mut u32) -> CuResult<()> {

@@ -76,7 +76,8 @@ pub(crate) unsafe fn query(e: CUevent) -> CuResult<()> {
     let (h, ev) = events::get(e)?;
     rt.conn(ev.device)?
         .call(|r| r.init_event_query().set_handle(h), &[], Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+        .map_err(cu_err)?;
+    crate::objects::managed::sync_point(rt)
 }
 
 pub(crate) unsafe fn elapsed_time(ms: &mut f32, start: CUevent, end: CUevent) -> CuResult<()> {

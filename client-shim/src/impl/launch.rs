@@ -119,6 +119,7 @@ unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut 
 }
 
 fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuResult<()> {
+    crate::objects::managed::to_device(rt)?;
     rt.conn(f.device)?
         .post(
             |r| {

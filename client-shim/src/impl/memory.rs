@@ -9,6 +9,7 @@ use std::ffi::c_void;
 use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
+use crate::objects::managed;
 use crate::objects::memory::{self as mem, Alloc, HostAlloc};
 use crate::objects::{context, objects, stream};
 use crate::runtime::{self, cu_err, Runtime};
@@ -52,13 +53,16 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
         )
         .map_err(cu_err)?;
     let ptr = rt.to_client(dev, remote);
-    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool });
+    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool, mapped: false });
     Ok(ptr)
 }
 
 pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
     let rt = runtime::get()?;
     if dptr == 0 {
+        return Ok(());
+    }
+    if super::managed::free(dptr)? {
         return Ok(());
     }
     let a = {
@@ -248,6 +252,9 @@ unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64
         return Err(CuError::INVALID_VALUE);
     }
     let dev = objects().memory.check_range(dst, n as u64)?;
+    // Managed memory as the source is read on the host: its newest bytes first.
+    managed::before_host_access(rt, src as u64, n as u64)?;
+    managed::to_device(rt)?;
     let conn = rt.conn(dev)?;
     let bytes = std::slice::from_raw_parts(src as *const u8, n);
     for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
@@ -274,6 +281,10 @@ unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) 
         return Err(CuError::INVALID_VALUE);
     }
     let dev = objects().memory.check_range(src, n as u64)?;
+    // Managed memory as the destination is written on the host: brought there first, and
+    // the host's (newer) copy afterwards.
+    let into_managed = managed::before_host_access(rt, dst as u64, n as u64)?;
+    managed::to_device(rt)?;
     let conn = rt.conn(dev)?;
     let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
     for (i, chunk) in out.chunks_mut(CHUNK).enumerate() {
@@ -291,6 +302,9 @@ unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) 
             |_| Ok(()),
         )
         .map_err(cu_err)?;
+    }
+    if into_managed {
+        managed::host_wrote(dst as u64, n as u64);
     }
     Ok(())
 }
@@ -311,6 +325,7 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
         return dtoh(rt, dst, src, n, stream);
     }
     let dev = objects().memory.check_range(src, n as u64)?;
+    managed::to_device(rt)?;
     let conn = rt.conn(dev)?;
     let mut off = 0usize;
     while off < n {
@@ -353,6 +368,7 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
         dtoh(rt, buf.as_mut_ptr() as *mut c_void, src, n, 0)?;
         return htod(rt, dst, buf.as_ptr() as *const c_void, n, 0);
     }
+    managed::to_device(rt)?;
     rt.conn(ddev)?
         .post(
             |r| {
@@ -382,6 +398,8 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
                 if dst == 0 || src == 0 {
                     return Err(CuError::INVALID_VALUE);
                 }
+                managed::before_host_access(rt, src, n as u64)?;
+                managed::before_host_access(rt, dst, n as u64)?;
                 std::ptr::copy(src as usize as *const u8, dst as usize as *mut u8, n);
             }
             Ok(())
@@ -389,17 +407,27 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
     }
 }
 
+/// A synchronous copy is a point where CUDA lets the host touch managed memory again.
+fn synchronous(rt: &Runtime, r: CuResult<()>) -> CuResult<()> {
+    r?;
+    managed::sync_point(rt)
+}
+
 pub(crate) unsafe fn memcpy_htod_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
-    htod(runtime::get()?, dst, src, n, 0)
+    let rt = runtime::get()?;
+    synchronous(rt, htod(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy_dtoh_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    dtoh(runtime::get()?, dst, src, n, 0)
+    let rt = runtime::get()?;
+    synchronous(rt, dtoh(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy_dtod_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    dtod(runtime::get()?, dst, src, n, 0)
+    let rt = runtime::get()?;
+    synchronous(rt, dtod(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
-    generic(runtime::get()?, dst, src, n, 0, false)
+    let rt = runtime::get()?;
+    synchronous(rt, generic(rt, dst, src, n, 0, false))
 }
 pub(crate) unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
     let st = stream::remote(s)?;
@@ -418,7 +446,8 @@ pub(crate) unsafe fn memcpy_dtod_async_v2(dst: CUdeviceptr, src: CUdeviceptr, n:
     dtod(runtime::get()?, dst, src, n, st)
 }
 pub(crate) unsafe fn memcpy_peer(dst: CUdeviceptr, _dctx: CUcontext, src: CUdeviceptr, _sctx: CUcontext, n: usize) -> CuResult<()> {
-    dtod(runtime::get()?, dst, src, n, 0)
+    let rt = runtime::get()?;
+    synchronous(rt, dtod(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy_peer_async(
     dst: CUdeviceptr,
@@ -452,6 +481,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         (pitch as u64) * (rows as u64 - 1) + row_bytes
     };
     let dev = objects().memory.check_range(dst, span)?;
+    managed::to_device(rt)?;
     rt.conn(dev)?
         .post(
             |r| {
@@ -625,12 +655,19 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
         (Side::Device(s), Side::Host(d)) => {
             let mut tmp = vec![0u8; span];
             dtoh(rt, tmp.as_mut_ptr() as *mut c_void, s, span, stream)?;
+            let dspan = (h - 1) * c.dstPitch + w;
+            let into_managed = managed::before_host_access(rt, d as u64, dspan as u64)?;
             for r in 0..h {
                 std::ptr::copy_nonoverlapping(tmp.as_ptr().add(r * c.srcPitch), (d + r * c.dstPitch) as *mut u8, w);
+            }
+            if into_managed {
+                managed::host_wrote(d as u64, dspan as u64);
             }
             Ok(())
         }
         (Side::Host(s), Side::Host(d)) => {
+            managed::before_host_access(rt, s as u64, span as u64)?;
+            managed::before_host_access(rt, d as u64, ((h - 1) * c.dstPitch + w) as u64)?;
             for r in 0..h {
                 std::ptr::copy((s + r * c.srcPitch) as *const u8, (d + r * c.dstPitch) as *mut u8, w);
             }
@@ -652,7 +689,8 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
-    copy_2d(c, 0)
+    let rt = runtime::get()?;
+    synchronous(rt, copy_2d(c, 0))
 }
 pub(crate) unsafe fn memcpy_2d_async_v2(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {
     copy_2d(c, stream::remote(s)?)

@@ -10,7 +10,7 @@ type P = CUpointer_attribute;
 
 /// What is known of a pointer.
 enum Kind {
-    Device { start: u64, size: u64, device: i32, ctx: u64 },
+    Device { start: u64, size: u64, device: i32, ctx: u64, managed: bool },
     Host { start: usize, size: usize },
     Unknown,
 }
@@ -20,7 +20,8 @@ fn classify(ptr: u64) -> CuResult<Kind> {
     let o = objects();
     if let Some((start, a)) = o.memory.find_alloc(ptr) {
         let ctx = if a.ctx != 0 { a.ctx } else { o.primaries.handle(a.device)? };
-        return Ok(Kind::Device { start, size: a.size, device: a.device, ctx });
+        let managed = o.managed.find(start).is_some();
+        return Ok(Kind::Device { start, size: a.size, device: a.device, ctx, managed });
     }
     if let Some((start, h)) = o.memory.find_host(ptr as usize) {
         return Ok(Kind::Host { start, size: h.size });
@@ -41,10 +42,13 @@ unsafe fn write(attr: CUpointer_attribute, data: *mut c_void, ptr: u64, kind: &K
         (P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, Kind::Device { .. }) => *(data as *mut u32) = CUmemorytype::CU_MEMORYTYPE_DEVICE.0,
         (P::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, Kind::Host { .. }) => *(data as *mut u32) = CUmemorytype::CU_MEMORYTYPE_HOST.0,
         (P::CU_POINTER_ATTRIBUTE_DEVICE_POINTER, Kind::Device { .. }) => *(data as *mut CUdeviceptr) = ptr,
-        (P::CU_POINTER_ATTRIBUTE_HOST_POINTER, Kind::Host { .. }) => *(data as *mut *mut c_void) = ptr as usize as *mut c_void,
+        (P::CU_POINTER_ATTRIBUTE_HOST_POINTER, Kind::Host { .. } | Kind::Device { managed: true, .. }) => {
+            *(data as *mut *mut c_void) = ptr as usize as *mut c_void
+        }
         // cudart reads this "boolean" as a 32-bit value (seen: garbage in the
         // upper bytes made it report managed memory).
-        (P::CU_POINTER_ATTRIBUTE_IS_MANAGED, Kind::Device { .. } | Kind::Host { .. }) => *(data as *mut u32) = 0,
+        (P::CU_POINTER_ATTRIBUTE_IS_MANAGED, Kind::Device { managed, .. }) => *(data as *mut u32) = u32::from(*managed),
+        (P::CU_POINTER_ATTRIBUTE_IS_MANAGED, Kind::Host { .. }) => *(data as *mut u32) = 0,
         (P::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, Kind::Device { device, .. }) => *(data as *mut i32) = *device,
         (P::CU_POINTER_ATTRIBUTE_BUFFER_ID, Kind::Device { start, .. }) => *(data as *mut u64) = *start,
         (P::CU_POINTER_ATTRIBUTE_BUFFER_ID, Kind::Host { start, .. }) => *(data as *mut u64) = *start as u64,

@@ -53,7 +53,8 @@ pub(crate) unsafe fn query(s: CUstream) -> CuResult<()> {
     let (h, dev) = streams::device_of(s)?;
     rt.conn(dev)?
         .call(|r| r.init_stream_query().set_handle(h), &[], Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+        .map_err(cu_err)?;
+    crate::objects::managed::sync_point(rt)
 }
 
 pub(crate) unsafe fn wait_event(s: CUstream, e: CUevent, flags: u32) -> CuResult<()> {

@@ -25,7 +25,8 @@ pub fn get(e: CUevent) -> CuResult<(u64, Arc<Event>)> {
 pub fn synchronize(rt: &Runtime, h: u64, ev: &Event) -> CuResult<()> {
     rt.conn(ev.device)?
         .call(|r| r.init_event_synchronize().set_handle(h), &[], Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+        .map_err(cu_err)?;
+    super::managed::sync_point(rt)
 }
 
 /// Tells the event's server it is gone. The caller has removed it from the table.

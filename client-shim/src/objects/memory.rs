@@ -17,6 +17,8 @@ pub struct Alloc {
     pub ctx: u64,
     /// The memory pool of a stream-ordered allocation (0 for others).
     pub pool: u64,
+    /// A map of a physical allocation (cuMemMap, `objects::vmm`), not an allocation itself.
+    pub mapped: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -47,12 +49,21 @@ impl Memory {
         (ptr < start + a.size.max(1)).then_some((start, *a))
     }
 
-    /// Checks that [ptr, ptr+len) lies in one allocation; returns its device.
+    /// Checks that [ptr, ptr+len) lies in one allocation, or in maps of one device laid end to
+    /// end (one reserved range, as PyTorch's expandable segments grow); returns its device.
     pub fn check_range(&self, ptr: u64, len: u64) -> CuResult<i32> {
-        let (start, a) = self.find_alloc(ptr).ok_or(CuError::INVALID_VALUE)?;
-        let end = ptr.checked_add(len).ok_or(CuError::INVALID_VALUE)?;
-        if end > start + a.size {
+        let m = self.allocs.lock().unwrap_or_else(|e| e.into_inner());
+        let (&start, a) = m.range(..=ptr).next_back().ok_or(CuError::INVALID_VALUE)?;
+        if ptr >= start + a.size.max(1) {
             return Err(CuError::INVALID_VALUE);
+        }
+        let end = ptr.checked_add(len).ok_or(CuError::INVALID_VALUE)?;
+        let mut reach = start + a.size;
+        while end > reach {
+            match m.get(&reach) {
+                Some(next) if a.mapped && next.mapped && next.device == a.device => reach += next.size,
+                _ => return Err(CuError::INVALID_VALUE),
+            }
         }
         Ok(a.device)
     }
@@ -84,4 +95,32 @@ pub fn release(rt: &Runtime, ptr: u64, a: &Alloc) -> CuResult<()> {
         p.gave_back(a.size);
     }
     rt.conn(a.device)?.post(|r| r.init_mem_free().set_ptr(Runtime::to_remote(ptr)), &[]).map_err(cu_err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn a(size: u64, device: i32, mapped: bool) -> Alloc {
+        Alloc { size, device, ctx: 0, pool: 0, mapped }
+    }
+
+    /// A range may run on across maps laid end to end (one reserved range), never across two
+    /// ordinary allocations that happen to be adjacent, nor maps of two devices.
+    #[test]
+    fn ranges_span_adjacent_maps_only() {
+        let m = Memory::default();
+        m.record(0x1000, a(0x1000, 0, false));
+        m.record(0x2000, a(0x1000, 0, false));
+        assert_eq!(m.check_range(0x1800, 0x800), Ok(0));
+        assert_eq!(m.check_range(0x1800, 0x801), Err(CuError::INVALID_VALUE), "two allocations");
+        m.record(0x10000, a(0x1000, 0, true));
+        m.record(0x11000, a(0x1000, 0, true));
+        m.record(0x12000, a(0x1000, 1, true));
+        assert_eq!(m.check_range(0x10800, 0x1000), Ok(0), "two maps");
+        assert_eq!(m.check_range(0x10000, 0x2000), Ok(0));
+        assert_eq!(m.check_range(0x10000, 0x2001), Err(CuError::INVALID_VALUE), "into another device's map");
+        assert_eq!(m.check_range(0x12800, 0x801), Err(CuError::INVALID_VALUE), "past the last map");
+        assert_eq!(m.check_range(0x13000, 0), Err(CuError::INVALID_VALUE), "outside every map");
+    }
 }

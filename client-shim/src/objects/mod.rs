@@ -9,6 +9,10 @@
 //!          ├─ allocations              (cuMemAlloc; module globals belong to their module;
 //!          │                            stream-ordered ones also count in their pool)
 //!          └─ context-local storage    (cudart's per-context state, with destructors)
+//! vmm ─────┬─ physical allocations     (cuMemCreate; by handle, with references and maps)
+//!          └─ reservations ── maps     (each map is also an entry of the allocation table)
+//! managed                              (cuMemAllocManaged: host and device copies, and which
+//!                                       is newer; also in the allocation table)
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
 //! ```
@@ -27,11 +31,13 @@ pub mod event;
 pub mod library;
 pub mod link;
 pub mod logs;
+pub mod managed;
 pub mod memory;
 pub mod module;
 pub mod pool;
 pub mod stream;
 pub mod table;
+pub mod vmm;
 
 use std::sync::LazyLock;
 
@@ -55,6 +61,8 @@ pub struct Objects {
     pub cls: cls::Store,
     pub logs: logs::Callbacks,
     pub links: Table<link::LinkState>,
+    pub vmm: vmm::Vmm,
+    pub managed: managed::ManagedTable,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -72,6 +80,8 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     cls: cls::Store::default(),
     logs: logs::Callbacks::default(),
     links: Table::new(tag::LINK),
+    vmm: vmm::Vmm::default(),
+    managed: managed::ManagedTable::default(),
 });
 
 /// The process's objects.

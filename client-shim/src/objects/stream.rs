@@ -60,7 +60,8 @@ pub fn synchronize(s: CUstream) -> CuResult<()> {
     let (h, dev) = device_of(s)?;
     rt.conn(dev)?
         .call(|r| r.init_stream_synchronize().set_handle(h), &[], crate::client::connection::Sink::None, |_| Ok(()))
-        .map_err(cu_err)
+        .map_err(cu_err)?;
+    super::managed::sync_point(rt)
 }
 
 /// Tells the stream's server it is gone (work already queued on it still completes, as in

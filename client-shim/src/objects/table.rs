@@ -36,6 +36,11 @@ impl<T> Table<T> {
         v
     }
 
+    /// Inserts an object that is shared elsewhere too, under a handle minted earlier.
+    pub fn insert_arc(&self, h: u64, v: Arc<T>) {
+        self.map.write().unwrap_or_else(|e| e.into_inner()).insert(h, v);
+    }
+
     /// A fresh handle of this table's type, not yet bound to an object.
     pub fn mint(&self) -> u64 {
         self.tag | self.next.fetch_add(1, Ordering::Relaxed)

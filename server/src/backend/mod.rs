@@ -55,6 +55,10 @@ pub struct StreamToken(pub u64);
 pub struct EventToken(pub u64);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ModuleToken(pub u64);
+/// A physical allocation of the virtual memory management API (cuMemCreate): the sim's own
+/// counter, or the driver's `CUmemGenericAllocationHandle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PhysicalToken(pub u64);
 
 /// Where work is ordered: a device's default stream, or one the session created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,6 +294,41 @@ pub trait BackendSession: Send {
     ) -> Result<(), TransferError>;
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult;
     fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult;
+
+    // --- virtual memory management ------------------------------------------
+    // [`crate::vmm`] checks every request against the session's reservations, maps and
+    // allocations before it comes here: a backend gets granular sizes, maps inside a
+    // reservation over no other map, unmaps and access changes of whole maps, and releases of
+    // allocations no longer mapped. A backend without VMM refuses it as a driver would.
+
+    /// cuMemCreate: `size` bytes of `device` memory (charged like `mem_alloc`), zeroed.
+    fn mem_create(&mut self, _device: u32, _size: u64) -> CuResult<PhysicalToken> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// cuMemRelease of an allocation no longer mapped anywhere.
+    fn mem_release(&mut self, _phys: PhysicalToken) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// cuMemAddressReserve: `alignment` is a power of two, at least the granularity; `hint`
+    /// (0 for none) is taken if it is free and usable.
+    fn mem_address_reserve(&mut self, _size: u64, _alignment: u64, _hint: u64) -> CuResult<u64> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    fn mem_address_free(&mut self, _ptr: u64, _size: u64) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// cuMemMap of `[offset, offset + size)` of `phys` at `ptr`; no access yet.
+    fn mem_map(&mut self, _ptr: u64, _size: u64, _offset: u64, _phys: PhysicalToken) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// cuMemUnmap of exactly one map.
+    fn mem_unmap(&mut self, _ptr: u64, _size: u64) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// cuMemSetAccess of whole maps for one device.
+    fn mem_set_access(&mut self, _ptr: u64, _size: u64, _device: u32, _flags: u32) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
 
     // --- streams and events -------------------------------------------------
     fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken>;

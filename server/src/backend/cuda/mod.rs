@@ -30,6 +30,7 @@
 
 pub mod driver;
 pub mod library;
+pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_void, CString};
@@ -45,7 +46,7 @@ use self::library::{Library, LibraryCache};
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, MemoryAccount,
     MemoryBudget, MemsetOp,
-    ModuleToken, StreamRef, StreamToken, TransferError,
+    ModuleToken, PhysicalToken, StreamRef, StreamToken, TransferError,
 };
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::ModuleImage;
@@ -184,6 +185,7 @@ impl Backend for CudaBackend {
             seen_libraries: HashSet::new(),
             staging: Vec::new(),
             next_token: 1,
+            vmm: vmm::CudaVmm::default(),
         }))
     }
 }
@@ -229,6 +231,8 @@ struct CudaSession {
     seen_libraries: HashSet<(u64, u32)>,
     staging: Vec<Staging>,
     next_token: u64,
+    /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
+    vmm: vmm::CudaVmm,
 }
 
 // SAFETY: the raw handles are driver objects usable from any thread; the
@@ -497,6 +501,34 @@ impl BackendSession for CudaSession {
         }
     }
 
+    fn mem_create(&mut self, device: u32, size: u64) -> CuResult<PhysicalToken> {
+        self.vmm_create(device, size)
+    }
+
+    fn mem_release(&mut self, phys: PhysicalToken) -> CuResult {
+        self.vmm_release(phys)
+    }
+
+    fn mem_address_reserve(&mut self, size: u64, alignment: u64, hint: u64) -> CuResult<u64> {
+        self.vmm_reserve(size, alignment, hint)
+    }
+
+    fn mem_address_free(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.vmm_address_free(ptr, size)
+    }
+
+    fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, phys: PhysicalToken) -> CuResult {
+        self.vmm_map(ptr, size, offset, phys)
+    }
+
+    fn mem_unmap(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.vmm_unmap(ptr, size)
+    }
+
+    fn mem_set_access(&mut self, ptr: u64, size: u64, device: u32, flags: u32) -> CuResult {
+        self.vmm_set_access(ptr, size, device, flags)
+    }
+
     fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken> {
         self.bind(device)?;
         let mut s: sys::CUstream = std::ptr::null_mut();
@@ -730,6 +762,8 @@ impl Drop for CudaSession {
                 warn!(device = d, "memory a session left behind could not be zeroed; zeroing allocations instead");
             }
         }
+        // The devices are idle (synchronised above): unmapped, zeroed and released.
+        self.vmm_teardown();
         for (p, (d, _)) in std::mem::take(&mut self.allocs) {
             if self.bind(d).is_ok() {
                 let _ = cu!(sys::cuMemFree_v2(p));

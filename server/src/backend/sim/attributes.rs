@@ -277,6 +277,8 @@ pub fn value(id: u32, p: &SimDeviceParams) -> i32 {
         87 => 2, // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
         90 => 1, // COMPUTE_PREEMPTION_SUPPORTED
         97 => 227 * 1024, // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        // server/src/vmm.rs, backend/sim/vmm.rs: reservations, maps, access.
+        102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
         106 => 32, // MAX_BLOCKS_PER_MULTIPROCESSOR
         111 => 1024, // RESERVED_SHARED_MEMORY_PER_BLOCK
         126 => 4, // MEM_SYNC_DOMAIN_COUNT

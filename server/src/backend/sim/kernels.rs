@@ -77,13 +77,15 @@ unsafe impl Send for SessionMemory {}
 unsafe impl Sync for SessionMemory {}
 
 impl SessionMemory {
-    pub fn new(devices: &[DeviceMemory], allocs: impl Iterator<Item = u64>) -> Self {
+    /// The allocations `allocs` and the accessible maps `mapped` (virtual memory management).
+    pub fn new(devices: &[DeviceMemory], allocs: impl Iterator<Item = u64>, mapped: impl Iterator<Item = Region>) -> Self {
         let mut regions: Vec<Region> = allocs
             .filter_map(|p| {
                 let d = devices.iter().find(|d| d.contains(p))?;
                 let (start, len, host) = d.region(p)?;
                 Some(Region { start, len, host })
             })
+            .chain(mapped)
             .collect();
         regions.sort_by_key(|r| r.start);
         SessionMemory { regions }

@@ -11,6 +11,7 @@
 pub mod attributes;
 pub mod kernels;
 pub mod memory;
+pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -21,9 +22,10 @@ use tracing::{debug, warn};
 
 use self::attributes::SimDeviceParams;
 use self::memory::DeviceMemory;
+use self::vmm::SimVmm;
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, FunctionInfo, GlobalInfo, LaunchDims,
-    LoadedModule, MemoryAccount, MemoryBudget, MemsetOp, ModuleToken, StreamRef, StreamToken, TransferError,
+    LoadedModule, MemoryAccount, MemoryBudget, MemsetOp, ModuleToken, PhysicalToken, StreamRef, StreamToken, TransferError,
 };
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
@@ -133,6 +135,7 @@ impl Backend for SimBackend {
             modules: HashMap::new(),
             next_token: 1,
             output: Vec::new(),
+            vmm: SimVmm::default(),
         }))
     }
 }
@@ -166,6 +169,8 @@ struct SimSession {
     next_token: u64,
     /// Device printf output not yet sent to the client.
     output: Vec<u8>,
+    /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
+    vmm: SimVmm,
 }
 
 impl SimSession {
@@ -193,6 +198,82 @@ impl SimSession {
         self.allocs.insert(p, ());
         self.launch_memory = None;
         Ok(p)
+    }
+
+    /// A device-to-device copy where either side is mapped (virtual memory management): in
+    /// chunks through a buffer, as the two sides may be pieces of several allocations, or
+    /// aliases of one.
+    fn copy_mapped(&mut self, dst: u64, src: u64, len: u64) -> CuResult {
+        const CHUNK: u64 = 4 << 20;
+        let mut buf = vec![0u8; CHUNK.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = CHUNK.min(len - done);
+            let b = &mut buf[..n as usize];
+            self.read_any(src + done, b)?;
+            self.write_any(dst + done, b)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn read_any(&self, src: u64, out: &mut [u8]) -> CuResult {
+        if SimVmm::owns(src) {
+            let mut at = 0;
+            for (p, n) in self.vmm.pieces(src, out.len() as u64)? {
+                // SAFETY: a piece lies in a live, mapped allocation of this session.
+                out[at..at + n].copy_from_slice(unsafe { std::slice::from_raw_parts(p, n) });
+                at += n;
+            }
+            return Ok(());
+        }
+        self.shared.device_of(src)?.with_slice(src, out.len() as u64, |s| out.copy_from_slice(s))
+    }
+
+    fn write_any(&self, dst: u64, data: &[u8]) -> CuResult {
+        if SimVmm::owns(dst) {
+            let mut at = 0;
+            for (p, n) in self.vmm.pieces(dst, data.len() as u64)? {
+                // SAFETY: as in read_any.
+                unsafe { std::slice::from_raw_parts_mut(p, n) }.copy_from_slice(&data[at..at + n]);
+                at += n;
+            }
+            return Ok(());
+        }
+        self.shared.device_of(dst)?.with_slice_mut(dst, data.len() as u64, |s| s.copy_from_slice(data))
+    }
+
+    /// A memset over mapped memory, row by row, each row piece by piece with the pattern
+    /// continued across pieces.
+    fn memset_mapped(&mut self, op: &MemsetOp, span: u64) -> CuResult {
+        let es = op.element_size as u64;
+        let pattern = op.value.to_le_bytes();
+        let row_bytes = op.count * es;
+        let pitch = if op.rows == 1 { row_bytes } else { op.pitch };
+        // The whole span first, so a memset that fails writes nothing.
+        self.vmm.pieces(op.dst, span)?;
+        for r in 0..op.rows {
+            let mut off = 0u64;
+            for (p, n) in self.vmm.pieces(op.dst + r * pitch, row_bytes)? {
+                // SAFETY: a piece lies in a live, mapped allocation of this session.
+                let s = unsafe { std::slice::from_raw_parts_mut(p, n) };
+                // The pattern from this piece's phase, repeated over a block every element
+                // size divides, copied block by block (as `memset` does).
+                let mut block = [0u8; 256];
+                for (i, b) in block.iter_mut().enumerate() {
+                    *b = pattern[((off + i as u64) % es) as usize];
+                }
+                let mut blocks = s.chunks_exact_mut(block.len());
+                for c in &mut blocks {
+                    c.copy_from_slice(&block);
+                }
+                let rest = blocks.into_remainder();
+                let k = rest.len();
+                rest.copy_from_slice(&block[..k]);
+                off += n as u64;
+            }
+        }
+        Ok(())
     }
 
     fn free_owned(&mut self, ptr: u64) -> CuResult {
@@ -242,6 +323,13 @@ impl BackendSession for SimSession {
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
         self.check_stream(stream)?;
+        if SimVmm::owns(dst) {
+            for (p, n) in self.vmm.pieces(dst, len)? {
+                // SAFETY: a piece lies in a live, mapped allocation of this session.
+                fill(unsafe { std::slice::from_raw_parts_mut(p, n) }).map_err(TransferError::Io)?;
+            }
+            return Ok(());
+        }
         let m = self.shared.device_of(dst)?;
         m.with_slice_mut(dst, len, |s| fill(s))?.map_err(TransferError::Io)
     }
@@ -254,6 +342,13 @@ impl BackendSession for SimSession {
         sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
         self.check_stream(stream)?;
+        if SimVmm::owns(src) {
+            for (p, n) in self.vmm.pieces(src, len)? {
+                // SAFETY: as in memcpy_htod.
+                sink(unsafe { std::slice::from_raw_parts(p, n) }).map_err(TransferError::Io)?;
+            }
+            return Ok(());
+        }
         let m = self.shared.device_of(src)?;
         m.with_slice(src, len, |s| sink(s))?.map_err(TransferError::Io)
     }
@@ -262,6 +357,9 @@ impl BackendSession for SimSession {
         self.check_stream(stream)?;
         if len == 0 {
             return Ok(());
+        }
+        if SimVmm::owns(src) || SimVmm::owns(dst) {
+            return self.copy_mapped(dst, src, len);
         }
         let sm = self.shared.device_of(src)?;
         let dm = self.shared.device_of(dst)?;
@@ -275,6 +373,9 @@ impl BackendSession for SimSession {
     fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult {
         self.check_stream(stream)?;
         let span = op.span().ok_or(CuError::INVALID_VALUE)?;
+        if SimVmm::owns(op.dst) {
+            return self.memset_mapped(op, span);
+        }
         let m = self.shared.device_of(op.dst)?;
         let es = op.element_size as usize;
         let pattern = op.value.to_le_bytes();
@@ -299,6 +400,55 @@ impl BackendSession for SimSession {
                 rest.copy_from_slice(&block[..n]);
             }
         })
+    }
+
+    fn mem_create(&mut self, device: u32, size: u64) -> CuResult<PhysicalToken> {
+        self.account.take(size)?;
+        match self.vmm.create(&self.shared.memory, device, size) {
+            Ok(t) => Ok(PhysicalToken(t)),
+            Err(e) => {
+                self.account.give(size);
+                Err(e)
+            }
+        }
+    }
+
+    fn mem_release(&mut self, phys: PhysicalToken) -> CuResult {
+        let size = self.vmm.release(&self.shared.memory, phys.0)?;
+        self.account.give(size);
+        Ok(())
+    }
+
+    fn mem_address_reserve(&mut self, size: u64, alignment: u64, hint: u64) -> CuResult<u64> {
+        self.vmm.reserve(size, alignment, hint)
+    }
+
+    fn mem_address_free(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.vmm.address_free(ptr, size)
+    }
+
+    fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, phys: PhysicalToken) -> CuResult {
+        self.vmm.map(&self.shared.memory, ptr, size, offset, phys.0)
+    }
+
+    fn mem_unmap(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.launch_memory = None;
+        self.vmm.unmap(ptr, size)
+    }
+
+    fn mem_set_access(&mut self, ptr: u64, size: u64, device: u32, flags: u32) -> CuResult {
+        self.shared.device(device)?;
+        let accessible = match flags {
+            crate::vmm::ACCESS_NONE => false,
+            crate::vmm::ACCESS_READWRITE => true,
+            _ => {
+                // The interpreter's memory has no read-only regions to fault writes in.
+                warn_once_read_only();
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        };
+        self.launch_memory = None;
+        self.vmm.set_access(ptr, size, accessible)
     }
 
     fn stream_create(&mut self, device: u32, _flags: u32, _priority: i32) -> CuResult<StreamToken> {
@@ -509,7 +659,11 @@ impl BackendSession for SimSession {
         let regions = match &self.launch_memory {
             Some(r) => r.clone(),
             None => {
-                let r = Arc::new(kernels::SessionMemory::new(&self.shared.memory, self.allocs.keys().copied()));
+                let r = Arc::new(kernels::SessionMemory::new(
+                    &self.shared.memory,
+                    self.allocs.keys().copied(),
+                    self.vmm.regions(),
+                ));
                 self.launch_memory = Some(r.clone());
                 r
             }
@@ -524,11 +678,19 @@ impl BackendSession for SimSession {
 
 impl Drop for SimSession {
     fn drop(&mut self) {
+        self.vmm.release_all(&self.shared.memory);
         let ptrs: Vec<u64> = self.allocs.keys().copied().collect();
         for p in ptrs {
             let _ = self.free_owned(p);
         }
     }
+}
+
+fn warn_once_read_only() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        warn!("cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ is not supported by the rgpu sim (read-write or none only)")
+    });
 }
 
 fn hostname() -> String {
