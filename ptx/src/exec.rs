@@ -719,6 +719,22 @@ impl<'a> BlockRunner<'a> {
                 };
                 store(regs, m, d, &[v; LANES]);
             }
+            Op::AssertFail { msg, file, line, func } => {
+                let (mv, fv, lv, nv) = (fetch(regs, msg), fetch(regs, file), fetch(regs, line), fetch(regs, func));
+                let l = m.trailing_zeros() as usize;
+                let local = &w.local;
+                let mut rd = |addr: u64, n: usize| -> Result<Vec<u8>, Fault> {
+                    (0..n as u64).map(|k| self.load(local, l, Space::Generic, addr + k, 1).map(|b| b as u8)).collect()
+                };
+                let mut text = |addr: u64| -> Result<String, (usize, Fault)> {
+                    if addr == 0 {
+                        return Ok(String::new());
+                    }
+                    printf::cstr(addr, &mut rd).map(|b| String::from_utf8_lossy(&b).into_owned()).map_err(|f| (l, f))
+                };
+                let fault = Fault::Assert { message: text(mv[l])?, file: text(fv[l])?, line: lv[l] as u32, function: text(nv[l])? };
+                return Err((l, fault));
+            }
             Op::Printf { fmt, args, ret } => {
                 let (fv, av) = (fetch(regs, fmt), fetch(regs, args));
                 for l in 0..LANES {
@@ -1117,6 +1133,15 @@ fn int3(regs: &mut [u64], m: u32, f: I3, bits: u8, signed: bool, d: u32, a: Src,
                 r |= bit << i;
             }
             r & mk
+        }),
+        I3::ShfLWrap | I3::ShfLClamp | I3::ShfRWrap | I3::ShfRClamp => map3(regs, m, d, a, b, c, |x, y, n| {
+            let v = (y & 0xffff_ffff) << 32 | (x & 0xffff_ffff);
+            let n = if matches!(f, I3::ShfLWrap | I3::ShfRWrap) { n & 31 } else { (n & 0xffff_ffff).min(32) };
+            if matches!(f, I3::ShfLWrap | I3::ShfLClamp) {
+                (v << n) >> 32 & 0xffff_ffff
+            } else {
+                (v >> n) & 0xffff_ffff
+            }
         }),
         I3::Prmt => map3(regs, m, d, a, b, c, |x, y, s| {
             let bytes = ((y & 0xffff_ffff) << 32) | (x & 0xffff_ffff);

@@ -7,6 +7,8 @@ pub enum Fault {
     Misaligned { addr: u64 },
     Timeout,
     Trap,
+    /// A device `assert` failed (`__assertfail`).
+    Assert { message: String, file: String, line: u32, function: String },
     Unsupported(String),
     /// Another block failed first; this one stopped.
     Aborted,

@@ -80,6 +80,11 @@ pub enum I3 {
     Bfe,
     /// prmt a, b, selector.
     Prmt,
+    /// shf.{l,r}.{wrap,clamp}.b32 d, a (low), b (high), n.
+    ShfLWrap,
+    ShfLClamp,
+    ShfRWrap,
+    ShfRClamp,
     Sad,
 }
 
@@ -286,6 +291,8 @@ pub enum Op {
     Fma { t: FT, m: FMod, d: u32, a: Src, b: Src, c: Src },
     /// f32 add/sub/mul/div/fma/sqrt and f64 add/sub/mul under `.rz`/`.rm`/`.rp` (`b`, `c`
     /// unused where the operation takes fewer sources; sub is lowered to add of `-b`).
+    /// A failed device `assert`: ends the launch with the message, file, line and function.
+    AssertFail { msg: Src, file: Src, line: Src, func: Src },
     Carry { f: CarryOp, bits: u8, signed: bool, cc_in: bool, cc_out: bool, d: u32, a: Src, b: Src, c: Src },
     FDirected { f: FDir, t: FT, mode: crate::float::Directed, m: FMod, d: u32, a: Src, b: Src, c: Src },
     Setp { cmp: Cmp, t: CmpTy, d: Option<u32>, d2: Option<u32>, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },

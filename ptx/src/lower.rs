@@ -604,6 +604,18 @@ impl<'a> Lowerer<'a> {
             self.push(guard, Op::Printf { fmt, args: argp, ret }, line);
             return Ok(());
         }
+        if fname == "__assertfail" {
+            // Device assert(): (message, file, line, function, char size).
+            if args.len() != 5 {
+                return Err(unsupported(line, "__assertfail with other than 5 arguments"));
+            }
+            let msg = self.param_value(&args[0], line, guard)?;
+            let file = self.param_value(&args[1], line, guard)?;
+            let at = self.param_value(&args[2], line, guard)?;
+            let func = self.param_value(&args[3], line, guard)?;
+            self.push(guard, Op::AssertFail { msg, file, line: at, func }, line);
+            return Ok(());
+        }
         let f = *self.funcs.get(fname.as_str()).ok_or_else(|| PtxError::Parse { line, msg: format!("call of unknown function {fname}") })?;
         if f.body.is_none() {
             return Err(unsupported(line, format!("call of external function {fname}")));
@@ -922,6 +934,21 @@ impl<'a> Lowerer<'a> {
                 let d = self.dst(&o[0], line)?;
                 let (a, b, c) = (self.src(&o[1], None, line)?, self.src(&o[2], None, line)?, self.src(&o[3], None, line)?);
                 Op::I3 { f, bits, signed, d, a, b, c }
+            }
+            "shf" => {
+                // Funnel shift of the 64 bits b:a by c (mod 32 with .wrap, at most 32 with .clamp).
+                check(&["l", "r", "wrap", "clamp"])?;
+                need(4)?;
+                let f = match (i.has("l"), i.has("r"), i.has("wrap"), i.has("clamp")) {
+                    (true, false, true, false) => I3::ShfLWrap,
+                    (true, false, false, true) => I3::ShfLClamp,
+                    (false, true, true, false) => I3::ShfRWrap,
+                    (false, true, false, true) => I3::ShfRClamp,
+                    _ => return Err(un()),
+                };
+                let d = self.dst(&o[0], line)?;
+                let (a, b, c) = (self.src(&o[1], None, line)?, self.src(&o[2], None, line)?, self.src(&o[3], None, line)?);
+                Op::I3 { f, bits: 32, signed: false, d, a, b, c }
             }
             "bfi" => {
                 check(&[])?;

@@ -149,7 +149,7 @@ pub fn format(fmt_addr: u64, args: u64, read: &mut dyn FnMut(u64, usize) -> Resu
     Ok((out, nargs))
 }
 
-fn cstr(addr: u64, read: &mut dyn FnMut(u64, usize) -> Result<Vec<u8>, Fault>) -> Result<Vec<u8>, Fault> {
+pub(crate) fn cstr(addr: u64, read: &mut dyn FnMut(u64, usize) -> Result<Vec<u8>, Fault>) -> Result<Vec<u8>, Fault> {
     let mut s = Vec::new();
     while s.len() < MAX_STR {
         let b = read(addr + s.len() as u64, 1)?;

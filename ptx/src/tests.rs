@@ -270,6 +270,44 @@ fn carry_chains() {
     }
 }
 
+/// Funnel shifts (CuPy's integer power and hashing use them), against u64 shifts here.
+#[test]
+fn funnel_shifts() {
+    let body = "mov.u32 %r2, 0x89abcdef;\nmov.u32 %r3, 0x01234567;\nshf.l.wrap.b32 %r4, %r2, %r3, %r0;\nshf.r.clamp.b32 %r5, %r2, %r3, %r0;\nxor.b32 %r1, %r4, %r5;";
+    let r = per_thread(body, 40);
+    let v: u64 = 0x0123_4567_89ab_cdef;
+    for (n, got) in r.iter().enumerate() {
+        let l = ((v << (n % 32)) >> 32) as u32;
+        let rr = (v >> n.min(32)) as u32;
+        assert_eq!(*got, l ^ rr, "shift {n}");
+    }
+}
+
+/// A failed device assert ends the launch with the message, file and line it names.
+#[test]
+fn device_assert_reports_message_file_and_line() {
+    let src = ".version 8.0\n.target sm_90\n.address_size 64\n\
+        .extern .func __assertfail(.param .b64 a, .param .b64 b, .param .b32 c, .param .b64 d, .param .b64 e);\n\
+        .global .align 1 .b8 msg[6] = {120, 32, 62, 32, 48, 0};\n.global .align 1 .b8 file[5] = {97, 46, 99, 117, 0};\n.global .align 1 .b8 fn_[2] = {107, 0};\n\
+        .visible .entry k(.param .u64 p)\n{\n.reg .pred %p<2>;\n.reg .b32 %r<4>;\n.reg .b64 %rd<8>;\n\
+        mov.u32 %r1, %tid.x;\nsetp.ne.s32 %p1, %r1, 3;\n@%p1 bra $L_ok;\n\
+        mov.u64 %rd1, msg;\ncvta.global.u64 %rd2, %rd1;\nmov.u64 %rd3, file;\ncvta.global.u64 %rd4, %rd3;\nmov.u64 %rd5, fn_;\ncvta.global.u64 %rd6, %rd5;\n\
+        { .param .b64 a; st.param.b64 [a], %rd2; .param .b64 b; st.param.b64 [b], %rd4; .param .b32 c; st.param.b32 [c], 42; .param .b64 d; st.param.b64 [d], %rd6; .param .b64 e; st.param.b64 [e], 1;\n\
+        call.uni __assertfail, (a, b, c, d, e); }\n$L_ok:\nret;\n}\n";
+    let m = Module::parse(src).unwrap_or_else(|e| panic!("{e}"));
+    let mut mem = HostMemory::new(BASE, 1 << 20);
+    let mut globals = std::collections::HashMap::new();
+    for (name, bytes) in [("msg", b"x > 0\0".to_vec()), ("file", b"a.cu\0".to_vec()), ("fn_", b"k\0".to_vec())] {
+        let a = mem.alloc(bytes.len() as u64).unwrap();
+        mem.write(a, &bytes);
+        globals.insert(name, a);
+    }
+    let p = m.lower("k", &|n| globals.get(n).copied()).unwrap_or_else(|e| panic!("{e}"));
+    let e = launch(&p, &cfg(1, 32), &[0; 8], &mem).unwrap_err();
+    assert_eq!(e.thread, [3, 0, 0]);
+    assert_eq!(e.fault, Fault::Assert { message: "x > 0".into(), file: "a.cu".into(), line: 42, function: "k".into() });
+}
+
 #[test]
 fn directed_rounding_and_the_warp_size_constant() {
     // 1 + 2^-30: towards zero stays at 1.0 (0x3f800000), upwards goes to 0x3f800001.

@@ -151,6 +151,10 @@ fn launch_error(e: &ExecError, time_limit: Duration) -> CuError {
             warn!("trap: {at}");
             CuError::LAUNCH_FAILED
         }
+        Fault::Assert { message, file, line, function } => {
+            warn!("device assert: {file}:{line}: {function}: {at}: Assertion `{message}` failed.");
+            CuError::ASSERT
+        }
         Fault::Unsupported(what) => {
             warn!("not supported by the rgpu sim: {at}: {what}");
             CuError::NOT_SUPPORTED
