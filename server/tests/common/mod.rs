@@ -405,6 +405,19 @@ impl DataClient {
         }
     }
 
+    /// moduleLoad of `image` on device 0 as module `handle`.
+    pub fn load_module(&mut self, handle: u64, image: &[u8]) -> Reply {
+        self.call(image, |r| {
+            let mut m = r.init_module_load();
+            m.set_handle(handle);
+            m.set_device(0);
+        })
+    }
+
+    pub fn unload_module(&mut self, handle: u64) -> Reply {
+        self.call(&[], |r| r.init_module_unload().set_handle(handle))
+    }
+
     pub fn ping(&mut self) -> Reply {
         self.call(&[], |mut r| r.set_ping(()))
     }
