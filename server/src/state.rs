@@ -9,7 +9,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
 use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
+use crate::limits::SessionInput;
+use crate::quota::Charge;
 use rgpu_cuda_types::{CuError, CuResult};
 
 /// Who owns an allocation: the client (freed by memFree) or a module (a
@@ -49,6 +53,8 @@ pub struct Module {
     pub param_lens: Vec<u64>,
     /// Device pointers of its globals (entries of `allocs`).
     pub globals: Vec<u64>,
+    /// Its image's bytes, held against the lease's module quota while it is loaded.
+    pub image: Option<Arc<Charge>>,
 }
 
 pub struct SessionState {
@@ -61,6 +67,8 @@ pub struct SessionState {
     pub streams: HashMap<u64, Stream>,
     pub events: HashMap<u64, Event>,
     pub modules: HashMap<u64, Module>,
+    /// What the session may make the server buffer and keep.
+    pub input: SessionInput,
 }
 
 impl SessionState {
@@ -73,7 +81,14 @@ impl SessionState {
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
+            input: SessionInput::default(),
         }
+    }
+
+    /// Bounds what the session may make the server buffer and keep.
+    pub fn with_input(mut self, input: SessionInput) -> Self {
+        self.input = input;
+        self
     }
 
     /// Restricts the session to `devices` (a lease token's GPUs).

@@ -34,6 +34,7 @@ use tracing::{debug, trace, trace_span, warn};
 
 use crate::backend::TransferError;
 use crate::command::{Bulk, Command, DeviceBytes, EncodeReply, Fail, Reply};
+use crate::limits::SMALL_MESSAGE;
 use crate::state::SessionState;
 use rgpu_cuda_types::{code_of, CuError};
 
@@ -130,8 +131,21 @@ impl<T: Transport + Pending> Session<T> {
         if h.kind != Kind::Request {
             return Err(End::OutOfSync(format!("got a {:?} frame; clients send requests", h.kind)));
         }
-        let buf = self.recv.prepare(h.msg_len as usize);
-        self.transport.recv_exact(buf).map_err(End::Io)?;
+        let len = h.msg_len as usize;
+        // Large messages are rare (requests are small): they wait for room in
+        // the server's input budget, so many connections announcing 16 MiB
+        // each cannot make it hold more than the budget.
+        let _held = if len > SMALL_MESSAGE {
+            let c = self.state.input.buffered.charge(len as u64);
+            if c.is_none() {
+                return Err(End::OutOfSync(format!("a {len}-byte message does not fit the server's input budget")));
+            }
+            c
+        } else {
+            None
+        };
+        let transport = &mut self.transport;
+        self.recv.receive(len, |b| transport.recv_exact(b)).map_err(End::Io)?;
         let cmd = {
             let msg = self.recv.reader().map_err(|e| End::OutOfSync(format!("bad message: {e}")))?;
             let req = msg
@@ -139,6 +153,9 @@ impl<T: Transport + Pending> Session<T> {
                 .map_err(|e| End::OutOfSync(format!("bad request: {e}")))?;
             Command::decode(req).map_err(|e| End::OutOfSync(format!("bad request: {e}")))?
         };
+        if len > SMALL_MESSAGE {
+            self.recv.shrink_to(SMALL_MESSAGE);
+        }
         let name = cmd.name();
         let call = trace_span!("call", msg = name, seq = h.seq);
         let _in_call = call.enter();

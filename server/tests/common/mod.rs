@@ -35,12 +35,27 @@ impl TestServer {
         Self::start_pool(devices, memory, attach_timeout, Default::default())
     }
 
+    /// As `start`, with these connection and input bounds.
+    pub fn start_limited(limits: rgpu_server::limits::Limits) -> TestServer {
+        Self::start_full(1, 256 << 20, Duration::from_secs(30), Default::default(), limits)
+    }
+
     /// As `start_with`, with pool settings (a broker key: lease tokens).
     pub fn start_pool(
         devices: u32,
         memory: u64,
         attach_timeout: Duration,
         pool: rgpu_server::config::PoolConfig,
+    ) -> TestServer {
+        Self::start_full(devices, memory, attach_timeout, pool, Default::default())
+    }
+
+    pub fn start_full(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+        limits: rgpu_server::limits::Limits,
     ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
@@ -54,6 +69,7 @@ impl TestServer {
             },
             attach_timeout,
             max_connections: 64,
+            limits,
             transport: Default::default(),
             pool,
         };
@@ -286,6 +302,17 @@ impl DataClient {
         let n = self.enc.request(&mut msg, build);
         let h = FrameHeader::request(self.seq, wants_reply, n, bulk.len() as u64).encode();
         self.t.send(&[&h, &msg, bulk]).unwrap();
+        self.seq
+    }
+
+    /// Sends a request wanting a reply whose bulk is `bulk_len` bytes, of
+    /// which only `prefix` goes now (the rest with `t.send`); returns its seq.
+    pub fn start_call(&mut self, bulk_len: u64, prefix: &[u8], build: impl FnOnce(request::Builder<'_>)) -> u64 {
+        self.seq += 1;
+        let mut msg = Vec::new();
+        let n = self.enc.request(&mut msg, build);
+        let h = FrameHeader::request(self.seq, true, n, bulk_len).encode();
+        self.t.send(&[&h, &msg, prefix]).unwrap();
         self.seq
     }
 
