@@ -32,10 +32,10 @@ impl BulkHandler for ModuleLoad {
         }
         s.check_device(self.device)?;
         let len = bulk.remaining();
-        // Refused images are skipped unread (the session discards the bulk),
-        // never buffered: one past the per-image limit, one the lease's
-        // loaded modules leave no room for, one the server's input budget
-        // has no room for now.
+        // Refused images are skipped (the session discards the rest of the
+        // bulk), never buffered: one past the per-image limit, one the
+        // lease's loaded modules leave no room for, one the server's input
+        // budget has no room for now.
         let limit = s.input.max_module_image;
         if len > limit {
             warn!(len, limit, "module image refused: larger than --max-module-image");
@@ -46,14 +46,17 @@ impl BulkHandler for ModuleLoad {
             warn!(len, used, limit, "module image refused: the lease's loaded modules would pass --max-module-bytes-per-lease");
             return Err(CuError::OUT_OF_MEMORY.into());
         };
-        let Some(mut buffered) = s.input.buffered.charge(len) else {
-            warn!(len, "module image refused: the server's input budget (--max-buffered-input) is in use");
-            return Err(CuError::OUT_OF_MEMORY.into());
-        };
+        // The image's bytes are charged to the server's input budget as they
+        // arrive: a header announcing a large image holds nothing.
+        let mut buffered = s.input.buffered.charge(0).ok_or(CuError::OUT_OF_MEMORY)?;
         let mut image: Vec<u8> = Vec::new();
         while bulk.remaining() > 0 {
             let at = image.len();
             let n = (bulk.remaining() as usize).min(READ_STEP);
+            if !buffered.grow(n as u64) {
+                warn!(len, read = at, "module image refused: the server's input budget (--max-buffered-input) is in use");
+                return Err(CuError::OUT_OF_MEMORY.into());
+            }
             if image.capacity() < at + n {
                 // Doubling, but never past the announced length.
                 let want = (image.capacity() * 2).max(at + n).min(len as usize);

@@ -132,20 +132,36 @@ impl<T: Transport + Pending> Session<T> {
             return Err(End::OutOfSync(format!("got a {:?} frame; clients send requests", h.kind)));
         }
         let len = h.msg_len as usize;
-        // Large messages are rare (requests are small): they wait for room in
-        // the server's input budget, so many connections announcing 16 MiB
-        // each cannot make it hold more than the budget.
-        let _held = if len > SMALL_MESSAGE {
-            let c = self.state.input.buffered.charge(len as u64);
-            if c.is_none() {
-                return Err(End::OutOfSync(format!("a {len}-byte message does not fit the server's input budget")));
+        // Large messages are rare (requests are small): the bytes of one are
+        // charged to the server's input budget as they arrive, so many
+        // connections sending large messages cannot make it hold more than
+        // the budget (a header alone costs nothing).
+        let mut held: Option<crate::quota::Charge> = None;
+        let mut over_budget = false;
+        let (transport, buffered) = (&mut self.transport, &self.state.input.buffered);
+        let r = self.recv.receive(len, |b| {
+            if len > SMALL_MESSAGE {
+                let n = b.len() as u64;
+                let ok = match &mut held {
+                    Some(c) => c.grow(n),
+                    None => {
+                        held = buffered.charge(n);
+                        held.is_some()
+                    }
+                };
+                if !ok {
+                    over_budget = true;
+                    return Err(io::Error::other("over the input budget"));
+                }
             }
-            c
-        } else {
-            None
-        };
-        let transport = &mut self.transport;
-        self.recv.receive(len, |b| transport.recv_exact(b)).map_err(End::Io)?;
+            transport.recv_exact(b)
+        });
+        if over_budget {
+            return Err(End::OutOfSync(format!(
+                "a {len}-byte message does not fit the server's input budget (--max-buffered-input)"
+            )));
+        }
+        r.map_err(End::Io)?;
         let cmd = {
             let msg = self.recv.reader().map_err(|e| End::OutOfSync(format!("bad message: {e}")))?;
             let req = msg
