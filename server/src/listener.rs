@@ -242,7 +242,14 @@ async fn attach(
             let _held = (held, guard);
             if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
-                crate::session::serve(transport, state);
+                // A bug reachable from input must cost this session, never the
+                // server: a panic ends the session and its cleanup still runs.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::session::serve(transport, state)
+                }));
+                if served.is_err() {
+                    error!("session thread panicked; the session is closed and its resources freed");
+                }
             }
             svc.sessions.detach(id);
             svc.leases.unbind(id);
