@@ -251,3 +251,23 @@ fn headers_announcing_big_messages_cost_nothing_until_bytes_arrive() {
     assert!(after < before + n * MIB, "RSS grew from {before} to {after} bytes");
     drop(conns);
 }
+
+/// A small image whose kernel inlines to many instructions (each function
+/// calls the next twice) is charged for what the sim keeps, its decoded
+/// kernel, not only for its few bytes of text.
+#[test]
+fn decoded_kernels_count_against_the_module_quota() {
+    let limits = Limits { max_module_bytes_per_lease: MIB, ..Limits::default() };
+    let srv = TestServer::start_limited(limits);
+    let mut c = srv.session();
+    let mut src = String::from(".version 8.0\n.target sm_90\n.address_size 64\n.func f16()\n{\nret;\n}\n");
+    for i in (0..16).rev() {
+        src.push_str(&format!(".func f{i}()\n{{\ncall f{};\ncall f{};\nret;\n}}\n", i + 1, i + 1));
+    }
+    src.push_str(".visible .entry k()\n{\ncall f0;\nret;\n}\n");
+    assert!(src.len() < 2048);
+    assert_eq!(c.load_module(1, src.as_bytes()).result, OUT_OF_MEMORY, "2^16 inlined calls are more than 1 MiB kept");
+    let small = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\nret;\n}\n";
+    assert_eq!(c.load_module(2, small.as_bytes()).result, 0, "the refused module left nothing charged");
+    srv.stop();
+}

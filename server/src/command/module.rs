@@ -89,6 +89,15 @@ impl BulkHandler for ModuleLoad {
             }
         };
         let (token, loaded) = s.backend.module_load(self.device, &image, &parsed)?;
+        // What the backend keeps for the module (the sim's decoded kernels,
+        // which inlining can make far larger than the image) counts too.
+        let mut held = held;
+        let kept = s.backend.module_host_bytes(token);
+        if !held.grow(kept) {
+            warn!(len, kept, "module refused: its decoded kernels would pass --max-module-bytes-per-lease");
+            let _ = s.backend.module_unload(token);
+            return Err(CuError::OUT_OF_MEMORY.into());
+        }
         for g in &loaded.globals {
             s.allocs.insert(
                 g.ptr,

@@ -496,6 +496,12 @@ impl BackendSession for SimSession {
         Ok(())
     }
 
+    fn module_host_bytes(&self, module: ModuleToken) -> u64 {
+        self.modules.get(&module.0).map_or(0, |m| {
+            m.programs.iter().filter_map(|p| p.as_ref().ok()).map(|p| rgpu_ptx::Module::program_bytes(p) as u64).sum()
+        })
+    }
+
     fn launch_kernel(
         &mut self,
         module: ModuleToken,
