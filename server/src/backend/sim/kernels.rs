@@ -60,16 +60,24 @@ pub fn decode(parsed: &ModuleImage, globals: &[GlobalInfo]) -> CuResult<Vec<Resu
     Ok(parsed
         .kernels
         .iter()
-        .map(|k| match module.lower_within(&k.name, &addr, budget) {
-            Ok(p) => {
-                budget -= p.insts.len().min(budget);
-                debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
-                Ok(Arc::new(p))
+        .map(|k| {
+            if budget == 0 {
+                return Err(format!(
+                    "the rgpu sim cannot run kernel {}: the module's kernels together decode to more than {MAX_MODULE_INSTS} instructions",
+                    k.name
+                ));
             }
-            Err(e) => {
-                let why = format!("the rgpu sim cannot run kernel {}: {e}", k.name);
-                warn!("{why}");
-                Err(why)
+            match module.lower_within(&k.name, &addr, budget) {
+                Ok(p) => {
+                    budget -= p.insts.len().min(budget);
+                    debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
+                    Ok(Arc::new(p))
+                }
+                Err(e) => {
+                    let why = format!("the rgpu sim cannot run kernel {}: {e}", k.name);
+                    warn!("{why}");
+                    Err(why)
+                }
             }
         })
         .collect())
