@@ -13,7 +13,47 @@ pub struct RecvBuf {
     len: usize,
 }
 
+/// How far ahead of the bytes received [`RecvBuf::receive`] grows its
+/// buffer: a frame header can announce a message that never comes.
+const RECEIVE_STEP: usize = 64 << 10;
+
 impl RecvBuf {
+    /// Reads a message of `len` bytes with `read`, which must fill each
+    /// slice it is given. The buffer grows with what has arrived (by at
+    /// most 64 KiB, or by as much as it holds, at a time), so memory follows
+    /// the bytes a peer really sends, not what its header announced.
+    pub fn receive(&mut self, len: usize, mut read: impl FnMut(&mut [u8]) -> std::io::Result<()>) -> std::io::Result<()> {
+        self.len = 0;
+        let mut got = 0;
+        while got < len {
+            let end = got + (len - got).min(RECEIVE_STEP.max(got));
+            let nwords = end.div_ceil(8);
+            if self.words.len() < nwords {
+                self.words.resize(nwords, capnp::word(0, 0, 0, 0, 0, 0, 0, 0));
+            }
+            read(&mut Word::words_to_bytes_mut(&mut self.words)[got..end])?;
+            got = end;
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Bytes of buffer held now.
+    pub fn capacity(&self) -> usize {
+        self.words.capacity() * 8
+    }
+
+    /// Gives back all but `keep` bytes of buffer (after a large message, so
+    /// a connection does not keep the largest it ever received).
+    pub fn shrink_to(&mut self, keep: usize) {
+        let words = keep.div_ceil(8);
+        if self.words.capacity() > words {
+            self.words.truncate(words);
+            self.words.shrink_to(words);
+            self.len = self.len.min(words * 8);
+        }
+    }
+
     /// A buffer of exactly `len` bytes to read the next message into.
     pub fn prepare(&mut self, len: usize) -> &mut [u8] {
         let nwords = len.div_ceil(8);
@@ -130,6 +170,38 @@ mod tests {
         let r = msg.get_root::<reply::Reader>().unwrap();
         assert_eq!((r.get_result(), r.get_deferred_error()), (2, 700));
         assert!(matches!(r.which().unwrap(), reply::MemAlloc(0xdead_0000)));
+    }
+
+    /// A header may announce 16 MiB and send nothing: the buffer holds
+    /// what arrived (plus one step), and shrinks back after a large message.
+    #[test]
+    fn receive_grows_with_the_bytes_that_arrive() {
+        let mut recv = RecvBuf::default();
+        let mut fed = 0usize;
+        let r = recv.receive(16 << 20, |buf| {
+            if fed >= 100 << 10 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            fed += buf.len();
+            Ok(())
+        });
+        assert!(r.is_err());
+        assert!(recv.capacity() <= 512 << 10, "{} bytes held for {fed} received", recv.capacity());
+        let mut enc = Encoder::default();
+        let mut out = Vec::new();
+        enc.request(&mut out, |r| r.init_memcpy_hto_d().set_dst(0x1234));
+        let mut at = 0;
+        recv.receive(out.len(), |buf| {
+            buf.copy_from_slice(&out[at..at + buf.len()]);
+            at += buf.len();
+            Ok(())
+        })
+        .unwrap();
+        let msg = recv.reader().unwrap();
+        assert!(matches!(msg.get_root::<request::Reader>().unwrap().which().unwrap(), request::MemcpyHtoD(_)));
+        recv.shrink_to(64 << 10);
+        assert!(recv.capacity() <= 64 << 10);
+        assert!(recv.reader().is_ok(), "a small message survives the shrink");
     }
 
     #[test]

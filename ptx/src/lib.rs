@@ -33,6 +33,10 @@ pub enum PtxError {
     Parse { line: u32, msg: String },
     #[error("PTX line {line}: the rgpu PTX interpreter does not support `{what}`")]
     Unsupported { line: u32, what: String },
+    /// Past one of the parser's or the lowering's bounds (nesting, inlined
+    /// size): what a driver's PTX compiler refuses too, so the module is.
+    #[error("PTX line {line}: {msg}")]
+    TooComplex { line: u32, msg: String },
     #[error("no kernel named {0} in the PTX")]
     NoKernel(String),
 }
@@ -56,7 +60,29 @@ impl Module {
     /// Lowers one kernel. `global_addr` gives the device address of each
     /// module-scope `.global`/`.const` variable by name.
     pub fn lower(&self, kernel: &str, global_addr: &dyn Fn(&str) -> Option<u64>) -> Result<Program, PtxError> {
-        lower::Lowerer::new(&self.ast, global_addr).lower_kernel(kernel)
+        self.lower_within(kernel, global_addr, MAX_KERNEL_INSTS)
+    }
+
+    /// As [`Module::lower`], refusing (`Unsupported`) a kernel that lowers
+    /// to more than `max_insts` instructions (device functions are inlined
+    /// per call, so a short text can ask for exponentially many).
+    pub fn lower_within(
+        &self,
+        kernel: &str,
+        global_addr: &dyn Fn(&str) -> Option<u64>,
+        max_insts: usize,
+    ) -> Result<Program, PtxError> {
+        lower::Lowerer::new(&self.ast, global_addr, max_insts).lower_kernel(kernel)
+    }
+}
+
+/// Most instructions one kernel lowers to by default.
+pub const MAX_KERNEL_INSTS: usize = 1 << 22;
+
+impl Module {
+    /// Instructions of `p` in memory, for callers that bound what they keep.
+    pub fn program_bytes(p: &Program) -> usize {
+        p.insts.len() * std::mem::size_of::<ir::Inst>()
     }
 }
 

@@ -56,10 +56,19 @@ pub struct Lowerer<'a> {
     local_size: u64,
     stack: Vec<Instance>,
     dyn_shared: u64,
+    /// Blocks and inlined calls open now (each is a level of recursion here).
+    depth: u32,
+    /// Most instructions the kernel may lower to: inlining can grow a small
+    /// text exponentially (each function calling the next twice).
+    max_insts: usize,
 }
 
+/// Deepest recursion of the lowering: nested blocks and inlined calls
+/// together, each a few stack frames.
+const MAX_DEPTH: u32 = 128;
+
 fn align_up(v: u64, a: u64) -> u64 {
-    v.div_ceil(a.max(1)) * a.max(1)
+    v.div_ceil(a.max(1)).saturating_mul(a.max(1))
 }
 
 /// Placeholder targets until a body is fully lowered.
@@ -161,8 +170,11 @@ fn rnd_of(m: &str) -> Option<Rnd> {
 }
 
 impl<'a> Lowerer<'a> {
-    pub fn new(ast: &'a Ast, resolve_global: &'a dyn Fn(&str) -> Option<u64>) -> Self {
-        let funcs = ast.funcs.iter().filter(|f| f.body.is_some() || !ast.funcs.iter().any(|g| g.name == f.name && g.body.is_some())).map(|f| (f.name.as_str(), f)).collect();
+    pub fn new(ast: &'a Ast, resolve_global: &'a dyn Fn(&str) -> Option<u64>, max_insts: usize) -> Self {
+        // A definition wins over declarations of the same name (in one pass:
+        // a module may declare many functions).
+        let defined: HashSet<&str> = ast.funcs.iter().filter(|f| f.body.is_some()).map(|f| f.name.as_str()).collect();
+        let funcs = ast.funcs.iter().filter(|f| f.body.is_some() || !defined.contains(f.name.as_str())).map(|f| (f.name.as_str(), f)).collect();
         Lowerer {
             ast,
             funcs,
@@ -174,15 +186,14 @@ impl<'a> Lowerer<'a> {
             local_size: 0,
             stack: Vec::new(),
             dyn_shared: 0,
+            depth: 0,
+            max_insts,
         }
     }
 
-    /// Functions reachable from `f` by direct calls (f included).
+    /// Functions reachable from `f` by direct calls (f included), found
+    /// with a work list: the call graph's depth is the text's to choose.
     fn reachable(&self, f: &'a Function, seen: &mut Vec<&'a Function>) {
-        if seen.iter().any(|g| g.name == f.name) {
-            return;
-        }
-        seen.push(f);
         fn walk<'b>(stmts: &'b [Stmt], out: &mut Vec<&'b str>) {
             for s in stmts {
                 match s {
@@ -193,19 +204,24 @@ impl<'a> Lowerer<'a> {
                             }
                         }
                     }
+                    // Bounded by the parser's block depth.
                     Stmt::Block(b) => walk(b, out),
                     _ => {}
                 }
             }
         }
-        let mut callees = Vec::new();
-        if let Some(b) = &f.body {
-            walk(b, &mut callees);
-        }
-        for c in callees {
-            if let Some(g) = self.funcs.get(c) {
-                self.reachable(g, seen);
+        let mut names: HashSet<&str> = seen.iter().map(|g| g.name.as_str()).collect();
+        let mut work = vec![f];
+        while let Some(f) = work.pop() {
+            if !names.insert(f.name.as_str()) {
+                continue;
             }
+            seen.push(f);
+            let mut callees = Vec::new();
+            if let Some(b) = &f.body {
+                walk(b, &mut callees);
+            }
+            work.extend(callees.into_iter().rev().filter_map(|c| self.funcs.get(c).copied()));
         }
     }
 
@@ -224,7 +240,7 @@ impl<'a> Lowerer<'a> {
                 }
                 parse::Space::Shared => {
                     let off = align_up(shared_end, v.alignment());
-                    shared_end = off + v.size();
+                    shared_end = off.saturating_add(v.size());
                     Sym::Shared(off)
                 }
                 parse::Space::Global | parse::Space::Const => match (self.resolve_global)(&v.name) {
@@ -257,7 +273,7 @@ impl<'a> Lowerer<'a> {
                     continue;
                 }
                 let off = align_up(shared_end, v.alignment());
-                shared_end = off + v.size();
+                shared_end = off.saturating_add(v.size());
                 self.fn_shared.insert((f.name.clone(), v.name.clone()), off);
             }
         }
@@ -275,7 +291,7 @@ impl<'a> Lowerer<'a> {
         for p in &kernel.params {
             let o = align_up(off, p.alignment());
             scope.insert(p.name.clone(), Sym::KParam(o));
-            off = o + p.size();
+            off = o.saturating_add(p.size());
         }
         let param_size = off;
         self.lower_body(kernel, scope, true)?;
@@ -294,8 +310,8 @@ impl<'a> Lowerer<'a> {
         if self.stack.iter().any(|i| i.func == f.name) {
             return Err(unsupported(f.line, format!("recursive call of {}", f.name)));
         }
-        if self.stack.len() > 64 {
-            return Err(unsupported(f.line, "calls nested more than 64 deep"));
+        if self.stack.len() > 64 || self.depth >= MAX_DEPTH {
+            return Err(unsupported(f.line, "calls nested more than 64 deep (or blocks and calls together 128)"));
         }
         self.stack.push(Instance {
             regs: HashMap::new(),
@@ -309,7 +325,9 @@ impl<'a> Lowerer<'a> {
             func: f.name.clone(),
         });
         let body = f.body.as_deref().unwrap_or(&[]);
+        self.depth += 1;
         let r = self.stmts(body);
+        self.depth -= 1;
         let inst = self.stack.pop().expect("pushed above");
         r?;
         let end = self.insts.len() as u32;
@@ -342,8 +360,13 @@ impl<'a> Lowerer<'a> {
                     self.cur().labels.insert(l.clone(), pos);
                 }
                 Stmt::Block(b) => {
+                    if self.depth >= MAX_DEPTH {
+                        return Err(unsupported(self.insts.last().map_or(0, |i| i.line), "blocks and calls nested more than 128 deep"));
+                    }
                     self.cur().scopes.push(HashMap::new());
+                    self.depth += 1;
                     let r = self.stmts(b);
+                    self.depth -= 1;
                     self.cur().scopes.pop();
                     r?;
                 }
@@ -356,7 +379,7 @@ impl<'a> Lowerer<'a> {
 
     fn alloc_local(&mut self, size: u64, align: u64) -> u64 {
         let o = align_up(self.local_size, align);
-        self.local_size = o + size.max(1);
+        self.local_size = o.saturating_add(size.max(1));
         o
     }
 
@@ -534,6 +557,9 @@ impl<'a> Lowerer<'a> {
 
     fn inst(&mut self, i: &'a Instruction) -> Result<(), PtxError> {
         let line = i.line;
+        if self.insts.len() >= self.max_insts {
+            return Err(unsupported(line, format!("kernels inlined to more than {} instructions", self.max_insts)));
+        }
         let guard = match &i.guard {
             Some((g, neg)) => Some((self.reg(g, line)?, *neg)),
             None => None,

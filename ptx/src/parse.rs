@@ -178,8 +178,9 @@ impl Var {
     pub fn elem_size(&self) -> u64 {
         type_size(&self.ty).unwrap_or(1) as u64 * self.vec as u64
     }
+    /// Saturates: a size no memory can hold is refused where it is laid out.
     pub fn size(&self) -> u64 {
-        self.elem_size() * self.array.unwrap_or(1).max(if self.array.is_some() { 0 } else { 1 })
+        self.elem_size().saturating_mul(self.array.unwrap_or(1).max(if self.array.is_some() { 0 } else { 1 }))
     }
     pub fn alignment(&self) -> u64 {
         (self.align as u64).max(self.elem_size()).max(1)
@@ -269,9 +270,20 @@ pub struct Ast {
 // Parser
 // ---------------------------------------------------------------------------
 
+/// Deepest nesting of `{ }` blocks in a function body. nvcc nests a few
+/// levels (call sequences, inlined scopes); the parser and the lowering
+/// recurse once per level, so hostile text must not choose the depth.
+pub const MAX_BLOCK_DEPTH: u32 = 64;
+/// Deepest nesting of operands (`{a, b}` vectors, `( )` call lists): PTX
+/// never nests them more than two deep.
+pub const MAX_OPERAND_DEPTH: u32 = 4;
+
 struct P {
     t: Vec<Token>,
     i: usize,
+    /// Blocks and operands now open, for the limits above.
+    blocks: u32,
+    operands: u32,
 }
 
 impl P {
@@ -329,7 +341,7 @@ impl P {
             Some(Tok::Int(v)) => {
                 let v = *v;
                 self.i += 1;
-                Ok(if neg { -v } else { v })
+                Ok(if neg { v.wrapping_neg() } else { v })
             }
             _ => self.err("expected an integer"),
         }
@@ -368,7 +380,7 @@ impl P {
 }
 
 pub fn parse(text: &str) -> Result<Ast, PtxError> {
-    let mut p = P { t: tokenize(text)?, i: 0 };
+    let mut p = P { t: tokenize(text)?, i: 0, blocks: 0, operands: 0 };
     let mut ast = Ast::default();
     while let Some(t) = p.peek().cloned() {
         let line = p.line();
@@ -473,7 +485,7 @@ fn var_decl(p: &mut P, line: u32) -> Result<Var, PtxError> {
     while p.eat('[') {
         let n = if p.peek() == Some(&Tok::Punct(']')) { 0 } else { p.int()? as u64 };
         p.expect(']')?;
-        v.array = Some(v.array.map_or(n, |m| m * n.max(1)));
+        v.array = Some(v.array.map_or(n, |m| m.saturating_mul(n.max(1))));
     }
     Ok(v)
 }
@@ -523,6 +535,19 @@ fn function(p: &mut P, entry: bool, line: u32) -> Result<Function, PtxError> {
 
 /// Statements up to the matching `}` (the `{` is consumed).
 fn block(p: &mut P) -> Result<Vec<Stmt>, PtxError> {
+    if p.blocks >= MAX_BLOCK_DEPTH {
+        return Err(PtxError::TooComplex {
+            line: p.line(),
+            msg: format!("blocks nested more than {MAX_BLOCK_DEPTH} deep"),
+        });
+    }
+    p.blocks += 1;
+    let r = block_body(p);
+    p.blocks -= 1;
+    r
+}
+
+fn block_body(p: &mut P) -> Result<Vec<Stmt>, PtxError> {
     let mut out = Vec::new();
     loop {
         let line = p.line();
@@ -630,6 +655,19 @@ fn name(p: &mut P) -> Result<String, PtxError> {
 }
 
 fn operand(p: &mut P) -> Result<Operand, PtxError> {
+    if p.operands >= MAX_OPERAND_DEPTH {
+        return Err(PtxError::TooComplex {
+            line: p.line(),
+            msg: format!("operands nested more than {MAX_OPERAND_DEPTH} deep"),
+        });
+    }
+    p.operands += 1;
+    let r = operand_inner(p);
+    p.operands -= 1;
+    r
+}
+
+fn operand_inner(p: &mut P) -> Result<Operand, PtxError> {
     match p.peek().cloned() {
         Some(Tok::Punct('[')) => {
             p.i += 1;
@@ -683,7 +721,7 @@ fn operand(p: &mut P) -> Result<Operand, PtxError> {
         Some(Tok::Punct('-')) => {
             p.i += 1;
             match p.next()? {
-                Tok::Int(v) => Ok(Operand::Int(-v)),
+                Tok::Int(v) => Ok(Operand::Int(v.wrapping_neg())),
                 Tok::F32(b) => Ok(Operand::F32(b ^ 0x8000_0000)),
                 Tok::F64(b) => Ok(Operand::F64(b ^ (1 << 63))),
                 _ => {
@@ -771,5 +809,42 @@ $L__BB0_2:
         let e = parse(".version 8.0\n.entry k()\n{\n  mov.u32 %r1, ?;\n}\n").unwrap_err();
         let s = e.to_string();
         assert!(s.contains("line 4"), "{s}");
+    }
+
+    /// Runs `f` on a thread with the stack a server session thread has.
+    fn on_session_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new().stack_size(2 << 20).spawn(f).unwrap().join().unwrap()
+    }
+
+    fn too_complex(r: Result<Ast, PtxError>) -> String {
+        match r {
+            Err(e @ PtxError::TooComplex { .. }) => e.to_string(),
+            other => panic!("expected TooComplex, got {other:?}"),
+        }
+    }
+
+    /// Hostile nesting is an error, not a stack overflow that takes the
+    /// whole server with it.
+    #[test]
+    fn deep_nesting_is_refused_not_a_stack_overflow() {
+        let head = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k()\n{\n";
+        let blocks = format!("{head}{}{}}}\n", "{".repeat(200_000), "}".repeat(200_000));
+        let e = on_session_stack(move || too_complex(parse(&blocks)));
+        assert!(e.contains("blocks nested more than 64 deep"), "{e}");
+        let vectors = format!("{head}mov.b32 {}%r1{};\n}}\n", "{".repeat(200_000), "}".repeat(200_000));
+        let e = on_session_stack(move || too_complex(parse(&vectors)));
+        assert!(e.contains("operands nested more than 4 deep"), "{e}");
+        let lists = format!("{head}call f, {}%r1{};\n}}\n", "(".repeat(200_000), ")".repeat(200_000));
+        on_session_stack(move || too_complex(parse(&lists)));
+        // What nvcc writes stays well inside the limits.
+        let ok = format!("{head}{}mov.b32 %r1, 1;\n{}ret;\n}}\n", "{\n".repeat(60), "}\n".repeat(60));
+        assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn huge_sizes_saturate_instead_of_overflowing() {
+        let src = ".version 8.0\n.target sm_90\n.global .b64 g[18446744073709551615][18446744073709551615];\n";
+        let ast = parse(src).unwrap();
+        assert_eq!(ast.vars[0].size(), u64::MAX);
     }
 }

@@ -426,3 +426,39 @@ fn only_a_kernel_that_returns_at_once_does_nothing() {
     // A guarded return is not an unconditional one.
     assert!(!lower(".reg .pred %p<2>;\nsetp.eq.u32 %p1, 1, 1;\n@%p1 ret;\nret;").does_nothing());
 }
+
+/// A short text asking for exponentially many inlined instructions (each
+/// function calls the next twice) or for a call chain thousands deep is
+/// refused quickly, on a session thread's stack.
+#[test]
+fn inlining_is_bounded_in_size_and_depth() {
+    let mut src = String::from(".version 8.0\n.target sm_90\n.address_size 64\n");
+    src.push_str(".func f40()\n{\nret;\n}\n");
+    for i in (0..40).rev() {
+        src.push_str(&format!(".func f{i}()\n{{\ncall f{};\ncall f{};\nret;\n}}\n", i + 1, i + 1));
+    }
+    src.push_str(".visible .entry k()\n{\ncall f0;\nret;\n}\n");
+    let m = Module::parse(&src).unwrap();
+    let t = std::time::Instant::now();
+    let e = m.lower_within("k", &|_| None, 1 << 16).unwrap_err();
+    assert!(e.to_string().contains("more than 65536 instructions"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5));
+
+    let mut chain = String::from(".version 8.0\n.target sm_90\n.address_size 64\n");
+    let n = 20_000;
+    chain.push_str(&format!(".func f{n}()\n{{\nret;\n}}\n"));
+    for i in (0..n).rev() {
+        chain.push_str(&format!(".func f{i}()\n{{\ncall f{};\nret;\n}}\n", i + 1));
+    }
+    chain.push_str(".visible .entry k()\n{\ncall f0;\nret;\n}\n");
+    let e = std::thread::Builder::new()
+        .stack_size(2 << 20)
+        .spawn(move || {
+            let m = Module::parse(&chain).unwrap();
+            m.lower("k", &|_| None).unwrap_err().to_string()
+        })
+        .unwrap()
+        .join()
+        .unwrap();
+    assert!(e.contains("nested more than 64 deep"), "{e}");
+}

@@ -14,6 +14,7 @@ use rgpu_transport::select::Mode;
 
 use crate::backend::sim::kernels::DEFAULT_TIME_LIMIT;
 use crate::backend::sim::SimConfig;
+use crate::limits::{self, Limits};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7767";
 pub const DEFAULT_SIM_MEMORY: u64 = 16 << 30;
@@ -84,6 +85,39 @@ rgpu_config::settings! {
         /// Most connections served at once [default: 256].
         #[setting(flag = "max-connections", env = "RGPU_SERVER_MAX_CONNECTIONS", value_name = "N")]
         max_connections: usize = DEFAULT_MAX_CONNECTIONS,
+        /// Most connections from one IP address, of max-connections, so one
+        /// address cannot take them all [default: 64].
+        #[setting(flag = "max-connections-per-address", env = "RGPU_SERVER_MAX_CONNECTIONS_PER_ADDRESS", value_name = "N")]
+        max_connections_per_address: usize = limits::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+        /// Seconds a new connection has to say what it is: the preamble and
+        /// a data connection's session credentials, or a control
+        /// connection's hello; then it is closed [default: 10].
+        #[setting(flag = "handshake-timeout", env = "RGPU_SERVER_HANDSHAKE_TIMEOUT", value_name = "SECS",
+                  parse = parse_seconds)]
+        handshake_timeout: Duration = limits::DEFAULT_HANDSHAKE_TIMEOUT,
+        /// Seconds a control connection may go without a call before it is
+        /// closed (clients use the control plane for a few calls at start-up)
+        /// [default: 30].
+        #[setting(flag = "control-idle-timeout", env = "RGPU_SERVER_CONTROL_IDLE_TIMEOUT", value_name = "SECS",
+                  parse = parse_seconds)]
+        control_idle_timeout: Duration = limits::DEFAULT_CONTROL_IDLE_TIMEOUT,
+        /// Largest module image one load may send; a larger one is refused
+        /// with CUDA_ERROR_OUT_OF_MEMORY without being buffered [default: 256MiB].
+        #[setting(flag = "max-module-image", env = "RGPU_SERVER_MAX_MODULE_IMAGE", value_name = "BYTES",
+                  parse = rgpu_config::parse_size)]
+        max_module_image: u64 = limits::DEFAULT_MAX_MODULE_IMAGE,
+        /// Module image bytes the sessions of one lease (or one session
+        /// without a lease) may keep loaded on this server at once; past it a
+        /// load fails with CUDA_ERROR_OUT_OF_MEMORY [default: 1GiB].
+        #[setting(flag = "max-module-bytes-per-lease", env = "RGPU_SERVER_MAX_MODULE_BYTES_PER_LEASE", value_name = "BYTES",
+                  parse = rgpu_config::parse_size)]
+        max_module_bytes_per_lease: u64 = limits::DEFAULT_MAX_MODULE_BYTES_PER_LEASE,
+        /// Client input the server buffers at once, all connections together
+        /// (module images being read, request messages over 64 KiB); a load
+        /// past it fails with CUDA_ERROR_OUT_OF_MEMORY [default: 1GiB].
+        #[setting(flag = "max-buffered-input", env = "RGPU_SERVER_MAX_BUFFERED_INPUT", value_name = "BYTES",
+                  parse = rgpu_config::parse_size)]
+        max_buffered_input: u64 = limits::DEFAULT_MAX_BUFFERED_INPUT,
         /// Data-plane transport: tcp, rdma (requires the verbs plugin and a
         /// device) or auto (RDMA for clients that ask, when available) [default: auto].
         #[setting(flag = "transport", env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto",
@@ -143,6 +177,8 @@ pub struct Config {
     pub sim: SimConfig,
     pub attach_timeout: Duration,
     pub max_connections: usize,
+    /// Connection, handshake and input bounds.
+    pub limits: Limits,
     /// The data plane's transport.
     pub transport: TransportConfig,
     /// The pool broker, if any.
@@ -197,6 +233,9 @@ impl Config {
         if s.max_connections == 0 {
             bail!("max-connections must be at least 1");
         }
+        if s.max_connections_per_address == 0 {
+            bail!("max-connections-per-address must be at least 1");
+        }
         let rdma = RdmaConfig::with_knobs(s.rdma_zero_copy, s.rdma_ring_slots)
             .map_err(anyhow::Error::msg)
             .context("rdma-ring-slots")?;
@@ -224,6 +263,14 @@ impl Config {
             },
             attach_timeout: Duration::from_millis(s.attach_timeout_ms as u64),
             max_connections: s.max_connections,
+            limits: Limits {
+                max_connections_per_address: s.max_connections_per_address,
+                handshake_timeout: s.handshake_timeout,
+                control_idle_timeout: s.control_idle_timeout,
+                max_module_image: s.max_module_image,
+                max_module_bytes_per_lease: s.max_module_bytes_per_lease,
+                max_buffered_input: s.max_buffered_input,
+            },
             transport: TransportConfig { mode: s.transport, rdma, tcp_spin: Duration::from_micros(s.spin_us) },
             pool: PoolConfig {
                 broker: s.broker,
@@ -283,6 +330,12 @@ mod tests {
         ("sim-kernel-timeout", ["2.5", "60"]),
         ("attach-timeout-ms", ["100", "200"]),
         ("max-connections", ["8", "9"]),
+        ("max-connections-per-address", ["2", "3"]),
+        ("handshake-timeout", ["1.5", "2"]),
+        ("control-idle-timeout", ["3", "4.5"]),
+        ("max-module-image", ["1MiB", "2MiB"]),
+        ("max-module-bytes-per-lease", ["3MiB", "4MiB"]),
+        ("max-buffered-input", ["5MiB", "6MiB"]),
         ("transport", ["tcp", "rdma"]),
         ("rdma-zero-copy", ["true", "false"]),
         ("rdma-ring-slots", ["128", "4096"]),
@@ -340,6 +393,7 @@ mod tests {
         assert_eq!(c.sim.kernel_time_limit, DEFAULT_TIME_LIMIT);
         assert_eq!(c.attach_timeout, Duration::from_millis(DEFAULT_ATTACH_TIMEOUT_MS as u64));
         assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
+        assert_eq!(c.limits, Limits::default());
         assert_eq!(c.transport.mode, Mode::Auto);
         assert_eq!(c.transport.tcp_spin, rgpu_transport::tcp::DEFAULT_SPIN);
         assert_eq!(c.transport.tcp_spin, TransportConfig::default().tcp_spin);
@@ -383,6 +437,8 @@ mod tests {
         assert!(format!("{e:#}").contains("rdma-ring-slots"), "{e:#}");
         assert!(load(&["--sim-devices", "0"], &[]).is_err());
         assert!(load(&["--max-connections", "0"], &[]).is_err());
+        assert!(load(&["--max-connections-per-address", "0"], &[]).is_err());
+        assert!(load(&["--handshake-timeout", "0"], &[]).is_err());
         assert!(load(&[], &[("RGPU_SERVER_BROKER_KEY_FILE", "/nonexistent/broker.key")]).is_err());
         let e = load(&[], &[("RGPU_SERVER_SIM_KERNEL_TIMEOUT", "0")]).unwrap_err();
         assert!(format!("{e:#}").contains("RGPU_SERVER_SIM_KERNEL_TIMEOUT"), "{e:#}");

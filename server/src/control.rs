@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use capnp::capability::Rc;
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
@@ -13,13 +14,38 @@ use tokio_util::compat::TokioAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::limits::MAX_SESSIONS_PER_CONTROL_CONNECTION;
 use crate::service::Service;
+
+/// Largest control-plane message read, in words: requests are a hello, a
+/// token of a few hundred bytes and capnp-rpc's bookkeeping. capnp-rpc
+/// allocates a message's whole announced size before reading it, and its
+/// default limit is 64 MiB per connection.
+const CONTROL_MESSAGE_WORDS: usize = 8 << 10;
+
+/// When the connection's client last completed a call, and whether it has
+/// said hello: the watchdog in [`serve`] closes connections that idle.
+struct Activity {
+    hello: Cell<bool>,
+    last_call: Cell<Instant>,
+    sessions: Cell<u32>,
+    /// Wakes the watchdog at each call, so its deadline moves.
+    called: tokio::sync::Notify,
+}
+
+impl Activity {
+    fn call(&self) {
+        self.last_call.set(Instant::now());
+        self.called.notify_one();
+    }
+}
 
 struct GpuServer {
     service: Arc<Service>,
     peer: String,
     /// The version the client announced in `hello`, if it did.
     client_version: Cell<Option<u32>>,
+    activity: std::rc::Rc<Activity>,
 }
 
 fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
@@ -32,6 +58,8 @@ impl gpu_server::Server for GpuServer {
         params: gpu_server::HelloParams,
         mut results: gpu_server::HelloResults,
     ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        self.activity.hello.set(true);
         let p = params.get()?;
         let theirs = p.get_client_version();
         let name = text(p.get_client_name());
@@ -56,6 +84,7 @@ impl gpu_server::Server for GpuServer {
         _params: gpu_server::ListDevicesParams,
         mut results: gpu_server::ListDevicesResults,
     ) -> Result<(), capnp::Error> {
+        self.activity.call();
         let devs = self.service.backend.devices();
         let mut list = results.get().init_devices(devs.len() as u32);
         for (i, d) in devs.iter().enumerate() {
@@ -82,6 +111,7 @@ impl gpu_server::Server for GpuServer {
         params: gpu_server::OpenSessionParams,
         mut results: gpu_server::OpenSessionResults,
     ) -> Result<(), capnp::Error> {
+        self.activity.call();
         match self.client_version.get() {
             Some(PROTOCOL_VERSION) => {}
             Some(v) => {
@@ -91,6 +121,15 @@ impl gpu_server::Server for GpuServer {
             }
             None => return Err(capnp::Error::failed("call hello before openSession".into())),
         }
+        // Each open session waits for its data connection (attach timeout);
+        // one connection may not fill the registry with them.
+        let opened = self.activity.sessions.get();
+        if opened >= MAX_SESSIONS_PER_CONTROL_CONNECTION {
+            return Err(capnp::Error::failed(format!(
+                "a control connection may open at most {MAX_SESSIONS_PER_CONTROL_CONNECTION} sessions"
+            )));
+        }
+        self.activity.sessions.set(opened + 1);
         let p = params.get()?;
         let client = text(p.get_client_name());
         let now = std::time::SystemTime::now()
@@ -133,22 +172,34 @@ impl gpu_server::Server for GpuServer {
 }
 
 /// Serves one control connection (its preamble already read) until the
-/// client leaves or the server shuts down. Must run inside a `LocalSet`.
+/// client leaves, it idles, or the server shuts down: the client must say
+/// hello by `hello_by` and then make a call at least every
+/// `--control-idle-timeout`. Must run inside a `LocalSet`.
 pub async fn serve(
     stream: tokio::net::TcpStream,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
+    hello_by: Instant,
 ) {
     let _ = stream.set_nodelay(true);
+    let idle = service.limits.control_idle_timeout;
     let (reader, writer) = stream.compat().split();
+    let mut opts = capnp::message::ReaderOptions::new();
+    opts.traversal_limit_in_words(Some(CONTROL_MESSAGE_WORDS)).nesting_limit(16);
     let network = twoparty::VatNetwork::new(
         futures::io::BufReader::new(reader),
         futures::io::BufWriter::new(writer),
         rpc_twoparty_capnp::Side::Server,
-        Default::default(),
+        opts,
     );
-    let server = GpuServer { service, peer: peer.clone(), client_version: Cell::new(None) };
+    let activity = std::rc::Rc::new(Activity {
+        hello: Cell::new(false),
+        last_call: Cell::new(Instant::now()),
+        sessions: Cell::new(0),
+        called: tokio::sync::Notify::new(),
+    });
+    let server = GpuServer { service, peer: peer.clone(), client_version: Cell::new(None), activity: activity.clone() };
     let client: gpu_server::Client = capnp_rpc::new_client(server);
     let rpc = RpcSystem::new(Box::new(network), Some(client.client));
     tokio::select! {
@@ -156,6 +207,26 @@ pub async fn serve(
             Ok(()) => debug!(%peer, "control connection closed"),
             Err(e) => debug!(%peer, "control connection ended: {e}"),
         },
+        why = watchdog(&activity, hello_by, idle) => debug!(%peer, "closing control connection: {why}"),
         _ = shutdown.cancelled() => debug!(%peer, "control connection closed for shutdown"),
+    }
+}
+
+/// Resolves when the connection has not said hello by `hello_by`, or has
+/// made no call for `idle`.
+async fn watchdog(a: &Activity, hello_by: Instant, idle: Duration) -> String {
+    loop {
+        let due = if a.hello.get() { a.last_call.get() + idle } else { hello_by };
+        if Instant::now() >= due {
+            return if a.hello.get() {
+                format!("no call for {} s (--control-idle-timeout)", idle.as_secs_f64())
+            } else {
+                "no hello in time (--handshake-timeout)".to_string()
+            };
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(due.into()) => {}
+            _ = a.called.notified() => {}
+        }
     }
 }

@@ -16,6 +16,7 @@ use rgpu_protocol::token::{Claims, TokenError};
 use thiserror::Error;
 
 use crate::backend::MemoryBudget;
+use crate::quota::ByteQuota;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum AdmitError {
@@ -57,6 +58,8 @@ struct Inner {
     /// Lease id -> the device memory its sessions on this server hold
     /// together; alive while one of its sessions' backends holds it.
     budgets: HashMap<u64, Weak<MemoryBudget>>,
+    /// Lease id -> the module image bytes its sessions keep loaded here.
+    module_quotas: HashMap<u64, Weak<ByteQuota>>,
 }
 
 pub struct Leases {
@@ -128,6 +131,19 @@ impl Leases {
         let b = Arc::new(MemoryBudget::new(limit));
         inner.budgets.insert(a.lease, Arc::downgrade(&b));
         Some(b)
+    }
+
+    /// The module quota of an admitted session's lease, shared by every
+    /// session of that lease on this server (`limit` bytes of loaded images).
+    pub fn module_quota(&self, a: &Admission, limit: u64) -> Arc<ByteQuota> {
+        let mut inner = self.lock();
+        if let Some(q) = inner.module_quotas.get(&a.lease).and_then(Weak::upgrade) {
+            return q;
+        }
+        inner.module_quotas.retain(|_, w| w.strong_count() > 0);
+        let q = ByteQuota::new(limit);
+        inner.module_quotas.insert(a.lease, Arc::downgrade(&q));
+        q
     }
 
     pub fn bind(&self, session: u64, a: Admission) {

@@ -18,7 +18,9 @@ pub mod command;
 pub mod config;
 pub mod control;
 pub mod lease;
+pub mod limits;
 pub mod listener;
+pub mod quota;
 pub mod service;
 pub mod session;
 pub mod state;
@@ -102,7 +104,9 @@ pub async fn serve_draining(
             shutdown.cancel();
         });
     }
-    let mut service = service::Service::new(backend, config.attach_timeout).with_data_plane(data_plane);
+    let mut service = service::Service::new(backend, config.attach_timeout)
+        .with_data_plane(data_plane)
+        .with_limits(config.limits.clone());
     if let Some(key) = &config.pool.broker_key {
         service = service.with_broker_key(key.clone());
     }

@@ -11,7 +11,7 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, SESSION_KEY_LEN};
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
@@ -22,16 +22,21 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, info_span, warn};
 
+use crate::limits::AddressSlot;
 use crate::service::Service;
 use crate::session::registry::AttachError;
 use crate::state::SessionState;
 use rgpu_cuda_types::CuError;
 
-/// How long a new connection may take to say what it is.
-const PREAMBLE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Marker held by every connection handler; shutdown waits for all to drop.
 type Guard = mpsc::Sender<()>;
+
+/// What a connection holds while it is served: a slot of the server's
+/// connection limit and one of its address's.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _slot: AddressSlot,
+}
 
 /// Serves connections from `listener` until `shutdown` fires, then closes
 /// every session and returns once all handlers are done. The future is not
@@ -59,9 +64,19 @@ pub async fn run(
                     _ = shutdown.cancelled() => break,
                     r = accept(&listener) => r,
                 };
+                // One address may not hold every slot (idle connections from
+                // one host would shut everyone else out).
+                let Some(slot) = service.per_address.admit(peer.ip()) else {
+                    debug!(%peer, limit = service.limits.max_connections_per_address,
+                        "connection refused: its address has as many open as --max-connections-per-address allows");
+                    drop(sock);
+                    continue;
+                };
+                let deadline = Instant::now() + service.limits.handshake_timeout;
+                let held = Held { _permit: permit, _slot: slot };
                 let (service, shutdown, guard) = (service.clone(), shutdown.clone(), guard.clone());
                 tokio::task::spawn_local(async move {
-                    handle(sock, peer.to_string(), service, shutdown, permit, guard).await;
+                    handle(sock, peer.to_string(), service, shutdown, held, guard, deadline).await;
                 });
             }
             info!("shutting down: closing sessions");
@@ -91,30 +106,35 @@ async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
     }
 }
 
+/// `deadline`: when the connection must have said what it is (its
+/// preamble, and on the data plane its credentials; the control plane
+/// checks its hello against it).
 async fn handle(
     mut sock: TcpStream,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
-    permit: OwnedSemaphorePermit,
+    held: Held,
     guard: Guard,
+    deadline: Instant,
 ) {
     let mut preamble = [0u8; 8];
     let got = tokio::select! {
-        r = tokio::time::timeout(PREAMBLE_TIMEOUT, sock.read_exact(&mut preamble)) => r,
+        r = tokio::time::timeout_at(deadline.into(), sock.read_exact(&mut preamble)) => r,
         _ = shutdown.cancelled() => return,
     };
+    let secs = service.limits.handshake_timeout.as_secs_f64();
     match got {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return debug!(%peer, "connection closed before its preamble: {e}"),
-        Err(_) => return warn!(%peer, "no preamble within {} s; closing", PREAMBLE_TIMEOUT.as_secs()),
+        Err(_) => return debug!(%peer, "no preamble within {secs} s (--handshake-timeout); closing"),
     }
     if &preamble == CONTROL_PREAMBLE {
-        crate::control::serve(sock, peer, service, shutdown).await;
-        drop((permit, guard));
+        crate::control::serve(sock, peer, service, shutdown, deadline).await;
+        drop((held, guard));
     } else if &preamble == DATA_PREAMBLE || &preamble == RDMA_DATA_PREAMBLE {
         let rdma = &preamble == RDMA_DATA_PREAMBLE;
-        attach(sock, peer, service, shutdown, permit, guard, rdma).await;
+        attach(sock, peer, service, shutdown, held, guard, rdma, deadline).await;
     } else {
         warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
     }
@@ -128,18 +148,20 @@ fn status_bytes(status: u32) -> [u8; 8] {
     b
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn attach(
     mut sock: TcpStream,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
-    permit: OwnedSemaphorePermit,
+    held: Held,
     guard: Guard,
     rdma: bool,
+    deadline: Instant,
 ) {
     let mut creds = [0u8; 8 + SESSION_KEY_LEN];
     let got = tokio::select! {
-        r = tokio::time::timeout(PREAMBLE_TIMEOUT, sock.read_exact(&mut creds)) => r,
+        r = tokio::time::timeout_at(deadline.into(), sock.read_exact(&mut creds)) => r,
         _ = shutdown.cancelled() => return,
     };
     if !matches!(got, Ok(Ok(_))) {
@@ -183,7 +205,8 @@ async fn attach(
             return refuse(std, e, "backend cannot open a session");
         }
     };
-    let mut state = SessionState::new(backend, service.backend.devices().len() as u32);
+    let input = service.session_input(admission.as_ref());
+    let mut state = SessionState::new(backend, service.backend.devices().len() as u32).with_input(input);
     if let Some(a) = admission {
         state = state.restrict(a.devices);
     }
@@ -216,10 +239,17 @@ async fn attach(
         .spawn(move || {
             let span = thread_span;
             let _in_session = span.enter();
-            let _held = (permit, guard);
+            let _held = (held, guard);
             if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
-                crate::session::serve(transport, state);
+                // A bug reachable from input must cost this session, never the
+                // server: a panic ends the session and its cleanup still runs.
+                let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    crate::session::serve(transport, state)
+                }));
+                if served.is_err() {
+                    error!("session thread panicked; the session is closed and its resources freed");
+                }
             }
             svc.sessions.detach(id);
             svc.leases.unbind(id);

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
-use crate::lease::Leases;
+use crate::lease::{Admission, Leases};
+use crate::limits::{Limits, PerAddress, SessionInput};
+use crate::quota::ByteQuota;
 use crate::session::registry::Registry;
 use crate::transport_select::DataPlane;
 
@@ -20,6 +22,12 @@ pub struct Service {
     pub leases: Leases,
     /// How data connections are carried (TCP, or RDMA where set up).
     pub data_plane: DataPlane,
+    /// Connection, handshake and input bounds.
+    pub limits: Limits,
+    /// Connections open now, by source address.
+    pub per_address: Arc<PerAddress>,
+    /// Input buffered now, all connections together.
+    pub buffered: Arc<ByteQuota>,
 }
 
 impl Service {
@@ -31,6 +39,31 @@ impl Service {
             server_name: format!("rgpu-server {}", env!("CARGO_PKG_VERSION")),
             leases: Leases::new(None, Vec::new()),
             data_plane: DataPlane::tcp_only(),
+            per_address: PerAddress::new(Limits::default().max_connections_per_address),
+            buffered: ByteQuota::new(Limits::default().max_buffered_input),
+            limits: Limits::default(),
+        }
+    }
+
+    /// Applies `limits` (the default ones otherwise).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.per_address = PerAddress::new(limits.max_connections_per_address);
+        self.buffered = ByteQuota::new(limits.max_buffered_input);
+        self.limits = limits;
+        self
+    }
+
+    /// What a session (admitted by `admission`, if a lease token) may make
+    /// the server buffer and keep.
+    pub fn session_input(&self, admission: Option<&Admission>) -> SessionInput {
+        let limit = self.limits.max_module_bytes_per_lease;
+        SessionInput {
+            buffered: self.buffered.clone(),
+            modules: match admission {
+                Some(a) => self.leases.module_quota(a, limit),
+                None => ByteQuota::new(limit),
+            },
+            max_module_image: self.limits.max_module_image,
         }
     }
 

@@ -9,7 +9,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
 use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
+use crate::limits::SessionInput;
+use crate::quota::Charge;
 use rgpu_cuda_types::{CuError, CuResult};
 
 /// Who owns an allocation: the client (freed by memFree) or a module (a
@@ -49,6 +53,8 @@ pub struct Module {
     pub param_lens: Vec<u64>,
     /// Device pointers of its globals (entries of `allocs`).
     pub globals: Vec<u64>,
+    /// Its image's bytes, held against the lease's module quota while it is loaded.
+    pub image: Option<Arc<Charge>>,
 }
 
 pub struct SessionState {
@@ -63,6 +69,8 @@ pub struct SessionState {
     pub modules: HashMap<u64, Module>,
     /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
     pub vmm: crate::vmm::Vmm,
+    /// What the session may make the server buffer and keep.
+    pub input: SessionInput,
 }
 
 impl SessionState {
@@ -76,7 +84,14 @@ impl SessionState {
             events: HashMap::new(),
             modules: HashMap::new(),
             vmm: crate::vmm::Vmm::default(),
+            input: SessionInput::default(),
         }
+    }
+
+    /// Bounds what the session may make the server buffer and keep.
+    pub fn with_input(mut self, input: SessionInput) -> Self {
+        self.input = input;
+        self
     }
 
     /// Restricts the session to `devices` (a lease token's GPUs).

@@ -100,3 +100,38 @@ fn sessions_without_a_token_keep_their_own_view() {
     b.alloc_ok(16 * MIB);
     srv.stop();
 }
+
+/// A module's `.global` data is device memory like any allocation: it
+/// counts against the lease, a module whose globals do not fit is refused
+/// with CUDA_ERROR_OUT_OF_MEMORY, and unloading gives the bytes back.
+#[test]
+fn module_globals_count_against_the_lease() {
+    let pool = PoolConfig { broker_key: Some(KEY.to_vec()), ..Default::default() };
+    let srv = TestServer::start_pool(1, 2048 * MIB, Duration::from_secs(30), pool);
+    let addr = srv.addr.to_string();
+    let gpu: [u8; 16] = list_devices(&addr)[0].uuid.clone().try_into().unwrap();
+    let mut a = session(&addr, &token(21, 256 * MIB, gpu));
+    let module = |bytes: u64| {
+        format!(".version 8.0\n.target sm_90\n.address_size 64\n.global .align 8 .b8 big[{bytes}];\n").into_bytes()
+    };
+    assert_eq!(a.load_module(1, &module(1536 * MIB)).result, OUT_OF_MEMORY, "1.5 GiB of globals in a 256 MiB lease");
+    assert_eq!(a.mem_info(), (256 * MIB, 256 * MIB), "a refused module holds nothing");
+    assert_eq!(a.load_module(2, &module(200 * MIB)).result, 0);
+    assert_eq!(a.mem_info(), (56 * MIB, 256 * MIB), "cuMemGetInfo counts the module's globals");
+    assert_eq!(a.alloc(100 * MIB).result, OUT_OF_MEMORY, "globals and allocations share the lease");
+    assert_eq!(a.load_module(3, &module(100 * MIB)).result, OUT_OF_MEMORY);
+    // Another session of the lease sees the same.
+    let mut b = session(&addr, &token(21, 256 * MIB, gpu));
+    assert_eq!(b.mem_info().0, 56 * MIB);
+    assert_eq!(a.unload_module(2).result, 0);
+    assert_eq!(b.mem_info(), (256 * MIB, 256 * MIB), "unloading gives the globals back");
+    // A session that ends with a module loaded gives its globals back too.
+    assert_eq!(b.load_module(4, &module(200 * MIB)).result, 0);
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.mem_info().0 != 256 * MIB {
+        assert!(Instant::now() < deadline, "the ended session's globals never went back to the lease");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    srv.stop();
+}

@@ -28,10 +28,28 @@ macro_rules! slot {
     };
 }
 
+/// Runs the body of an export-table function that returns nothing. As in
+/// the generated entry points (`entry::call`), no panic unwinds into the C
+/// caller: it is logged and the function returns.
+fn guarded(name: &'static str, f: impl FnOnce()) {
+    let _ = crate::entry::call(name, &[], || {
+        f();
+        Ok(())
+    });
+}
+
 /// Slots nobody was seen calling: an honest refusal if ever called.
 extern "C" fn not_supported() -> CUresult {
-    tracing::warn!("an unimplemented export-table slot was called; returning CUDA_ERROR_NOT_SUPPORTED");
-    CuError::NOT_SUPPORTED.into()
+    // Logging can panic at process exit (its thread-locals are gone).
+    let r = crate::entry::call("export table slot", &[], || {
+        tracing::warn!("an unimplemented export-table slot was called; returning CUDA_ERROR_NOT_SUPPORTED");
+        Err(CuError::NOT_SUPPORTED)
+    });
+    // The answer is NOT_SUPPORTED whether or not the line could be logged.
+    if r == CUresult::CUDA_ERROR_UNKNOWN {
+        return CuError::NOT_SUPPORTED.into();
+    }
+    r
 }
 
 extern "C" fn success() -> CUresult {
@@ -79,17 +97,21 @@ static HOOK_BUFFER_1: HookBuffer<16384> = HookBuffer(std::cell::UnsafeCell::new(
 static HOOK_BUFFER_2: HookBuffer<4096> = HookBuffer(std::cell::UnsafeCell::new([0; 4096]));
 
 unsafe extern "C" fn hook_buffer_1(buf: *mut *mut c_void, n: *mut usize) {
-    if let (Some(b), Some(n)) = (buf.as_mut(), n.as_mut()) {
-        *b = HOOK_BUFFER_1.0.get() as *mut c_void;
-        *n = 1024;
-    }
+    guarded("TOOLS_RUNTIME_CALLBACK_HOOKS[2]", || {
+        if let (Some(b), Some(n)) = (buf.as_mut(), n.as_mut()) {
+            *b = HOOK_BUFFER_1.0.get() as *mut c_void;
+            *n = 1024;
+        }
+    })
 }
 
 unsafe extern "C" fn hook_buffer_2(buf: *mut *mut c_void, n: *mut usize) {
-    if let (Some(b), Some(n)) = (buf.as_mut(), n.as_mut()) {
-        *b = HOOK_BUFFER_2.0.get() as *mut c_void;
-        *n = 64;
-    }
+    guarded("TOOLS_RUNTIME_CALLBACK_HOOKS[6]", || {
+        if let (Some(b), Some(n)) = (buf.as_mut(), n.as_mut()) {
+            *b = HOOK_BUFFER_2.0.get() as *mut c_void;
+            *n = 64;
+        }
+    })
 }
 
 static TOOLS_RUNTIME_CALLBACK_HOOKS: Table<7> = Table([
@@ -114,10 +136,12 @@ static CONTEXT_LOCAL_STORAGE: Table<3> = Table([slot!(cls::put), slot!(cls::dele
 // ---- CONTEXT_CHECKS {263e8860-7cd2-6614-b9d0-b3f0a4e2d0ce} ---------------
 
 unsafe extern "C" fn context_check(_ctx: CUcontext, r1: *mut u32, _r2: *mut *mut c_void) -> CUresult {
-    if let Some(r1) = r1.as_mut() {
-        *r1 = 0;
-    }
-    CUresult::CUDA_SUCCESS
+    crate::entry::call("CONTEXT_CHECKS[2]", &[], || {
+        if let Some(r1) = r1.as_mut() {
+            *r1 = 0;
+        }
+        Ok(())
+    })
 }
 
 static CONTEXT_CHECKS: Table<4> = Table([size_of_table(4), slot!(success), slot!(context_check), slot!(success)]);
@@ -191,4 +215,27 @@ pub(crate) fn device_identities() -> Vec<([u8; 16], i32, i32, i32)> {
     runtime::try_get()
         .map(|rt| rt.devices.iter().map(|d| (d.remote.uuid, d.remote.pci.0, d.remote.pci.1, d.remote.pci.2)).collect())
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_in_an_export_table_function_does_not_unwind_into_the_caller() {
+        let mut ran = false;
+        guarded("test slot", || {
+            ran = true;
+            panic!("boom");
+        });
+        assert!(ran, "the body ran, and its panic stayed inside");
+        assert_eq!(not_supported(), CUresult::CUDA_ERROR_NOT_SUPPORTED);
+        let mut r1 = 7u32;
+        assert_eq!(unsafe { context_check(std::ptr::null_mut(), &mut r1, std::ptr::null_mut()) }, CUresult::CUDA_SUCCESS);
+        assert_eq!(r1, 0);
+        let (mut b, mut n) = (std::ptr::null_mut(), 0usize);
+        unsafe { hook_buffer_1(&mut b, &mut n) };
+        assert_eq!((b as *const c_void, n), (HOOK_BUFFER_1.0.get() as *const c_void, 1024));
+        unsafe { hook_buffer_2(std::ptr::null_mut(), std::ptr::null_mut()) };
+    }
 }

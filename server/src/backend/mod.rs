@@ -361,6 +361,12 @@ pub trait BackendSession: Send {
         parsed: &ModuleImage,
     ) -> CuResult<(ModuleToken, LoadedModule)>;
     fn module_unload(&mut self, module: ModuleToken) -> CuResult;
+    /// Host memory the backend keeps for a loaded module beyond its image
+    /// (the sim's decoded kernels), counted with the image against the
+    /// lease's module quota.
+    fn module_host_bytes(&self, _module: ModuleToken) -> u64 {
+        0
+    }
     /// Launches function `function` of `module`; `params` is the packed
     /// kernelParams buffer, already checked against the function's layout.
     fn launch_kernel(

@@ -9,9 +9,8 @@ use crate::backend::LoadedModule;
 use crate::state::{Alloc, Module, Owner, SessionState};
 use rgpu_cuda_types::CuError;
 
-/// Largest module image accepted; a bigger bulk is skipped and refused
-/// rather than buffered.
-pub const MAX_IMAGE_LEN: u64 = 512 << 20;
+/// Bytes of image read at a time: the buffer grows with what arrived.
+const READ_STEP: usize = 1 << 20;
 
 #[derive(Debug)]
 pub struct ModuleLoad {
@@ -33,11 +32,47 @@ impl BulkHandler for ModuleLoad {
         }
         s.check_device(self.device)?;
         let len = bulk.remaining();
-        if len > MAX_IMAGE_LEN {
-            warn!(len, limit = MAX_IMAGE_LEN, "module image refused: too large");
-            return Err(CuError::INVALID_VALUE.into());
+        // Refused images are skipped (the session discards the rest of the
+        // bulk), never buffered: one past the per-image limit, one the
+        // lease's loaded modules leave no room for, one the server's input
+        // budget has no room for now.
+        let limit = s.input.max_module_image;
+        if len > limit {
+            warn!(len, limit, "module image refused: larger than --max-module-image");
+            return Err(CuError::OUT_OF_MEMORY.into());
         }
-        let image = bulk.read_to_vec()?;
+        let Some(held) = s.input.modules.charge(len) else {
+            let (used, limit) = (s.input.modules.used(), s.input.modules.limit());
+            warn!(len, used, limit, "module image refused: the lease's loaded modules would pass --max-module-bytes-per-lease");
+            return Err(CuError::OUT_OF_MEMORY.into());
+        };
+        // The image's bytes are charged to the server's input budget as they
+        // arrive: a header announcing a large image holds nothing.
+        let mut buffered = s.input.buffered.charge(0).ok_or(CuError::OUT_OF_MEMORY)?;
+        let mut image: Vec<u8> = Vec::new();
+        while bulk.remaining() > 0 {
+            let at = image.len();
+            let n = (bulk.remaining() as usize).min(READ_STEP);
+            if !buffered.grow(n as u64) {
+                warn!(len, read = at, "module image refused: the server's input budget (--max-buffered-input) is in use");
+                return Err(CuError::OUT_OF_MEMORY.into());
+            }
+            if image.capacity() < at + n {
+                // Doubling, but never past the announced length.
+                let want = (image.capacity() * 2).max(at + n).min(len as usize);
+                image.reserve_exact(want - at);
+            }
+            image.resize(at + n, 0);
+            bulk.read_exact(&mut image[at..])?;
+        }
+        // Compressed fatbin entries are inflated while the image is read:
+        // those bytes are buffered input too.
+        let unpacked = crate::module::fatbin::parse_fatbin(&image)
+            .map_or(0, |es| es.iter().fold(0u64, |n, e| n.saturating_add(e.unpacked_len())));
+        if unpacked > 0 && !buffered.grow(unpacked) {
+            warn!(len, unpacked, "module image refused: its compressed entries do not fit the server's input budget");
+            return Err(CuError::OUT_OF_MEMORY.into());
+        }
         let arch = s.backend.module_arch(self.device);
         // Several linker inputs: link them here, where the device and backend are known.
         let image = if image.starts_with(rgpu_protocol::bundle::MAGIC) {
@@ -71,6 +106,15 @@ impl BulkHandler for ModuleLoad {
             }
         };
         let (token, loaded) = s.backend.module_load(self.device, &image, &parsed)?;
+        // What the backend keeps for the module (the sim's decoded kernels,
+        // which inlining can make far larger than the image) counts too.
+        let mut held = held;
+        let kept = s.backend.module_host_bytes(token);
+        if !held.grow(kept) {
+            warn!(len, kept, "module refused: its decoded kernels would pass --max-module-bytes-per-lease");
+            let _ = s.backend.module_unload(token);
+            return Err(CuError::OUT_OF_MEMORY.into());
+        }
         for g in &loaded.globals {
             s.allocs.insert(
                 g.ptr,
@@ -84,6 +128,7 @@ impl BulkHandler for ModuleLoad {
                 device: self.device,
                 param_lens: loaded.functions.iter().map(|f| f.param_buffer_len()).collect(),
                 globals: loaded.globals.iter().map(|g| g.ptr).collect(),
+                image: Some(std::sync::Arc::new(held)),
             },
         );
         Ok(loaded)

@@ -108,6 +108,15 @@ fn truncated(what: &'static str, offset: usize, need: u64, have: usize) -> Image
 }
 
 impl<'a> FatbinEntry<'a> {
+    /// Bytes [`FatbinEntry::data`] would allocate: the uncompressed size a
+    /// compressed entry announces (capped as `data` caps it), 0 for a plain one.
+    pub fn unpacked_len(&self) -> u64 {
+        match self.compression() {
+            Ok(Compression::None) => 0,
+            _ => self.uncompressed_size.min(MAX_UNCOMPRESSED),
+        }
+    }
+
     /// The compression its flags announce.
     pub fn compression(&self) -> Result<Compression, ImageError> {
         match (self.flags & FLAG_LZ4 != 0, self.flags & FLAG_ZSTD != 0) {

@@ -87,7 +87,8 @@ pub struct GlobalInfo {
     pub size: u64,
     pub align: u32,
     pub space: GlobalSpace,
-    /// Initial bytes (little-endian, `size` of them); `None` when all zero.
+    /// Initial bytes (little-endian): the first `init.len()` of `size`, the
+    /// rest zero; `None` when all zero.
     pub init: Option<Vec<u8>>,
 }
 

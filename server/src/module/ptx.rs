@@ -582,7 +582,9 @@ fn parse_variables(p: &mut Parser<'_>, allow_init: bool) -> Result<Vec<Var>, Ima
                         ),
                     ));
                 }
-                let mut bytes = vec![0u8; size as usize];
+                // Only the bytes the values cover: the rest is zero, and a
+                // 1-value initialiser of a huge array must not cost its size.
+                let mut bytes = vec![0u8; vals.len() * esize as usize];
                 for (i, v) in vals.iter().enumerate() {
                     let at = i * esize as usize;
                     encode(&mut bytes[at..at + esize as usize], kind, v, line)?;
@@ -1164,12 +1166,18 @@ mod tests {
         let e = parse_ptx(".version 9.5\n.global .u32 a[2][] = {1};").unwrap_err();
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
         let m = parse_ptx(".version 9.5\n.global .u8 a[2][2] = {1, 2, 3};").unwrap();
-        assert_eq!(m.globals[0].init, Some(vec![1, 2, 3, 0]));
+        assert_eq!(m.globals[0].init, Some(vec![1, 2, 3]));
         let e = parse_ptx(".version 9.5\n.global .u32 a = 1.5;").unwrap_err();
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
         let e =
             parse_ptx(".version 9.5\n.global .b8 big[4294967296][4294967296] = {1};").unwrap_err();
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
+        let e = parse_ptx(".version 9.5\n.global .b8 big[2000000000] = {1};").unwrap_err();
+        assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
+        // Initial bytes cover the values given, not the variable: a
+        // one-value initialiser of a 1 GiB array holds one byte.
+        let m = parse_ptx(".version 9.5\n.global .b8 big[1073741824] = {1};").unwrap();
+        assert_eq!((m.globals[0].size, m.globals[0].init.as_deref()), (1 << 30, Some(&[1u8][..])));
         let e = parse_ptx(".version 9.5\n.global .b8 big[2000000000] = {1};").unwrap_err();
         assert!(matches!(e, ImageError::Ptx { line: 2, .. }), "{e}");
     }

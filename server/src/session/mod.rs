@@ -34,6 +34,7 @@ use tracing::{debug, trace, trace_span, warn};
 
 use crate::backend::TransferError;
 use crate::command::{Bulk, Command, DeviceBytes, EncodeReply, Fail, Reply};
+use crate::limits::SMALL_MESSAGE;
 use crate::state::SessionState;
 use rgpu_cuda_types::{code_of, CuError};
 
@@ -130,8 +131,37 @@ impl<T: Transport + Pending> Session<T> {
         if h.kind != Kind::Request {
             return Err(End::OutOfSync(format!("got a {:?} frame; clients send requests", h.kind)));
         }
-        let buf = self.recv.prepare(h.msg_len as usize);
-        self.transport.recv_exact(buf).map_err(End::Io)?;
+        let len = h.msg_len as usize;
+        // Large messages are rare (requests are small): the bytes of one are
+        // charged to the server's input budget as they arrive, so many
+        // connections sending large messages cannot make it hold more than
+        // the budget (a header alone costs nothing).
+        let mut held: Option<crate::quota::Charge> = None;
+        let mut over_budget = false;
+        let (transport, buffered) = (&mut self.transport, &self.state.input.buffered);
+        let r = self.recv.receive(len, |b| {
+            if len > SMALL_MESSAGE {
+                let n = b.len() as u64;
+                let ok = match &mut held {
+                    Some(c) => c.grow(n),
+                    None => {
+                        held = buffered.charge(n);
+                        held.is_some()
+                    }
+                };
+                if !ok {
+                    over_budget = true;
+                    return Err(io::Error::other("over the input budget"));
+                }
+            }
+            transport.recv_exact(b)
+        });
+        if over_budget {
+            return Err(End::OutOfSync(format!(
+                "a {len}-byte message does not fit the server's input budget (--max-buffered-input)"
+            )));
+        }
+        r.map_err(End::Io)?;
         let cmd = {
             let msg = self.recv.reader().map_err(|e| End::OutOfSync(format!("bad message: {e}")))?;
             let req = msg
@@ -139,6 +169,9 @@ impl<T: Transport + Pending> Session<T> {
                 .map_err(|e| End::OutOfSync(format!("bad request: {e}")))?;
             Command::decode(req).map_err(|e| End::OutOfSync(format!("bad request: {e}")))?
         };
+        if len > SMALL_MESSAGE {
+            self.recv.shrink_to(SMALL_MESSAGE);
+        }
         let name = cmd.name();
         let call = trace_span!("call", msg = name, seq = h.seq);
         let _in_call = call.enter();

@@ -35,12 +35,27 @@ impl TestServer {
         Self::start_pool(devices, memory, attach_timeout, Default::default())
     }
 
+    /// As `start`, with these connection and input bounds.
+    pub fn start_limited(limits: rgpu_server::limits::Limits) -> TestServer {
+        Self::start_full(1, 256 << 20, Duration::from_secs(30), Default::default(), limits)
+    }
+
     /// As `start_with`, with pool settings (a broker key: lease tokens).
     pub fn start_pool(
         devices: u32,
         memory: u64,
         attach_timeout: Duration,
         pool: rgpu_server::config::PoolConfig,
+    ) -> TestServer {
+        Self::start_full(devices, memory, attach_timeout, pool, Default::default())
+    }
+
+    pub fn start_full(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+        limits: rgpu_server::limits::Limits,
     ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
@@ -54,6 +69,7 @@ impl TestServer {
             },
             attach_timeout,
             max_connections: 64,
+            limits,
             transport: Default::default(),
             pool,
         };
@@ -289,6 +305,17 @@ impl DataClient {
         self.seq
     }
 
+    /// Sends a request wanting a reply whose bulk is `bulk_len` bytes, of
+    /// which only `prefix` goes now (the rest with `t.send`); returns its seq.
+    pub fn start_call(&mut self, bulk_len: u64, prefix: &[u8], build: impl FnOnce(request::Builder<'_>)) -> u64 {
+        self.seq += 1;
+        let mut msg = Vec::new();
+        let n = self.enc.request(&mut msg, build);
+        let h = FrameHeader::request(self.seq, true, n, bulk_len).encode();
+        self.t.send(&[&h, &msg, prefix]).unwrap();
+        self.seq
+    }
+
     /// Sends a request without WANTS_REPLY.
     pub fn post(&mut self, bulk: &[u8], build: impl FnOnce(request::Builder<'_>)) {
         self.frame(false, bulk, build);
@@ -403,6 +430,19 @@ impl DataClient {
             Body::MemInfo { free, total } => (free, total),
             b => panic!("expected memGetInfo, got {b:?}"),
         }
+    }
+
+    /// moduleLoad of `image` on device 0 as module `handle`.
+    pub fn load_module(&mut self, handle: u64, image: &[u8]) -> Reply {
+        self.call(image, |r| {
+            let mut m = r.init_module_load();
+            m.set_handle(handle);
+            m.set_device(0);
+        })
+    }
+
+    pub fn unload_module(&mut self, handle: u64) -> Reply {
+        self.call(&[], |r| r.init_module_unload().set_handle(handle))
     }
 
     pub fn ping(&mut self) -> Reply {

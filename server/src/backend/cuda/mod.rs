@@ -209,14 +209,15 @@ struct ModuleEntry {
     /// Per function (in the order reported): the function in this
     /// session's context and its parameter offsets.
     functions: Vec<(sys::CUfunction, Vec<u32>)>,
+    /// (pointer, size) of each global, charged to the session's account.
     globals: Vec<(u64, u64)>,
 }
 
 struct CudaSession {
     shared: Arc<Shared>,
-    /// Bytes the client allocated and has not freed, counted against its
-    /// lease (if any); given back to the lease after the session's `Drop`
-    /// has freed them.
+    /// Bytes the client allocated and has not freed, and its modules'
+    /// globals, counted against its lease (if any); given back to the lease
+    /// after the session's `Drop` has freed them.
     account: MemoryAccount,
     ctxs: Vec<Option<DevCtx>>,
     /// The device whose context is current on this thread, if known.
@@ -367,6 +368,7 @@ impl CudaSession {
     }
 
     fn release_module(&mut self, m: ModuleEntry) {
+        self.account.give(m.globals.iter().fold(0u64, |n, &(_, size)| n.saturating_add(size)));
         for &(p, size) in &m.globals {
             if let Err(e) = self.zero(m.device, p, size) {
                 warn!(device = m.device, "cannot zero a module global at unload: {e}");
@@ -638,7 +640,13 @@ impl BackendSession for CudaSession {
             .map(|m| m.library.id)
             .collect();
         let library = self.shared.libraries().acquire(image, &held)?;
-        match self.module_setup(device, &library, parsed) {
+        // The globals are device memory the session holds: charged to its
+        // lease as cuMemAlloc is, and given back at unload.
+        let setup = self.module_setup(device, &library, parsed).and_then(|(functions, loaded)| {
+            let bytes = loaded.globals.iter().fold(0u64, |n, g| n.saturating_add(g.size));
+            self.account.take(bytes).map(|()| (functions, loaded))
+        });
+        match setup {
             Ok((functions, loaded)) => {
                 let t = self.token();
                 self.seen_libraries.insert((library.id, device));

@@ -31,36 +31,56 @@ const PRINTF_LIMIT: usize = 1 << 20;
 /// workers would cost more than the kernel.
 const PARALLEL_THRESHOLD: u64 = 4096;
 
+/// Most instructions the kernels of one module decode to together (about
+/// 64 bytes each): inlining lets a few kilobytes of PTX ask for billions.
+pub const MAX_MODULE_INSTS: usize = 1 << 22;
+
 /// Decodes every kernel of `parsed` (in its order); `Err` says why a kernel
-/// cannot run on the sim.
-pub fn decode(parsed: &ModuleImage, globals: &[GlobalInfo]) -> Vec<Result<Arc<Program>, String>> {
+/// cannot run on the sim. PTX past the parser's bounds (nesting) is no
+/// module at all: `INVALID_PTX`, as a driver's compiler refuses it.
+pub fn decode(parsed: &ModuleImage, globals: &[GlobalInfo]) -> CuResult<Vec<Result<Arc<Program>, String>>> {
     let Some(text) = &parsed.ptx else {
-        return parsed.kernels.iter().map(|_| Err("the image has no PTX".to_string())).collect();
+        return Ok(parsed.kernels.iter().map(|_| Err("the image has no PTX".to_string())).collect());
     };
     let module = match Module::parse(text) {
         Ok(m) => m,
+        Err(e @ rgpu_ptx::PtxError::TooComplex { .. }) => {
+            warn!("module refused: {e}");
+            return Err(CuError::INVALID_PTX);
+        }
         Err(e) => {
             let why = format!("the rgpu sim cannot read this module's PTX: {e}");
             warn!("{why}");
-            return parsed.kernels.iter().map(|_| Err(why.clone())).collect();
+            return Ok(parsed.kernels.iter().map(|_| Err(why.clone())).collect());
         }
     };
-    let addr = |name: &str| globals.iter().find(|g| g.name == name).map(|g| g.ptr);
-    parsed
+    let by_name: std::collections::HashMap<&str, u64> = globals.iter().map(|g| (g.name.as_str(), g.ptr)).collect();
+    let addr = |name: &str| by_name.get(name).copied();
+    let mut budget = MAX_MODULE_INSTS;
+    Ok(parsed
         .kernels
         .iter()
-        .map(|k| match module.lower(&k.name, &addr) {
-            Ok(p) => {
-                debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
-                Ok(Arc::new(p))
+        .map(|k| {
+            if budget == 0 {
+                return Err(format!(
+                    "the rgpu sim cannot run kernel {}: the module's kernels together decode to more than {MAX_MODULE_INSTS} instructions",
+                    k.name
+                ));
             }
-            Err(e) => {
-                let why = format!("the rgpu sim cannot run kernel {}: {e}", k.name);
-                warn!("{why}");
-                Err(why)
+            match module.lower_within(&k.name, &addr, budget) {
+                Ok(p) => {
+                    budget -= p.insts.len().min(budget);
+                    debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
+                    Ok(Arc::new(p))
+                }
+                Err(e) => {
+                    let why = format!("the rgpu sim cannot run kernel {}: {e}", k.name);
+                    warn!("{why}");
+                    Err(why)
+                }
             }
         })
-        .collect()
+        .collect())
 }
 
 /// The allocations one session can reach from a kernel, frozen for a launch.

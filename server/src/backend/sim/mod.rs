@@ -148,13 +148,16 @@ struct SimEvent {
 struct SimModule {
     /// Device pointers of the module's globals, freed at unload.
     globals: Vec<u64>,
+    /// What the globals are charged to the session's account.
+    global_bytes: u64,
     /// Per kernel: its decoded program, or why it cannot run here.
     programs: Vec<Result<Arc<rgpu_ptx::Program>, String>>,
 }
 
 struct SimSession {
     shared: Arc<Shared>,
-    /// The client's own allocations, counted against its lease (if any).
+    /// The client's own allocations and its modules' globals, counted
+    /// against its lease (if any).
     account: MemoryAccount,
     /// Size of each of the client's own allocations (not module globals).
     client_bytes: HashMap<u64, u64>,
@@ -530,11 +533,14 @@ impl BackendSession for SimSession {
         parsed: &ModuleImage,
     ) -> CuResult<(ModuleToken, LoadedModule)> {
         self.shared.device(device)?;
+        // Module globals are device memory the session holds, charged to its
+        // lease as cuMemAlloc is (a zero-sized global still takes an address).
+        let global_bytes = parsed.globals.iter().fold(0u64, |n, g| n.saturating_add(g.size.max(1)));
+        self.account.take(global_bytes)?;
         let mut globals = Vec::with_capacity(parsed.globals.len());
         let mut ptrs = Vec::with_capacity(parsed.globals.len());
         let result = (|| -> CuResult {
             for g in &parsed.globals {
-                // A zero-sized global still gets an address of its own.
                 let p = self.alloc_owned(device, g.size.max(1))?;
                 ptrs.push(p);
                 if let Some(init) = &g.init {
@@ -546,19 +552,23 @@ impl BackendSession for SimSession {
             }
             Ok(())
         })();
-        if let Err(e) = result {
-            for p in ptrs {
-                let _ = self.free_owned(p);
+        let programs = result.and_then(|()| kernels::decode(parsed, &globals));
+        let programs = match programs {
+            Ok(p) => p,
+            Err(e) => {
+                for p in ptrs {
+                    let _ = self.free_owned(p);
+                }
+                self.account.give(global_bytes);
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         let const_bytes: u64 = parsed
             .globals
             .iter()
             .filter(|g| g.space == GlobalSpace::Const)
             .map(|g| g.size)
             .sum();
-        let programs = kernels::decode(parsed, &globals);
         let arch = self.shared.arch;
         let launch_note = if parsed.ptx.is_some() {
             String::new()
@@ -615,7 +625,7 @@ impl BackendSession for SimSession {
         let t = self.token();
         self.modules.insert(
             t,
-            SimModule { globals: ptrs, programs },
+            SimModule { globals: ptrs, global_bytes, programs },
         );
         debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
         // The module-level note explains the module as a whole; empty when
@@ -632,7 +642,14 @@ impl BackendSession for SimSession {
         for p in m.globals {
             let _ = self.free_owned(p);
         }
+        self.account.give(m.global_bytes);
         Ok(())
+    }
+
+    fn module_host_bytes(&self, module: ModuleToken) -> u64 {
+        self.modules.get(&module.0).map_or(0, |m| {
+            m.programs.iter().filter_map(|p| p.as_ref().ok()).map(|p| rgpu_ptx::Module::program_bytes(p) as u64).sum()
+        })
     }
 
     fn launch_kernel(
