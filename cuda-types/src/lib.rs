@@ -50,6 +50,9 @@ pub mod tag {
     pub const KERNEL: u16 = 0x4E;
     pub const MEMPOOL: u16 = 0x9A;
     pub const LINK: u16 = 0x11;
+    pub const GRAPH: u16 = 0x6A;
+    pub const GRAPH_NODE: u16 = 0x6B;
+    pub const GRAPH_EXEC: u16 = 0x6C;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;

@@ -50,6 +50,7 @@ chain_tests! {
     globals => [];
     funcattr => [];
     errors => [];
+    graph => [];
 }
 
 /// Runs a launch program with `--expect-supported`: it must pass (or, with

@@ -16,6 +16,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_newer_ptx",
     "rt_host_func",
     "rt_mempool",
+    "rt_graph",
     "rt_launch_ex",
     "rt_globals",
     "rt_funcattr",

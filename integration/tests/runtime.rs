@@ -103,6 +103,7 @@ runtime_tests! {
     newer_ptx => newer_ptx;
     host_func => plain;
     mempool => plain;
+    graph => plain;
     launch_ex => plain;
     globals => plain;
     funcattr => plain;

@@ -40,6 +40,9 @@ struct Request {
     moduleUnload @20 :Handle;
     launchKernel @21 :LaunchKernel; # bulk: the packed parameter buffer
     ping @22 :Void;
+    graphExecCreate @23 :GraphExecCreate; # bulk: the kernel nodes' parameter buffers, in op order
+    graphExecDestroy @24 :Handle;
+    graphLaunch @25 :GraphLaunch;   # bulk: host-to-device bytes; reply bulk: device-to-host bytes
   }
 }
 
@@ -167,4 +170,37 @@ struct LaunchKernel {
   blockZ @7 :UInt32;
   sharedMemBytes @8 :UInt32;
   stream @9 :UInt64;
+}
+
+# An instantiated graph (one segment of it between host nodes), replayed on a
+# stream by each graphLaunch: its operations in a topological order of the
+# graph. Sending it again under the same handle replaces it (exec updates).
+struct GraphExecCreate {
+  handle @0 :UInt64;
+  device @1 :UInt32;
+  ops @2 :List(GraphOp);
+}
+struct GraphOp {
+  union {
+    # Its parameter buffer is the next bytes of the request's bulk, as
+    # many as the function takes.
+    kernel @0 :LaunchKernel;       # stream ignored
+    # The bytes come with each launch (the host memory is read at launch).
+    memcpyHtoD @1 :GraphCopy;      # src unused
+    # The bytes go back in the launch's reply, in op order.
+    memcpyDtoH @2 :GraphCopy;      # dst unused
+    memcpyDtoD @3 :GraphCopy;
+    memset @4 :Memset;             # stream ignored
+    eventRecord @5 :UInt64;
+    eventWait @6 :UInt64;
+  }
+}
+struct GraphCopy {
+  dst @0 :UInt64;
+  src @1 :UInt64;
+  size @2 :UInt64;
+}
+struct GraphLaunch {
+  exec @0 :UInt64;
+  stream @1 :UInt64;
 }

@@ -61,6 +61,8 @@ pub struct SessionState {
     pub streams: HashMap<u64, Stream>,
     pub events: HashMap<u64, Event>,
     pub modules: HashMap<u64, Module>,
+    /// Instantiated graphs (segments between host nodes), by the client's handle.
+    pub graph_execs: HashMap<u64, crate::backend::graph::GraphExec>,
 }
 
 impl SessionState {
@@ -73,6 +75,7 @@ impl SessionState {
             streams: HashMap::new(),
             events: HashMap::new(),
             modules: HashMap::new(),
+            graph_execs: HashMap::new(),
         }
     }
 

@@ -67,14 +67,13 @@ pub(crate) unsafe fn get_proc_address_v2(
     crate::proc_address::get_proc_address_v2(symbol, pfn, cuda_version, flags, status)
 }
 
-/// The capture mode matters only while a stream captures, which rgpu does not offer yet; it is
-/// kept per thread and exchanged as the driver does, so cudart's bookkeeping around it holds.
+/// This thread's capture mode decides which calls a capture forbids (`objects::capture`).
 pub(crate) unsafe fn thread_exchange_stream_capture_mode(mode: &mut CUstreamCaptureMode) -> CuResult<()> {
     type M = CUstreamCaptureMode;
     if ![M::CU_STREAM_CAPTURE_MODE_GLOBAL, M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, M::CU_STREAM_CAPTURE_MODE_RELAXED].contains(mode) {
         return Err(CuError::INVALID_VALUE);
     }
-    *mode = crate::objects::stream::exchange_capture_mode(*mode)?;
+    *mode = crate::objects::capture::exchange_mode(*mode)?;
     Ok(())
 }
 

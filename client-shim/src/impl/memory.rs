@@ -10,6 +10,8 @@ use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
 use crate::objects::memory::{self as mem, Alloc, HostAlloc};
+use crate::objects::capture;
+use crate::objects::graph::{Copy, MemsetNode, Node};
 use crate::objects::{context, objects, stream};
 use crate::runtime::{self, cu_err, Runtime};
 
@@ -26,6 +28,7 @@ pub(crate) unsafe fn alloc_v2(dptr: &mut CUdeviceptr, bytesize: usize) -> CuResu
     if bytesize == 0 {
         return Err(CuError::INVALID_VALUE);
     }
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     let (ctx, dev) = current_device(rt)?;
     *dptr = alloc_on(rt, dev, ctx, bytesize as u64, 0)?;
@@ -57,6 +60,11 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
 }
 
 pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
+    capture::check_unsafe_call()?;
+    free_now(dptr)
+}
+
+fn free_now(dptr: CUdeviceptr) -> CuResult<()> {
     let rt = runtime::get()?;
     if dptr == 0 {
         return Ok(());
@@ -86,6 +94,8 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
     }
     let rt = runtime::get()?;
     let (sh, dev) = stream::device_of(s)?;
+    // Graph memory (allocation nodes) is not offered yet.
+    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemAllocAsync")?;
     let (ph, p) = crate::objects::pool::get(pool)?;
     if p.device != dev {
         return Err(CuError::INVALID_VALUE);
@@ -97,8 +107,9 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
 }
 
 pub(crate) unsafe fn free_async(dptr: CUdeviceptr, s: CUstream) -> CuResult<()> {
-    stream::device_of(s)?;
-    free_v2(dptr)
+    let (sh, _) = stream::device_of(s)?;
+    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemFreeAsync")?;
+    free_now(dptr)
 }
 
 pub(crate) unsafe fn pool_create(pool: &mut CUmemoryPool, props: &CUmemPoolProps) -> CuResult<()> {
@@ -248,6 +259,9 @@ unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64
         return Err(CuError::INVALID_VALUE);
     }
     let dev = objects().memory.check_range(dst, n as u64)?;
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::HtoD { dst, src: src as usize }, size: n, device: dev }))? {
+        return Ok(());
+    }
     let conn = rt.conn(dev)?;
     let bytes = std::slice::from_raw_parts(src as *const u8, n);
     for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
@@ -307,6 +321,13 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
     if dst.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
+    let node = || {
+        let device = objects().memory.check_range(src, n as u64)?;
+        Ok(Node::Memcpy { copy: Copy::DtoH { dst: dst as usize, src }, size: n, device })
+    };
+    if capture::record(stream, node)? {
+        return Ok(());
+    }
     if !is_page_locked(dst as usize, n) {
         return dtoh(rt, dst, src, n, stream);
     }
@@ -347,6 +368,9 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
     }
     let ddev = objects().memory.check_range(dst, n as u64)?;
     let sdev = objects().memory.check_range(src, n as u64)?;
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::DtoD { dst, src }, size: n, device: ddev }))? {
+        return Ok(());
+    }
     if rt.device(ddev)?.server != rt.device(sdev)?.server {
         // Different servers: stage through this host.
         let mut buf = vec![0u8; n];
@@ -378,6 +402,9 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
         (false, true) if asynchronous => dtoh_async(rt, dst as usize as *mut c_void, src, n, stream),
         (false, true) => dtoh(rt, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
+            if asynchronous {
+                capture::refuse(stream, CuError::NOT_SUPPORTED, "a host-to-host copy")?;
+            }
             if n > 0 {
                 if dst == 0 || src == 0 {
                     return Err(CuError::INVALID_VALUE);
@@ -390,15 +417,19 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
 }
 
 pub(crate) unsafe fn memcpy_htod_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     htod(runtime::get()?, dst, src, n, 0)
 }
 pub(crate) unsafe fn memcpy_dtoh_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     dtoh(runtime::get()?, dst, src, n, 0)
 }
 pub(crate) unsafe fn memcpy_dtod_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     dtod(runtime::get()?, dst, src, n, 0)
 }
 pub(crate) unsafe fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     generic(runtime::get()?, dst, src, n, 0, false)
 }
 pub(crate) unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
@@ -418,6 +449,7 @@ pub(crate) unsafe fn memcpy_dtod_async_v2(dst: CUdeviceptr, src: CUdeviceptr, n:
     dtod(runtime::get()?, dst, src, n, st)
 }
 pub(crate) unsafe fn memcpy_peer(dst: CUdeviceptr, _dctx: CUcontext, src: CUdeviceptr, _sctx: CUcontext, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     dtod(runtime::get()?, dst, src, n, 0)
 }
 pub(crate) unsafe fn memcpy_peer_async(
@@ -452,6 +484,10 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         (pitch as u64) * (rows as u64 - 1) + row_bytes
     };
     let dev = objects().memory.check_range(dst, span)?;
+    let op = MemsetNode { dst, value, elem, width: count, pitch, height: if pitch == 0 { 1 } else { rows } };
+    if capture::record(stream, || Ok(Node::Memset { op, device: dev }))? {
+        return Ok(());
+    }
     rt.conn(dev)?
         .post(
             |r| {
@@ -470,12 +506,15 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
 }
 
 pub(crate) unsafe fn memset_d8_v2(d: CUdeviceptr, v: u8, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 1, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d16_v2(d: CUdeviceptr, v: u16, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 2, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d32_v2(d: CUdeviceptr, v: u32, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v, 4, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d8_async(d: CUdeviceptr, v: u8, n: usize, s: CUstream) -> CuResult<()> {
@@ -488,12 +527,15 @@ pub(crate) unsafe fn memset_d32_async(d: CUdeviceptr, v: u32, n: usize, s: CUstr
     memset(d, v, 4, n, 0, 0, stream::remote(s)?)
 }
 pub(crate) unsafe fn memset_d2d8_v2(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 1, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d16_v2(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 2, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d32_v2(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v, 4, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d8_async(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) -> CuResult<()> {
@@ -609,6 +651,7 @@ impl Side {
 /// A pitched copy, row by row, each row the 1-D copy its sides call for.
 /// Device-to-host copies read the whole pitched span in one round trip.
 unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
+    capture::refuse(stream, CuError::NOT_SUPPORTED, "cuMemcpy2DAsync")?;
     let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
     let rt = runtime::get()?;
     let (w, h) = (c.WidthInBytes, c.Height);
@@ -652,6 +695,7 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     copy_2d(c, 0)
 }
 pub(crate) unsafe fn memcpy_2d_async_v2(c: *const CUDA_MEMCPY2D, s: CUstream) -> CuResult<()> {

@@ -21,9 +21,13 @@
 //! Below this layer: `runtime` (the servers and their devices, set up by `cuInit`) and `client`
 //! (the wire). Nothing here knows the C ABI beyond the handle types.
 
+pub mod capture;
 pub mod cls;
 pub mod context;
 pub mod event;
+pub mod graph;
+pub mod graph_exec;
+pub mod kernel_args;
 pub mod library;
 pub mod link;
 pub mod logs;
@@ -55,6 +59,10 @@ pub struct Objects {
     pub cls: cls::Store,
     pub logs: logs::Callbacks,
     pub links: Table<link::LinkState>,
+    pub graphs: Table<graph::Graph>,
+    /// Each node handle's graph.
+    pub graph_nodes: Table<u64>,
+    pub graph_execs: Table<graph_exec::Exec>,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -72,6 +80,9 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     cls: cls::Store::default(),
     logs: logs::Callbacks::default(),
     links: Table::new(tag::LINK),
+    graphs: Table::new(tag::GRAPH),
+    graph_nodes: Table::new(tag::GRAPH_NODE),
+    graph_execs: Table::new(tag::GRAPH_EXEC),
 });
 
 /// The process's objects.
