@@ -437,7 +437,7 @@ pub fn build(program: &str, variant: Variant) -> PathBuf {
             // Plain host C++ (`-x c++`): a .cu file would register an empty
             // fatbin with cudart, which `-cudart none` leaves out.
             args.extend([os("-x"), os("c++"), os("-cudart"), os("none"), os("-L"), os(&bins.dir), os("-lcuda")]);
-            if program == "drv_module" {
+            if matches!(program, "drv_module" | "drv_graph") {
                 args.extend([os("-I"), os(module_header("drv_module_kernels", "drv_module_images.h"))]);
             }
         }

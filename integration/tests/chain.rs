@@ -109,6 +109,12 @@ fn drv_api() {
     chain("drv_api", Variant::Driver, &[]);
 }
 
+/// A graph built by hand, replayed through the cuda backend.
+#[test]
+fn drv_graph() {
+    chain("drv_graph", Variant::Driver, &[]);
+}
+
 /// Module loading, globals, attributes, then a launch (see [`chain_launch`]).
 #[test]
 fn drv_module() {

@@ -71,7 +71,7 @@ fn runtime_programs_cudart12_shared() {
 
 #[test]
 fn driver_programs() {
-    for p in ["drv_api", "drv_module"] {
+    for p in ["drv_api", "drv_module", "drv_graph"] {
         assert!(build(p, Variant::Driver).exists());
     }
 }

@@ -14,3 +14,10 @@ fn drv_api() {
 fn drv_module() {
     run_program("drv_module", Variant::Driver, &launch_args());
 }
+
+/// A graph built by hand (memset, kernel, memcpy, host and event nodes with
+/// dependencies), its queries, a cycle refused, clone and child graph.
+#[test]
+fn drv_graph() {
+    run_program("drv_graph", Variant::Driver, &[]);
+}
