@@ -284,3 +284,117 @@ fn replay(s: &mut SessionState, exec: &GraphExec, stream: u64, bulk: &mut Bulk<'
     }
     Ok(stream)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::backend::{Backend, MemsetOp};
+    use crate::command::memory::MemAlloc;
+    use rgpu_transport::Transport;
+
+    /// Bulk bytes waiting on an in-memory connection.
+    struct Wire(Vec<u8>, usize);
+
+    impl Transport for Wire {
+        fn send(&mut self, _bufs: &[&[u8]]) -> io::Result<()> {
+            Ok(())
+        }
+        fn recv_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+            let rest = &self.0[self.1..];
+            if rest.len() < buf.len() {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            buf.copy_from_slice(&rest[..buf.len()]);
+            self.1 += buf.len();
+            Ok(())
+        }
+        fn peer(&self) -> &str {
+            "test"
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn session() -> SessionState {
+        let cfg = SimConfig { devices: 1, memory: 16 << 20, compute_capability: (9, 0), seed: None, kernel_time_limit: Duration::from_secs(30) };
+        let sim = SimBackend::new(&cfg).expect("sim backend");
+        SessionState::new(sim.open_session(None).expect("session"), 1)
+    }
+
+    fn alloc(s: &mut SessionState, size: u64) -> u64 {
+        MemAlloc { device: 0, size }.apply(s).expect("alloc").ptr
+    }
+
+    fn create(s: &mut SessionState, handle: u64, ops: Vec<WireOp>) -> Result<(), Fail> {
+        let mut scratch = vec![];
+        let mut w = Wire(vec![], 0);
+        GraphExecCreate { handle, device: 0, ops: Ok(ops) }.apply(s, &mut Bulk::new(&mut w, 0, &mut scratch))
+    }
+
+    fn launch(s: &mut SessionState, exec: u64, bulk: &[u8]) -> Result<Option<DeviceBytes>, Fail> {
+        let mut scratch = vec![];
+        let mut w = Wire(bulk.to_vec(), 0);
+        GraphLaunch { exec, stream: 0 }.apply(s, &mut Bulk::new(&mut w, bulk.len() as u64, &mut scratch))
+    }
+
+    fn read(s: &mut SessionState, src: u64, len: u64) -> Vec<u8> {
+        let mut out = vec![];
+        let stream = s.stream(0, 0).unwrap();
+        s.backend
+            .memcpy_dtoh(stream, src, len, &mut |c| {
+                out.extend_from_slice(c);
+                Ok(())
+            })
+            .unwrap();
+        out
+    }
+
+    #[test]
+    fn a_launch_replays_the_ops_in_order_with_its_own_bytes() {
+        let mut s = session();
+        let (a, b) = (alloc(&mut s, 64), alloc(&mut s, 64));
+        let memset = |dst, value| {
+            WireOp::Memset(Memset { op: MemsetOp { dst, value, element_size: 1, count: 64, pitch: 0, rows: 1 }, stream: 0 })
+        };
+        // b = 0x11; a[0..16] = bulk; b[0..16] = a[0..16]; back = b; a = 0x22
+        let ops = vec![
+            memset(b, 0x11),
+            WireOp::HtoD { dst: a, size: 16 },
+            WireOp::DtoD { dst: b, src: a, size: 16 },
+            WireOp::DtoH { src: b, size: 64 },
+            memset(a, 0x22),
+        ];
+        create(&mut s, 7, ops).unwrap();
+        for k in 1..=2u8 {
+            let bytes = [k; 16];
+            let back = launch(&mut s, 7, &bytes).unwrap().expect("the reply carries the device-to-host bytes");
+            assert_eq!(back.len, 64);
+            let got = read(&mut s, back.src, back.len);
+            let mut want = vec![k; 16];
+            want.extend_from_slice(&[0x11; 48]);
+            assert_eq!(got, want, "launch {k}: the staged bytes are b as the copy saw it");
+            assert_eq!(read(&mut s, a, 64), vec![0x22; 64], "the op after the copy ran");
+        }
+    }
+
+    #[test]
+    fn launches_are_checked_against_the_exec_and_the_session() {
+        let mut s = session();
+        let a = alloc(&mut s, 64);
+        create(&mut s, 1, vec![WireOp::HtoD { dst: a, size: 16 }]).unwrap();
+        assert!(matches!(launch(&mut s, 1, &[0; 15]), Err(Fail::Cuda(CuError::INVALID_VALUE))), "bulk shorter than the copies");
+        assert!(matches!(launch(&mut s, 2, &[]), Err(Fail::Cuda(CuError::INVALID_HANDLE))), "no such exec");
+        // Out of the allocation, or memory that is not the session's, is refused at creation.
+        assert!(create(&mut s, 3, vec![WireOp::HtoD { dst: a + 60, size: 16 }]).is_err());
+        assert!(create(&mut s, 3, vec![WireOp::DtoH { src: 0x1000, size: 1 }]).is_err());
+        assert!(create(&mut s, 3, vec![WireOp::EventRecord(99)]).is_err(), "an unknown event");
+        // Memory freed after instantiation fails the launch rather than being touched.
+        crate::command::memory::MemFree { ptr: a }.apply(&mut s).unwrap();
+        assert!(matches!(launch(&mut s, 1, &[0; 16]), Err(Fail::Cuda(CuError::INVALID_VALUE))));
+        GraphExecDestroy { handle: 1 }.apply(&mut s).unwrap();
+        assert!(GraphExecDestroy { handle: 1 }.apply(&mut s).is_err(), "destroyed twice");
+    }
+}
