@@ -345,6 +345,26 @@ static void forbidden_calls(cudaStream_t s1, cudaStream_t s2) {
     EXPECT(st == cudaStreamCaptureStatusNone, "the fork still captures after the failed end (%d)", (int)st);
     ok("a fork not joined back fails cudaStreamEndCapture with cudaErrorStreamCaptureUnjoined");
 
+    // An event recorded during a capture cannot be queried; waiting for an event recorded
+    // outside it, without cudaEventWaitExternal, is invalid.
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    CHECK(cudaEventRecord(fork, s1));
+    e = cudaEventQuery(fork);
+    EXPECT(e == cudaErrorCapturedEvent, "cudaEventQuery of a captured event: %s", cudaGetErrorName(e));
+    g = nullptr;
+    (void)cudaStreamEndCapture(s1, &g);
+    if (g) CHECK(cudaGraphDestroy(g));
+    (void)cudaGetLastError();
+    CHECK(cudaEventRecord(fork, s2));
+    CHECK(cudaStreamSynchronize(s2));
+    CHECK(cudaStreamBeginCapture(s1, cudaStreamCaptureModeGlobal));
+    e = cudaStreamWaitEvent(s1, fork, 0);
+    EXPECT(e != cudaSuccess, "a capturing stream waited for an event recorded outside the capture");
+    e = cudaStreamEndCapture(s1, &g);
+    EXPECT(e == cudaErrorStreamCaptureInvalidated, "end after the isolation error: %s", cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    ok("a captured event cannot be queried; an outside event cannot be waited for in capture");
+
     e = cudaStreamEndCapture(s1, &g);
     // cuda.h names INVALID_VALUE; drivers answer ILLEGAL_STATE: either says no capture.
     EXPECT(e == cudaErrorIllegalState || e == cudaErrorInvalidValue, "ending a capture that is not there: %s",

@@ -79,12 +79,14 @@ pub(crate) unsafe fn record_with_flags(e: CUevent, s: CUstream, flags: u32) -> C
 
 pub(crate) unsafe fn synchronize(e: CUevent) -> CuResult<()> {
     let (h, ev) = events::get(e)?;
+    capture::check_event_wait(h)?;
     events::synchronize(runtime::get()?, h, &ev)
 }
 
 pub(crate) unsafe fn query(e: CUevent) -> CuResult<()> {
     let rt = runtime::get()?;
     let (h, ev) = events::get(e)?;
+    capture::check_event_wait(h)?;
     rt.conn(ev.device)?
         .call(|r| r.init_event_query().set_handle(h), &[], Sink::None, |_| Ok(()))
         .map_err(cu_err)

@@ -196,7 +196,11 @@ pub fn refuse(s: u64, e: CuError, what: &str) -> CuResult<()> {
     }
     let mut c = lock();
     let Some(id) = c.streams.get(&s).map(|st| st.capture) else { return Ok(()) };
-    tracing::warn!("{what} during stream capture is not supported by rgpu");
+    if e == CuError::NOT_SUPPORTED {
+        tracing::warn!("{what} during stream capture is not supported by rgpu");
+    } else {
+        tracing::debug!("{what} is not permitted during stream capture");
+    }
     invalidate(&mut c, id);
     Err(e)
 }
@@ -344,6 +348,18 @@ pub fn update_dependencies(s: u64, nodes: &[u64], set: bool) -> CuResult<()> {
         }
     }
     Ok(())
+}
+
+/// cuEventSynchronize and cuEventQuery: not of an event recorded in a capture in progress
+/// (CUDA_ERROR_CAPTURED_EVENT), and, as potentially unsafe calls, as the modes allow.
+pub fn check_event_wait(event: u64) -> CuResult<()> {
+    if !any() {
+        return Ok(());
+    }
+    if lock().events.contains_key(&event) {
+        return Err(CuError::CAPTURED_EVENT);
+    }
+    check_unsafe_call()
 }
 
 /// cuStreamSynchronize and cuStreamQuery on a capturing stream: never allowed, and the
