@@ -41,6 +41,7 @@ pub(crate) unsafe fn destroy_v2(s: CUstream) -> CuResult<()> {
     let rt = runtime::get()?;
     let h = s as usize as u64;
     let st = objects().streams.remove(h).ok_or(CuError::INVALID_HANDLE)?;
+    capture::forget_stream(h);
     streams::release(rt, h, &st)
 }
 

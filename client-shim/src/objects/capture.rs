@@ -147,6 +147,27 @@ fn unjoined(c: &Captures, cap: &Capture) -> Option<u64> {
         .map(|(&k, _)| k)
 }
 
+/// Stream `s` is being destroyed: it leaves its capture; a capture that began on it ends
+/// there, its graph discarded (it can no longer be ended), so it forbids nothing any more.
+pub fn forget_stream(s: u64) {
+    if !any() || s == 0 {
+        return;
+    }
+    let mut c = lock();
+    let Some(st) = c.streams.remove(&s) else { return };
+    let Some((cap, _)) = c.live.get(&st.capture).cloned() else { return };
+    if cap.origin != s {
+        return;
+    }
+    c.streams.retain(|_, v| v.capture != cap.id);
+    c.events.retain(|_, (id, _)| *id != cap.id);
+    c.live.remove(&cap.id);
+    ACTIVE.fetch_sub(1, Ordering::AcqRel);
+    drop(c);
+    tracing::debug!("stream capture {} ended: its stream was destroyed", cap.id);
+    let _ = graph::destroy(cap.graph);
+}
+
 /// Marks capture `id` invalidated.
 fn invalidate(c: &mut Captures, id: u64) {
     if let Some(e) = c.live.get_mut(&id) {
@@ -409,4 +430,85 @@ pub fn check_unsafe_call() -> CuResult<()> {
         invalidate(&mut c, id);
     }
     Err(CuError::STREAM_CAPTURE_UNSUPPORTED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn empty() -> CuResult<Node> {
+        Ok(Node::Empty)
+    }
+
+    fn edges(g: u64) -> Vec<(u64, u64)> {
+        super::super::objects().graphs.get(g).unwrap().body().edges()
+    }
+
+    // One test, so that no other capture of this process runs while the modes are checked.
+    #[test]
+    fn capture_forks_joins_and_enforces_the_modes() {
+        type M = CUstreamCaptureMode;
+        let (a, b) = (0xA001, 0xA002);
+        // Fork onto b, work on both, join back: the graph has the diamond.
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        assert_eq!(begin(a, 0, M::CU_STREAM_CAPTURE_MODE_GLOBAL), Err(CuError::ILLEGAL_STATE));
+        assert!(record(a, empty).unwrap());
+        assert!(!record(b, empty).unwrap(), "b does not capture yet");
+        assert!(record_event(a, 0xE1, 0, false).unwrap());
+        assert!(wait_event(b, 0, 0xE1, 0, false).unwrap());
+        assert_eq!(info(b).id, info(a).id, "b joined a's capture");
+        assert!(record(b, empty).unwrap());
+        assert!(record(a, empty).unwrap());
+        assert!(record_event(b, 0xE2, 0, false).unwrap());
+        assert!(wait_event(a, 0, 0xE2, 0, false).unwrap());
+        assert_eq!(info(a).count, 2, "after the join a depends on both branches");
+        assert!(record(a, empty).unwrap());
+        assert_eq!(end(b), Err(CuError::STREAM_CAPTURE_UNMATCHED), "only the origin ends a capture");
+        let g = end(a).unwrap();
+        let e = edges(g);
+        assert_eq!(e.len(), 4, "n1->n2 (fork), n1->n3, n2->n4, n3->n4: {e:?}");
+        assert_eq!(info(b).status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+        // A fork left unjoined fails the end, and every stream leaves the capture.
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        record_event(a, 0xE1, 0, false).unwrap();
+        wait_event(b, 0, 0xE1, 0, false).unwrap();
+        record(b, empty).unwrap();
+        assert_eq!(end(a), Err(CuError::STREAM_CAPTURE_UNJOINED));
+        assert_eq!(info(b).status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+        // The modes: a thread-local capture forbids unsafe calls on its own thread only.
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        std::thread::spawn(|| assert_eq!(check_unsafe_call(), Ok(()), "another thread, a thread-local capture"))
+            .join()
+            .unwrap();
+        assert_eq!(check_unsafe_call(), Err(CuError::STREAM_CAPTURE_UNSUPPORTED));
+        assert_eq!(info(a).status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+        assert_eq!(record(a, empty), Err(CuError::STREAM_CAPTURE_INVALIDATED));
+        assert_eq!(end(a), Err(CuError::STREAM_CAPTURE_INVALIDATED));
+
+        // A global capture forbids them on other threads in mode global, not in thread-local
+        // or relaxed; and a relaxed capture forbids nothing.
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+        std::thread::spawn(|| {
+            exchange_mode(M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+            assert_eq!(check_unsafe_call(), Ok(()), "a thread-local thread ignores other threads' captures");
+            exchange_mode(M::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+            assert_eq!(check_unsafe_call(), Ok(()));
+            exchange_mode(M::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+            assert_eq!(check_unsafe_call(), Err(CuError::STREAM_CAPTURE_UNSUPPORTED));
+        })
+        .join()
+        .unwrap();
+        assert_eq!(end(a), Err(CuError::STREAM_CAPTURE_INVALIDATED), "the other thread's call invalidated it");
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_RELAXED).unwrap();
+        assert_eq!(check_unsafe_call(), Ok(()));
+        std::thread::spawn(move || assert!(end(a).is_ok(), "a relaxed capture may end on another thread")).join().unwrap();
+
+        // A destroyed origin ends its capture: nothing is forbidden afterwards.
+        begin(a, 0, M::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+        forget_stream(a);
+        assert_eq!(check_unsafe_call(), Ok(()));
+        assert!(!any());
+    }
 }

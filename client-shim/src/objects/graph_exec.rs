@@ -158,6 +158,10 @@ struct State {
     body: Body,
     /// Each step, with the server's handle for a device step.
     steps: Arc<Vec<(Step, u64)>>,
+    /// Why the exec can no longer launch: a replacement of its steps failed part-way, so the
+    /// server's steps and these may differ (a launch would pair old host buffers with new
+    /// operations).
+    broken: Option<CuError>,
 }
 
 impl Exec {
@@ -167,7 +171,7 @@ impl Exec {
         let (steps, device) = plan(&body)?;
         let device = device.unwrap_or(dflt);
         let steps = send_steps(rt, device, steps, &[]).map_err(|e| (e, 0))?;
-        Ok(Exec { device, flags, state: Mutex::new(State { body, steps: Arc::new(steps) }) })
+        Ok(Exec { device, flags, state: Mutex::new(State { body, steps: Arc::new(steps), broken: None }) })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -188,7 +192,13 @@ impl Exec {
         }
         let mut st = self.state();
         let old: Vec<u64> = st.steps.iter().filter(|(s, _)| matches!(s, Step::Device(_))).map(|(_, h)| *h).collect();
-        let steps = send_steps(rt, self.device, steps, &old).map_err(|e| (e, 0))?;
+        let steps = match send_steps(rt, self.device, steps, &old) {
+            Ok(s) => s,
+            Err(e) => {
+                st.broken = Some(e);
+                return Err((e, 0));
+            }
+        };
         let used = steps.iter().filter(|(s, _)| matches!(s, Step::Device(_))).count();
         for h in old.iter().skip(used) {
             destroy_step(rt, self.device, *h);
@@ -211,7 +221,13 @@ impl Exec {
 
     /// Runs the exec on `stream` (its server handle; `s` as the program passed it).
     pub fn launch(&self, rt: &Runtime, s: CUstream, stream: u64) -> CuResult<()> {
-        let steps = self.state().steps.clone();
+        let steps = {
+            let st = self.state();
+            if let Some(e) = st.broken {
+                return Err(e);
+            }
+            st.steps.clone()
+        };
         let conn = rt.conn(self.device)?;
         for (step, h) in steps.iter() {
             match step {
@@ -279,6 +295,7 @@ fn destroy_step(rt: &Runtime, device: CUdevice, h: u64) {
 fn send_steps(rt: &Runtime, device: CUdevice, steps: Vec<Step>, reuse: &[u64]) -> CuResult<Vec<(Step, u64)>> {
     let remote_dev = rt.device(device)?.remote.ordinal;
     let conn = rt.conn(device)?;
+    let reuse_all = reuse;
     let mut reuse = reuse.iter().copied();
     let mut out = Vec::with_capacity(steps.len());
     for step in steps {
@@ -307,7 +324,15 @@ fn send_steps(rt: &Runtime, device: CUdevice, steps: Vec<Step>, reuse: &[u64]) -
             Sink::None,
             |_| Ok(()),
         )
-        .map_err(cu_err)?;
+        .map_err(|e| {
+            // Steps sent under new handles before the failure are not kept.
+            for (s, h) in &out {
+                if matches!(s, Step::Device(_)) && !reuse_all.contains(h) {
+                    destroy_step(rt, device, *h);
+                }
+            }
+            cu_err(e)
+        })?;
         out.push((step, h));
     }
     Ok(out)
