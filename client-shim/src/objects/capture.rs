@@ -255,10 +255,8 @@ pub fn wait_event(s: u64, device: CUdevice, event: u64, ev_device: CUdevice, ext
     if !any() {
         return Ok(false);
     }
-    if external {
-        if record(s, || Ok(Node::EventWait { event, device: ev_device }))? {
-            return Ok(true);
-        }
+    if external && record(s, || Ok(Node::EventWait { event, device: ev_device }))? {
+        return Ok(true);
     }
     let mut c = lock();
     let from = c.events.get(&event).cloned();

@@ -11,6 +11,8 @@
 //!          └─ context-local storage    (cudart's per-context state, with destructors)
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
+//! graph ──── nodes                     (a node handle names its graph; captures build graphs)
+//! graph exec                           (its steps live on its device's server session)
 //! ```
 //!
 //! Destroying a context or resetting a primary context is one walk of that tree,
