@@ -589,14 +589,14 @@ pub(crate) unsafe fn instantiate_with_flags(ph: &mut CUgraphExec, g: CUgraph, fl
 
 pub(crate) unsafe fn instantiate_with_params(ph: &mut CUgraphExec, g: CUgraph, p: &mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CuResult<()> {
     type R = CUgraphInstantiateResult;
+    if p.flags & CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64 != 0 {
+        stream::device_of(p.hUploadStream)?;
+    }
     match instantiate_graph(g, p.flags) {
         Ok(h) => {
             p.result_out = R::CUDA_GRAPH_INSTANTIATE_SUCCESS;
             p.hErrNode_out = std::ptr::null_mut();
             *ph = h as usize as CUgraphExec;
-            if p.flags & CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD.0 as u64 != 0 {
-                stream::device_of(p.hUploadStream)?;
-            }
             Ok(())
         }
         Err((e, node)) => {

@@ -462,6 +462,7 @@ mod tests {
         assert_eq!(info(a).count, 2, "after the join a depends on both branches");
         assert!(record(a, empty).unwrap());
         assert_eq!(end(b), Err(CuError::STREAM_CAPTURE_UNMATCHED), "only the origin ends a capture");
+        std::thread::spawn(move || assert_eq!(end(a), Err(CuError::STREAM_CAPTURE_WRONG_THREAD))).join().unwrap();
         let g = end(a).unwrap();
         let e = edges(g);
         assert_eq!(e.len(), 4, "n1->n2 (fork), n1->n3, n2->n4, n3->n4: {e:?}");
