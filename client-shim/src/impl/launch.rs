@@ -5,10 +5,10 @@
 use std::ffi::c_void;
 
 use crate::cuda::types::*;
-use crate::objects::library::resolve_function;
 use crate::objects::capture;
 use crate::objects::graph::{KernelNode, Node};
 use crate::objects::kernel_args::{check_dims, pack};
+use crate::objects::library::resolve_function;
 use crate::objects::module::{self, check_launchable};
 use crate::objects::stream;
 use crate::runtime::{self, cu_err, Runtime};
