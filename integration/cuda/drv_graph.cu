@@ -5,6 +5,7 @@
 // with the results checked on the host. Kernels from drv_module_kernels.cu
 // (`fill(out, value, n)`: out[i] = value + i % 4 on a fresh module).
 #include <cuda.h>
+#include <unistd.h>
 #include "check.h"
 #include "drv_module_images.h"  // module_fatbin[], module_fatbin_len, module_ptx[]
 // cuda.h 13 maps the edge and dependency calls to their _v2 forms (edge data: null, default).
@@ -203,6 +204,47 @@ int main() {
     CU_CHECK(cuStreamSynchronize(s));
     EXPECT(h2[2] == 302 && seen.value == 201, "through a child graph: h2[2] = %d", h2[2]);
     ok("a child graph node runs its copy of the graph");
+
+    // Capture into an existing graph, after one of its nodes.
+    CUgraph gc;
+    CU_CHECK(cuGraphCreate(&gc, 0));
+    CUgraphNode m0;
+    ms.dst = d3;
+    ms.value = 0;
+    CU_CHECK(cuGraphAddMemsetNode(&m0, gc, nullptr, 0, &ms, ctx));
+    CU_CHECK(cuStreamBeginCaptureToGraph(s, gc, &m0, nullptr, 1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    int v400 = 400;
+    void *args_400[] = {&d3, &v400, &n};
+    CU_CHECK(cuLaunchKernel(fill, N / 128, 1, 1, 128, 1, 1, 0, s, args_400, nullptr));
+    CUgraph gout = nullptr;
+    CU_CHECK(cuStreamEndCapture(s, &gout));
+    EXPECT(gout == gc, "the capture returned another graph");
+    count = 0;
+    CU_CHECK(cuGraphGetEdges(gc, nullptr, nullptr, nullptr, &count));
+    EXPECT(count == 1, "%zu edges after capturing into the graph", count);
+    CUgraphExec x4;
+    CU_CHECK(cuGraphInstantiateWithFlags(&x4, gc, 0));
+    CU_CHECK(cuGraphLaunch(x4, s));
+    CU_CHECK(cuMemcpyDtoH(h3, d3, bytes));
+    EXPECT(h3[3] == 403, "captured into the graph: h3[3] = %d", h3[3]);
+    CU_CHECK(cuGraphExecDestroy(x4));
+    CU_CHECK(cuGraphDestroy(gc));
+    ok("cuStreamBeginCaptureToGraph: captured work follows the graph's node");
+
+    char path[] = "/tmp/drv_graph_dot_XXXXXX";
+    int fd = mkstemp(path);
+    EXPECT(fd >= 0, "mkstemp");
+    close(fd);
+    CU_CHECK(cuGraphDebugDotPrint(g, path, 0));
+    FILE *dot = fopen(path, "r");
+    EXPECT(dot != nullptr, "no DOT file");
+    char text[8192] = {0};
+    size_t got_bytes = fread(text, 1, sizeof text - 1, dot);
+    fclose(dot);
+    unlink(path);
+    EXPECT(got_bytes > 0 && strstr(text, "digraph") && strstr(text, "->") && strstr(text, "kernel fill"),
+           "DOT text: %s", text);
+    ok("cuGraphDebugDotPrint writes the nodes and edges");
 
     CU_CHECK(cuGraphDestroyNode(r));
     count = 0;

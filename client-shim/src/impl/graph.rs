@@ -527,6 +527,49 @@ pub(crate) unsafe fn event_wait_node_get_event(node: CUgraphNode, out: &mut CUev
     })
 }
 
+/// A DOT description of the graph (nodes by kind, edges), for looking at; `flags` choose
+/// CUDA's extra detail, which is left out.
+pub(crate) unsafe fn debug_dot_print(g: CUgraph, path: *const c_char, _flags: u32) -> CuResult<()> {
+    let (gh, graph) = graphs::get(g)?;
+    if path.is_null() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let path = std::ffi::CStr::from_ptr(path).to_str().map_err(|_| CuError::INVALID_VALUE)?;
+    let text = {
+        let body = graph.body();
+        let mut t = format!("digraph graph_{gh:#x} {{\n");
+        for (h, e) in &body.nodes {
+            t.push_str(&format!("  n{h:x} [label=\"{}\"];\n", dot_label(&e.node)));
+        }
+        for (from, to) in body.edges() {
+            t.push_str(&format!("  n{from:x} -> n{to:x};\n"));
+        }
+        t.push_str("}\n");
+        t
+    };
+    std::fs::write(path, text).map_err(|e| {
+        tracing::debug!("cuGraphDebugDotPrint: {path}: {e}");
+        CuError::OPERATING_SYSTEM
+    })
+}
+
+fn dot_label(n: &Node) -> String {
+    match n {
+        Node::Empty => "empty".into(),
+        Node::Kernel(k) => format!("kernel {}", k.function.name.to_string_lossy()),
+        Node::Memcpy { copy, size, .. } => match copy {
+            Copy::HtoD { .. } => format!("memcpy HtoD {size} B"),
+            Copy::DtoH { .. } => format!("memcpy DtoH {size} B"),
+            Copy::DtoD { .. } => format!("memcpy DtoD {size} B"),
+        },
+        Node::Memset { op, .. } => format!("memset {}x{} of {} B", op.width, op.height, op.elem),
+        Node::Host { .. } => "host".into(),
+        Node::EventRecord { .. } => "event record".into(),
+        Node::EventWait { .. } => "event wait".into(),
+        Node::Child(b) => format!("child graph ({} nodes)", b.nodes.len()),
+    }
+}
+
 // ---- instantiation and launch ----------------------------------------------------------------
 
 /// Flags rgpu honours: freeing graph memory on launch (it makes none) and uploading (the

@@ -138,6 +138,27 @@ pub(crate) unsafe fn begin_capture_v2(s: CUstream, mode: CUstreamCaptureMode) ->
     capture::begin(h, dev, mode)
 }
 
+/// Captures into the program's graph `g`, after its nodes `deps` (default edges only).
+pub(crate) unsafe fn begin_capture_to_graph(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const CUgraphEdgeData,
+    n: usize,
+    mode: CUstreamCaptureMode,
+) -> CuResult<()> {
+    let (h, dev) = capturable(s)?;
+    let gh = g as usize as u64;
+    if objects().graphs.get(gh).is_none() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    if !edges.is_null() && n > 0 && std::slice::from_raw_parts(edges, n).iter().any(|e| *e != CUgraphEdgeData::default()) {
+        tracing::warn!("cuStreamBeginCaptureToGraph: only default edges are supported by rgpu");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    capture::begin_into(h, dev, mode, Some(gh), graph::node_list(deps, n)?)
+}
+
 pub(crate) unsafe fn end_capture(s: CUstream, graph: &mut CUgraph) -> CuResult<()> {
     let h = streams::remote(s)?;
     *graph = std::ptr::null_mut();

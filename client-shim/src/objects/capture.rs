@@ -35,6 +35,9 @@ pub struct Capture {
     /// nodes to it itself: cuStreamGetCaptureInfo_v2 hands it out).
     pub graph: u64,
     pub device: CUdevice,
+    /// Whether the capture made its graph (else it captures into the program's, which a failed
+    /// capture leaves alone: cuStreamBeginCaptureToGraph).
+    pub owns_graph: bool,
 }
 
 #[derive(Default)]
@@ -74,6 +77,12 @@ fn any() -> bool {
 
 /// Starts capturing on stream `s` (a created stream), on `device`.
 pub fn begin(s: u64, device: CUdevice, mode: Mode) -> CuResult<()> {
+    begin_into(s, device, mode, None, vec![])
+}
+
+/// Starts capturing on `s`, into graph `into` (the program's, its first captured work after
+/// `deps`, nodes of that graph) or into a new graph.
+pub fn begin_into(s: u64, device: CUdevice, mode: Mode, into: Option<u64>, deps: Vec<u64>) -> CuResult<()> {
     if ![Mode::CU_STREAM_CAPTURE_MODE_GLOBAL, Mode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, Mode::CU_STREAM_CAPTURE_MODE_RELAXED]
         .contains(&mode)
     {
@@ -83,11 +92,19 @@ pub fn begin(s: u64, device: CUdevice, mode: Mode) -> CuResult<()> {
     if c.streams.contains_key(&s) {
         return Err(CuError::ILLEGAL_STATE);
     }
-    let g = graph::create(graph::Body::default());
+    if let Some(g) = into {
+        for d in &deps {
+            if super::objects().graph_nodes.get(*d).map(|x| *x) != Some(g) {
+                return Err(CuError::INVALID_VALUE);
+            }
+        }
+    }
+    let g = into.unwrap_or_else(|| graph::create(graph::Body::default()));
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let cap = Arc::new(Capture { id, origin: s, mode, thread: std::thread::current().id(), graph: g, device });
+    let thread = std::thread::current().id();
+    let cap = Arc::new(Capture { id, origin: s, mode, thread, graph: g, device, owns_graph: into.is_none() });
     c.live.insert(id, (cap, false));
-    c.streams.insert(s, StreamState::new(id, vec![]));
+    c.streams.insert(s, StreamState::new(id, deps));
     ACTIVE.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -119,7 +136,9 @@ pub fn end(s: u64) -> CuResult<u64> {
     ACTIVE.fetch_sub(1, Ordering::AcqRel);
     drop(c);
     if invalidated || !joined {
-        let _ = graph::destroy(cap.graph);
+        if cap.owns_graph {
+            let _ = graph::destroy(cap.graph);
+        }
         return Err(if invalidated { CuError::STREAM_CAPTURE_INVALIDATED } else { CuError::STREAM_CAPTURE_UNJOINED });
     }
     Ok(cap.graph)
@@ -165,7 +184,9 @@ pub fn forget_stream(s: u64) {
     ACTIVE.fetch_sub(1, Ordering::AcqRel);
     drop(c);
     tracing::debug!("stream capture {} ended: its stream was destroyed", cap.id);
-    let _ = graph::destroy(cap.graph);
+    if cap.owns_graph {
+        let _ = graph::destroy(cap.graph);
+    }
 }
 
 /// Marks capture `id` invalidated.
