@@ -18,6 +18,8 @@ use super::objects;
 /// Nodes of one graph (child graphs included, counted once each): CUDA graphs of real
 /// programs have thousands; the bound keeps every walk over a hostile graph bounded.
 pub const MAX_NODES: usize = 1 << 20;
+/// Child graphs inside child graphs, at most (every walk over a graph recurses into them).
+pub const MAX_DEPTH: usize = 16;
 
 #[derive(Clone)]
 pub struct KernelNode {
@@ -117,6 +119,8 @@ pub struct Body {
     pub nodes: BTreeMap<u64, Entry>,
     /// Nodes counted against [`MAX_NODES`], child graphs' included.
     weight: usize,
+    /// Levels of child graphs inside (0: none), at most [`MAX_DEPTH`].
+    depth: usize,
 }
 
 impl Body {
@@ -129,8 +133,17 @@ impl Body {
             }
         }
         let weight = self.weight.checked_add(node.weight()).filter(|&w| w <= MAX_NODES).ok_or(CuError::OUT_OF_MEMORY)?;
+        let depth = match &node {
+            Node::Child(b) if b.depth + 1 > MAX_DEPTH => {
+                tracing::warn!("child graphs nested more than {MAX_DEPTH} deep are not supported by rgpu");
+                return Err(CuError::NOT_SUPPORTED);
+            }
+            Node::Child(b) => self.depth.max(b.depth + 1),
+            _ => self.depth,
+        };
         self.nodes.insert(h, Entry { node, deps: deps.to_vec() });
         self.weight = weight;
+        self.depth = depth;
         Ok(())
     }
 
@@ -219,7 +232,7 @@ impl Body {
             .iter()
             .map(|(h, e)| (map[h], Entry { node: e.node.clone(), deps: e.deps.iter().map(|d| map[d]).collect() }))
             .collect();
-        (Body { nodes, weight: self.weight }, map.into_iter().collect())
+        (Body { nodes, weight: self.weight, depth: self.depth }, map.into_iter().collect())
     }
 
     /// Whether `other` has the same shape (node kinds and edges, paired in creation order),
@@ -381,6 +394,19 @@ mod tests {
         b.remove(1).unwrap();
         assert!(b.edges().is_empty(), "removing a node removes its edges");
         assert_eq!(b.roots(), vec![2, 3]);
+    }
+
+    #[test]
+    fn child_graphs_nest_only_so_deep() {
+        let mut b = Body::default();
+        for level in 1..=MAX_DEPTH {
+            let mut outer = Body::default();
+            outer.add(1, Node::Child(b), &[]).unwrap();
+            b = outer;
+            assert_eq!(b.depth, level);
+        }
+        let mut top = Body::default();
+        assert_eq!(top.add(1, Node::Child(b), &[]), Err(CuError::NOT_SUPPORTED));
     }
 
     #[test]

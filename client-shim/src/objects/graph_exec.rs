@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use rgpu_cuda_types::*;
 
-use super::graph::{Body, Copy, KernelNode, MemsetNode, Node};
+use super::graph::{Body, Copy, KernelNode, MemsetNode, Node, MAX_DEPTH};
 use super::objects;
 use crate::client::connection::Sink;
 use crate::runtime::{cu_err, Runtime};
@@ -27,8 +27,6 @@ use crate::runtime::{cu_err, Runtime};
 const MAX_STEP_OPS: usize = 1 << 16;
 /// Bytes a step's launch carries each way.
 const MAX_STEP_BYTES: usize = 1 << 30;
-/// Child graphs inside child graphs, at most.
-pub const MAX_DEPTH: usize = 16;
 
 #[derive(Clone)]
 pub enum Op {
