@@ -383,6 +383,56 @@ static void forbidden_calls(cudaStream_t s1, cudaStream_t s2) {
     CHECK(cudaFree(d));
 }
 
+static void graph_memory(cudaStream_t s) {
+    float h[N];
+    float *t = nullptr, *o = nullptr;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMallocAsync(&t, N * sizeof(float), s));  // freed inside the graph
+    CHECK(cudaMallocAsync(&o, N * sizeof(float), s));  // left to the program
+    fill<<<N / 256, 256, 0, s>>>(t, 2.0f, N);
+    CHECK(cudaMemsetAsync(o, 0, N * sizeof(float), s));
+    add<<<N / 256, 256, 0, s>>>(o, t, N);
+    CHECK(cudaFreeAsync(t, s));
+    cudaGraph_t g = nullptr;
+    CHECK(cudaStreamEndCapture(s, &g));
+    cudaGraphNode_t list[16];
+    size_t count = 16;
+    CHECK(cudaGraphGetNodes(g, list, &count));
+    int allocs = 0, frees = 0;
+    for (size_t i = 0; i < count; i++) {
+        cudaGraphNodeType t_;
+        CHECK(cudaGraphNodeGetType(list[i], &t_));
+        allocs += t_ == cudaGraphNodeTypeMemAlloc;
+        frees += t_ == cudaGraphNodeTypeMemFree;
+    }
+    EXPECT(allocs == 2 && frees == 1, "%d allocation and %d free nodes", allocs, frees);
+    cudaGraphExec_t x = nullptr;
+    CHECK(cudaGraphInstantiateWithFlags(&x, g, 0));
+    cudaGraphExec_t x2 = nullptr;
+    cudaError_t e = cudaGraphInstantiateWithFlags(&x2, g, 0);
+    EXPECT(e != cudaSuccess, "a second exec of a graph with memory nodes shares its memory");
+    (void)cudaGetLastError();
+    for (int k = 0; k < 2; k++) {
+        CHECK(cudaGraphLaunch(x, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(h, o, sizeof h, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < N; i++) EXPECT(h[i] == 2.0f, "launch %d: o[%d] = %f", k, i, h[i]);
+        if (k == 0) {
+            e = cudaGraphLaunch(x, s);
+            EXPECT(e != cudaSuccess, "relaunched while the last launch's allocation was not freed");
+            (void)cudaGetLastError();
+            CHECK(cudaFreeAsync(o, s));
+        }
+    }
+    CHECK(cudaFree(o));
+    e = cudaFree(o);
+    EXPECT(e != cudaSuccess, "graph memory freed twice");
+    (void)cudaGetLastError();
+    ok("cudaMallocAsync/cudaFreeAsync in capture: graph memory nodes, the output freed by the program between launches");
+    CHECK(cudaGraphExecDestroy(x));
+    CHECK(cudaGraphDestroy(g));
+}
+
 int main() {
     test_begin("rt_graph");
     cudaStream_t s1, s2;
@@ -392,6 +442,7 @@ int main() {
     fork_join(s1, s2);
     host_nodes(s1);
     update_dependencies(s1);
+    graph_memory(s1);
     forbidden_calls(s1, s2);
     CHECK(cudaStreamDestroy(s1));
     CHECK(cudaStreamDestroy(s2));

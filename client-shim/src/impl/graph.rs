@@ -567,6 +567,8 @@ fn dot_label(n: &Node) -> String {
         Node::EventRecord { .. } => "event record".into(),
         Node::EventWait { .. } => "event wait".into(),
         Node::Child(b) => format!("child graph ({} nodes)", b.nodes.len()),
+        Node::MemAlloc { mem } => format!("mem alloc {} B", mem.size),
+        Node::MemFree { .. } => "mem free".into(),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
 use crate::objects::memory::{self as mem, Alloc, HostAlloc};
-use crate::objects::capture;
+use crate::objects::{capture, graph_mem};
 use crate::objects::graph::{Copy, MemsetNode, Node};
 use crate::objects::{context, objects, stream};
 use crate::runtime::{self, cu_err, Runtime};
@@ -61,6 +61,9 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
 
 pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
     capture::check_unsafe_call()?;
+    if let Some(m) = graph_mem::find(dptr) {
+        return graph_mem::free(&m);
+    }
     free_now(dptr)
 }
 
@@ -94,11 +97,20 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
     }
     let rt = runtime::get()?;
     let (sh, dev) = stream::device_of(s)?;
-    // Graph memory (allocation nodes) is not offered yet.
-    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemAllocAsync")?;
     let (ph, p) = crate::objects::pool::get(pool)?;
     if p.device != dev {
         return Err(CuError::INVALID_VALUE);
+    }
+    // On a capturing stream: graph memory, allocated now and kept for the graph's life.
+    let captured = std::cell::Cell::new(0u64);
+    let node = || {
+        let ptr = alloc_on(rt, dev, 0, bytesize as u64, 0)?;
+        captured.set(ptr);
+        Ok(Node::MemAlloc { mem: graph_mem::adopt(ptr, bytesize as u64, dev) })
+    };
+    if capture::record(sh, node)? {
+        *dptr = captured.get();
+        return Ok(());
     }
     let ctx = if sh == 0 { context::current()?.0 } else { stream::get(sh)?.ctx };
     *dptr = alloc_on(rt, dev, ctx, bytesize as u64, ph)?;
@@ -108,7 +120,13 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
 
 pub(crate) unsafe fn free_async(dptr: CUdeviceptr, s: CUstream) -> CuResult<()> {
     let (sh, _) = stream::device_of(s)?;
-    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemFreeAsync")?;
+    if let Some(m) = graph_mem::find(dptr) {
+        if capture::record(sh, || Ok(Node::MemFree { ptr: dptr, device: m.device }))? {
+            return Ok(());
+        }
+        return graph_mem::free(&m);
+    }
+    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemFreeAsync of memory not allocated in a graph")?;
     free_now(dptr)
 }
 

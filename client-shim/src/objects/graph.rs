@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use rgpu_cuda_types::*;
 
+use super::graph_mem::GraphMem;
 use super::module::Function;
 use super::objects;
 
@@ -68,6 +69,10 @@ pub enum Node {
     EventWait { event: u64, device: CUdevice },
     /// A copy of the child graph, made when the node was added (as CUDA copies it).
     Child(Body),
+    /// Graph memory (`objects::graph_mem`): allocated when captured, so these do nothing
+    /// when the graph runs.
+    MemAlloc { mem: Arc<GraphMem> },
+    MemFree { ptr: u64, device: CUdevice },
 }
 
 impl Node {
@@ -82,6 +87,8 @@ impl Node {
             Node::EventRecord { .. } => T::CU_GRAPH_NODE_TYPE_EVENT_RECORD,
             Node::EventWait { .. } => T::CU_GRAPH_NODE_TYPE_WAIT_EVENT,
             Node::Child(_) => T::CU_GRAPH_NODE_TYPE_GRAPH,
+            Node::MemAlloc { .. } => T::CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            Node::MemFree { .. } => T::CU_GRAPH_NODE_TYPE_MEM_FREE,
         }
     }
 
@@ -92,7 +99,9 @@ impl Node {
             Node::Memcpy { device, .. }
             | Node::Memset { device, .. }
             | Node::EventRecord { device, .. }
-            | Node::EventWait { device, .. } => Some(*device),
+            | Node::EventWait { device, .. }
+            | Node::MemFree { device, .. } => Some(*device),
+            Node::MemAlloc { mem } => Some(mem.device),
             Node::Empty | Node::Host { .. } | Node::Child(_) => None,
         }
     }
@@ -260,6 +269,10 @@ impl Body {
                 if x.function.device != y.function.device {
                     return Err(R::CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE);
                 }
+            }
+            if matches!(a.node, Node::MemAlloc { .. } | Node::MemFree { .. }) {
+                // Graph memory belongs to the exec it was instantiated with.
+                return Err(R::CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED);
             }
             if matches!((&a.node, &b.node), (Node::Child(_), Node::Child(_))) {
                 // A child graph's own shape would have to be compared too.

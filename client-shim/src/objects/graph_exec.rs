@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use rgpu_cuda_types::*;
 
 use super::graph::{Body, Copy, KernelNode, MemsetNode, Node, MAX_DEPTH};
+use super::graph_mem::GraphMem;
 use super::objects;
 use crate::client::connection::Sink;
 use crate::runtime::{cu_err, Runtime};
@@ -89,7 +90,7 @@ impl Planner {
                 }
             }
             let op = match node {
-                Node::Empty => continue,
+                Node::Empty | Node::MemAlloc { .. } | Node::MemFree { .. } => continue,
                 Node::Child(b) => {
                     self.walk(b, depth + 1)?;
                     continue;
@@ -148,6 +149,21 @@ pub struct Exec {
     pub device: CUdevice,
     pub flags: u64,
     state: Mutex<State>,
+    /// The graph memory it holds, and of that what a launch leaves to the program.
+    mems: Vec<Arc<GraphMem>>,
+    kept: Vec<Arc<GraphMem>>,
+}
+
+/// The graph memory `body` allocates and the addresses it frees, child graphs included.
+fn memory_of(body: &Body, mems: &mut Vec<Arc<GraphMem>>, freed: &mut Vec<u64>) {
+    for e in body.nodes.values() {
+        match &e.node {
+            Node::MemAlloc { mem } => mems.push(mem.clone()),
+            Node::MemFree { ptr, .. } => freed.push(*ptr),
+            Node::Child(b) => memory_of(b, mems, freed),
+            _ => {}
+        }
+    }
 }
 
 struct State {
@@ -168,8 +184,24 @@ impl Exec {
     pub fn instantiate(rt: &Runtime, body: Body, flags: u64, dflt: CUdevice) -> Result<Exec, (CuError, u64)> {
         let (steps, device) = plan(&body)?;
         let device = device.unwrap_or(dflt);
-        let steps = send_steps(rt, device, steps, &[]).map_err(|e| (e, 0))?;
-        Ok(Exec { device, flags, state: Mutex::new(State { body, steps: Arc::new(steps), broken: None }) })
+        let (mut mems, mut freed) = (vec![], vec![]);
+        memory_of(&body, &mut mems, &mut freed);
+        for (i, m) in mems.iter().enumerate() {
+            if let Err(e) = m.attach() {
+                mems[..i].iter().for_each(|m| m.detach());
+                return Err((e, 0));
+            }
+        }
+        let steps = match send_steps(rt, device, steps, &[]) {
+            Ok(s) => s,
+            Err(e) => {
+                mems.iter().for_each(|m| m.detach());
+                return Err((e, 0));
+            }
+        };
+        let kept = mems.iter().filter(|m| !freed.contains(&m.ptr)).cloned().collect();
+        let state = Mutex::new(State { body, steps: Arc::new(steps), broken: None });
+        Ok(Exec { device, flags, state, mems, kept })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -226,6 +258,10 @@ impl Exec {
             }
             st.steps.clone()
         };
+        if self.kept.iter().any(|m| m.is_outstanding()) {
+            // CUDA's rule: what the last launch allocated must be freed first.
+            return Err(CuError::INVALID_VALUE);
+        }
         let conn = rt.conn(self.device)?;
         for (step, h) in steps.iter() {
             match step {
@@ -267,11 +303,13 @@ impl Exec {
                 }
             }
         }
+        self.kept.iter().for_each(|m| m.hand_out());
         Ok(())
     }
 
-    /// Tells the server the exec's steps are gone.
+    /// Tells the server the exec's steps are gone and lets go of its graph memory.
     pub fn release(&self, rt: &Runtime) {
+        self.mems.iter().for_each(|m| m.detach());
         for (s, h) in self.state().steps.iter() {
             if matches!(s, Step::Device(_)) {
                 destroy_step(rt, self.device, *h);

@@ -29,6 +29,7 @@ pub mod context;
 pub mod event;
 pub mod graph;
 pub mod graph_exec;
+pub mod graph_mem;
 pub mod kernel_args;
 pub mod library;
 pub mod link;
