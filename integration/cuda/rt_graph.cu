@@ -429,8 +429,19 @@ static void graph_memory(cudaStream_t s) {
     EXPECT(e != cudaSuccess, "graph memory freed twice");
     (void)cudaGetLastError();
     ok("cudaMallocAsync/cudaFreeAsync in capture: graph memory nodes, the output freed by the program between launches");
+    // The last launch's output outlives the graph and its exec, as in CUDA.
+    CHECK(cudaGraphLaunch(x, s));
+    CHECK(cudaStreamSynchronize(s));
     CHECK(cudaGraphExecDestroy(x));
     CHECK(cudaGraphDestroy(g));
+    float *other = nullptr;
+    CHECK(cudaMalloc(&other, N * sizeof(float)));
+    CHECK(cudaMemset(other, 0, N * sizeof(float)));
+    CHECK(cudaMemcpy(h, o, sizeof h, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < N; i++) EXPECT(h[i] == 2.0f, "after the graph's end o[%d] = %f", i, h[i]);
+    CHECK(cudaFree(o));
+    CHECK(cudaFree(other));
+    ok("an allocation a launch left to the program outlives the graph and is freed by cudaFree");
 }
 
 int main() {

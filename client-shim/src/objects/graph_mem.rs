@@ -87,6 +87,19 @@ impl Drop for GraphMem {
             l.remove(&self.ptr);
         }
         drop(l);
+        if self.is_outstanding() {
+            // A launch left it with the program, which CUDA lets keep it past the graph: it
+            // becomes an ordinary allocation (of the current context, if that is on its
+            // device; else it stays until the session ends). Never freed under the program.
+            if let Ok((ctx, c)) = super::context::current() {
+                if c.device == self.device {
+                    if let Some(a) = objects().memory.allocs.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&self.ptr) {
+                        a.ctx = ctx;
+                    }
+                }
+            }
+            return;
+        }
         let a = objects().memory.allocs.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.ptr);
         if let (Some(a), Ok(rt)) = (a, crate::runtime::get()) {
             if let Err(e) = super::memory::release(rt, self.ptr, &a) {
