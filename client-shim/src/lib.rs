@@ -141,8 +141,10 @@ rgpu_shim_macros::cuda_entry_points! {
         cuGraphNodeGetDependentNodes,
         cuGraphNodeGetDependentNodes_v2,
         cuGraphNodeGetType,
+        cuGraphReleaseUserObject,
         cuGraphRemoveDependencies,
         cuGraphRemoveDependencies_v2,
+        cuGraphRetainUserObject,
         cuGraphUpload,
         cuInit,
         cuKernelGetAttribute,
@@ -256,6 +258,9 @@ rgpu_shim_macros::cuda_entry_points! {
         cuStreamUpdateCaptureDependencies_v2,
         cuStreamWaitEvent,
         cuThreadExchangeStreamCaptureMode,
+        cuUserObjectCreate,
+        cuUserObjectRelease,
+        cuUserObjectRetain,
     ],
     // Versioned and per-thread-stream variants that mean the same in rgpu, with the same C
     // signature as the function they run: the server runs a session's work in order, which is

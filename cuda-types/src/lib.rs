@@ -53,6 +53,7 @@ pub mod tag {
     pub const GRAPH: u16 = 0x6A;
     pub const GRAPH_NODE: u16 = 0x6B;
     pub const GRAPH_EXEC: u16 = 0x6C;
+    pub const USER_OBJECT: u16 = 0x6D;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;

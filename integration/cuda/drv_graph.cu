@@ -24,6 +24,9 @@ static void host_fn(void *p) {
     s->calls++;
 }
 
+static int destroyed = 0;
+static void destroy_fn(void *p) { destroyed += *(int *)p; }
+
 static CUDA_MEMCPY3D copy1d(CUmemorytype st, CUdeviceptr sd, const void *sh, CUmemorytype dt, CUdeviceptr dd, void *dh, size_t n) {
     CUDA_MEMCPY3D c;
     memset(&c, 0, sizeof c);
@@ -245,6 +248,31 @@ int main() {
     EXPECT(got_bytes > 0 && strstr(text, "digraph") && strstr(text, "->") && strstr(text, "kernel fill"),
            "DOT text: %s", text);
     ok("cuGraphDebugDotPrint writes the nodes and edges");
+
+    // A user object whose only reference a graph takes over lives while the graph, its clone
+    // and an exec of the clone do; its destructor runs once, when the last goes.
+    {
+        int one = 1;
+        CUuserObject uo;
+        CU_CHECK(cuUserObjectCreate(&uo, &one, destroy_fn, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+        CUgraph go, gcl;
+        CU_CHECK(cuGraphCreate(&go, 0));
+        CUgraphNode en;
+        CU_CHECK(cuGraphAddEmptyNode(&en, go, nullptr, 0));
+        CU_CHECK(cuGraphRetainUserObject(go, uo, 1, CU_GRAPH_USER_OBJECT_MOVE));
+        CU_CHECK(cuGraphClone(&gcl, go));
+        CU_CHECK(cuGraphDestroy(go));
+        EXPECT(destroyed == 0, "destroyed with a clone still holding it");
+        CUgraphExec xe;
+        CU_CHECK(cuGraphInstantiateWithFlags(&xe, gcl, 0));
+        CU_CHECK(cuGraphDestroy(gcl));
+        EXPECT(destroyed == 0, "destroyed with an exec still holding it");
+        CU_CHECK(cuGraphLaunch(xe, s));
+        CU_CHECK(cuStreamSynchronize(s));
+        CU_CHECK(cuGraphExecDestroy(xe));
+        EXPECT(destroyed == 1, "destructor ran %d times", destroyed);
+    }
+    ok("user objects owned by a graph live through its clone and exec, destroyed once");
 
     CU_CHECK(cuGraphDestroyNode(r));
     count = 0;

@@ -77,6 +77,25 @@ pub(crate) unsafe fn thread_exchange_stream_capture_mode(mode: &mut CUstreamCapt
     Ok(())
 }
 
+pub(crate) unsafe fn user_object_create(out: &mut CUuserObject, ptr: *mut c_void, destroy: CUhostFn, initial: u32, flags: u32) -> CuResult<()> {
+    // The one flag says the destructor need not be waited for; it never is waited for here.
+    if flags & !CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0 != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let f = destroy.ok_or(CuError::INVALID_VALUE)?;
+    let h = crate::objects::user_object::create(ptr as usize, f as usize, initial)?;
+    *out = h as usize as CUuserObject;
+    Ok(())
+}
+
+pub(crate) unsafe fn user_object_retain(o: CUuserObject, n: u32) -> CuResult<()> {
+    crate::objects::user_object::retain(o as usize as u64, n)
+}
+
+pub(crate) unsafe fn user_object_release(o: CUuserObject, n: u32) -> CuResult<()> {
+    crate::objects::user_object::release(o as usize as u64, n)
+}
+
 /// rgpu's warnings reach the program's log callbacks too (`objects::logs`).
 pub(crate) unsafe fn logs_register_callback(
     callback: CUlogsCallback,

@@ -12,7 +12,7 @@ use crate::objects::graph_exec::{self as execs, Exec};
 use crate::objects::kernel_args::{check_dims, pack};
 use crate::objects::library::resolve_function;
 use crate::objects::module::check_launchable;
-use crate::objects::{context, event, objects, stream};
+use crate::objects::{context, event, objects, stream, user_object};
 use crate::runtime::{self, Runtime};
 
 /// Only default edges (full completion) are offered: others change when a node may start.
@@ -570,6 +570,45 @@ fn dot_label(n: &Node) -> String {
         Node::MemAlloc { mem } => format!("mem alloc {} B", mem.size),
         Node::MemFree { .. } => "mem free".into(),
     }
+}
+
+/// The graph takes `n` references to `o`: new ones, or with CU_GRAPH_USER_OBJECT_MOVE the
+/// caller's own.
+pub(crate) unsafe fn retain_user_object(g: CUgraph, o: CUuserObject, n: u32, flags: u32) -> CuResult<()> {
+    let (_, graph) = graphs::get(g)?;
+    let h = o as usize as u64;
+    let mv = CUuserObjectRetain_flags::CU_GRAPH_USER_OBJECT_MOVE.0;
+    if flags & !mv != 0 || n == 0 || objects().user_objects.get(h).is_none() {
+        return Err(if objects().user_objects.get(h).is_none() { CuError::INVALID_HANDLE } else { CuError::INVALID_VALUE });
+    }
+    if flags & mv == 0 {
+        user_object::retain(h, n)?;
+    }
+    graph.body().held.push(user_object::Held { handle: h, count: n });
+    Ok(())
+}
+
+/// The graph gives back `n` of the references it owns to `o`.
+pub(crate) unsafe fn release_user_object(g: CUgraph, o: CUuserObject, n: u32) -> CuResult<()> {
+    let (_, graph) = graphs::get(g)?;
+    let h = o as usize as u64;
+    let mut body = graph.body();
+    let owned: u64 = body.held.iter().filter(|x| x.handle == h).map(|x| x.count as u64).sum();
+    if n == 0 || (n as u64) > owned {
+        return Err(CuError::INVALID_VALUE);
+    }
+    // Take the graph's entries for `o` and put back what it keeps; the dropped ones release.
+    let mine: Vec<user_object::Held> = body.held.extract_if(.., |x| x.handle == h).collect();
+    let keep = (owned - n as u64) as u32;
+    let mut back = vec![];
+    if keep > 0 {
+        user_object::retain(h, keep)?;
+        back.push(user_object::Held { handle: h, count: keep });
+    }
+    body.held.extend(back);
+    drop(body);
+    drop(mine);
+    Ok(())
 }
 
 // ---- instantiation and launch ----------------------------------------------------------------

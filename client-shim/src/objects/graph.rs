@@ -130,6 +130,8 @@ pub struct Body {
     weight: usize,
     /// Levels of child graphs inside (0: none), at most [`MAX_DEPTH`].
     depth: usize,
+    /// User object references the graph owns (a clone or an exec owns as many again).
+    pub held: Vec<super::user_object::Held>,
 }
 
 impl Body {
@@ -241,7 +243,7 @@ impl Body {
             .iter()
             .map(|(h, e)| (map[h], Entry { node: e.node.clone(), deps: e.deps.iter().map(|d| map[d]).collect() }))
             .collect();
-        (Body { nodes, weight: self.weight, depth: self.depth }, map.into_iter().collect())
+        (Body { nodes, weight: self.weight, depth: self.depth, held: self.held.clone() }, map.into_iter().collect())
     }
 
     /// Whether `other` has the same shape (node kinds and edges, paired in creation order),

@@ -39,6 +39,7 @@ pub mod module;
 pub mod pool;
 pub mod stream;
 pub mod table;
+pub mod user_object;
 
 use std::sync::LazyLock;
 
@@ -66,6 +67,7 @@ pub struct Objects {
     /// Each node handle's graph.
     pub graph_nodes: Table<u64>,
     pub graph_execs: Table<graph_exec::Exec>,
+    pub user_objects: Table<user_object::UserObject>,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -86,6 +88,7 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     graphs: Table::new(tag::GRAPH),
     graph_nodes: Table::new(tag::GRAPH_NODE),
     graph_execs: Table::new(tag::GRAPH_EXEC),
+    user_objects: Table::new(tag::USER_OBJECT),
 });
 
 /// The process's objects.
