@@ -90,7 +90,7 @@ VENV="${RGPU_CUDA_VENV:-${RGPU_CUDA_CACHE:-$HOME/.cache/rgpu}/cuda-venv}"
 source "$VENV/rgpu-cuda.env"
 NVCC="$RGPU_NVCC"
 
-PROGRAMS=(rt_device rt_memory rt_copy rt_memset rt_stream rt_event rt_pinned rt_globals rt_funcattr rt_launch rt_errors)
+PROGRAMS=(rt_device rt_memory rt_copy rt_memset rt_stream rt_event rt_pinned rt_globals rt_funcattr rt_launch rt_errors rt_graph)
 GENCODE=(-gencode "arch=$COMPUTE,code=$ARCH" -gencode "arch=$COMPUTE,code=$COMPUTE")
 RT_FLAGS=(-std=c++17 -O2 "${GENCODE[@]}" -cudart shared -L "$RGPU_CUDA13_LIB" -Xlinker "-rpath,$RGPU_CUDA13_LIB")
 

@@ -62,6 +62,10 @@ pub mod tag {
     pub const LINK: u16 = 0x11;
     /// A physical allocation of the virtual memory management API (cuMemCreate).
     pub const MEM_HANDLE: u16 = 0x6A;
+    pub const GRAPH: u16 = 0x7A;
+    pub const GRAPH_NODE: u16 = 0x7B;
+    pub const GRAPH_EXEC: u16 = 0x7C;
+    pub const USER_OBJECT: u16 = 0x7D;
 
     /// Where the tag sits in a handle.
     pub const SHIFT: u32 = 48;

@@ -476,8 +476,11 @@ pub fn build(program: &str, variant: Variant) -> PathBuf {
             // fatbin with cudart, which `-cudart none` leaves out.
             args.extend([os("-x"), os("c++"), os("-cudart"), os("none"), os("-L"), os(&bins.dir), os("-lcuda")]);
             // Driver programs with device code get it as an embedded image, built separately.
-            if matches!(program, "drv_module" | "drv_vmm") {
-                args.extend([os("-I"), os(module_header(&format!("{program}_kernels"), &format!("{program}_images.h")))]);
+            if program == "drv_vmm" {
+                args.extend([os("-I"), os(module_header("drv_vmm_kernels", "drv_vmm_images.h"))]);
+            }
+            if matches!(program, "drv_module" | "drv_graph") {
+                args.extend([os("-I"), os(module_header("drv_module_kernels", "drv_module_images.h"))]);
             }
             if program == "drv_module" {
                 args.extend([os("-I"), os(linker_inputs_header(&["drv_link_main", "drv_link_lib"], "drv_link_inputs.h"))]);

@@ -51,6 +51,7 @@ chain_tests! {
     funcattr => [];
     errors => [];
     managed => [];
+    graph => [];
 }
 
 /// Runs a launch program with `--expect-supported`: it must pass (or, with
@@ -114,6 +115,12 @@ fn drv_api() {
 #[test]
 fn drv_vmm() {
     chain("drv_vmm", Variant::Driver, &[]);
+}
+
+/// A graph built by hand, replayed through the cuda backend.
+#[test]
+fn drv_graph() {
+    chain("drv_graph", Variant::Driver, &[]);
 }
 
 /// Module loading, globals, attributes, then a launch (see [`chain_launch`]).

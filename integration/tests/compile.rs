@@ -17,6 +17,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_host_func",
     "rt_mempool",
     "rt_managed",
+    "rt_graph",
     "rt_launch_ex",
     "rt_globals",
     "rt_funcattr",
@@ -71,7 +72,7 @@ fn runtime_programs_cudart12_shared() {
 
 #[test]
 fn driver_programs() {
-    for p in ["drv_api", "drv_module"] {
+    for p in ["drv_api", "drv_module", "drv_graph"] {
         assert!(build(p, Variant::Driver).exists());
     }
 }

@@ -21,3 +21,10 @@ fn drv_module() {
 fn drv_vmm() {
     run_program("drv_vmm", Variant::Driver, &[]);
 }
+
+/// A graph built by hand (memset, kernel, memcpy, host and event nodes with
+/// dependencies), its queries, a cycle refused, clone and child graph.
+#[test]
+fn drv_graph() {
+    run_program("drv_graph", Variant::Driver, &[]);
+}

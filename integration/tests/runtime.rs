@@ -104,6 +104,7 @@ runtime_tests! {
     host_func => plain;
     mempool => plain;
     managed => plain;
+    graph => plain;
     launch_ex => plain;
     globals => plain;
     funcattr => plain;

@@ -49,6 +49,9 @@ struct Request {
     memMap @27 :MemMap;
     memUnmap @28 :MemRange;
     memSetAccess @29 :MemSetAccess;
+    graphExecCreate @30 :GraphExecCreate; # bulk: the kernel nodes' parameter buffers, in op order
+    graphExecDestroy @31 :Handle;
+    graphLaunch @32 :GraphLaunch;   # bulk: host-to-device bytes; reply bulk: device-to-host bytes
   }
 }
 
@@ -203,4 +206,36 @@ struct MemSetAccess {
   size @1 :UInt64;
   device @2 :UInt32;
   flags @3 :UInt32;                # CUmemAccess_flags
+}
+# An instantiated graph (one segment of it between host nodes), replayed on a
+# stream by each graphLaunch: its operations in a topological order of the
+# graph. Sending it again under the same handle replaces it (exec updates).
+struct GraphExecCreate {
+  handle @0 :UInt64;
+  device @1 :UInt32;
+  ops @2 :List(GraphOp);
+}
+struct GraphOp {
+  union {
+    # Its parameter buffer is the next bytes of the request's bulk, as
+    # many as the function takes.
+    kernel @0 :LaunchKernel;       # stream ignored
+    # The bytes come with each launch (the host memory is read at launch).
+    memcpyHtoD @1 :GraphCopy;      # src unused
+    # The bytes go back in the launch's reply, in op order.
+    memcpyDtoH @2 :GraphCopy;      # dst unused
+    memcpyDtoD @3 :GraphCopy;
+    memset @4 :Memset;             # stream ignored
+    eventRecord @5 :UInt64;
+    eventWait @6 :UInt64;
+  }
+}
+struct GraphCopy {
+  dst @0 :UInt64;
+  src @1 :UInt64;
+  size @2 :UInt64;
+}
+struct GraphLaunch {
+  exec @0 :UInt64;
+  stream @1 :UInt64;
 }

@@ -71,6 +71,8 @@ pub struct SessionState {
     pub vmm: crate::vmm::Vmm,
     /// What the session may make the server buffer and keep.
     pub input: SessionInput,
+    /// Instantiated graphs (segments between host nodes), by the client's handle.
+    pub graph_execs: HashMap<u64, crate::backend::graph::GraphExec>,
 }
 
 impl SessionState {
@@ -85,6 +87,7 @@ impl SessionState {
             modules: HashMap::new(),
             vmm: crate::vmm::Vmm::default(),
             input: SessionInput::default(),
+            graph_execs: HashMap::new(),
         }
     }
 

@@ -106,6 +106,7 @@ pub(crate) unsafe fn synchronize() -> CuResult<()> {
 
 /// Waits for all work of `dev`'s server session; collects deferred errors.
 fn sync_device(dev: CUdevice) -> CuResult<()> {
+    crate::objects::capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     let remote = rt.device(dev)?.remote.ordinal;
     rt.conn(dev)?

@@ -67,15 +67,33 @@ pub(crate) unsafe fn get_proc_address_v2(
     crate::proc_address::get_proc_address_v2(symbol, pfn, cuda_version, flags, status)
 }
 
-/// The capture mode matters only while a stream captures, which rgpu does not offer yet; it is
-/// kept per thread and exchanged as the driver does, so cudart's bookkeeping around it holds.
+/// This thread's capture mode decides which calls a capture forbids (`objects::capture`).
 pub(crate) unsafe fn thread_exchange_stream_capture_mode(mode: &mut CUstreamCaptureMode) -> CuResult<()> {
     type M = CUstreamCaptureMode;
     if ![M::CU_STREAM_CAPTURE_MODE_GLOBAL, M::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, M::CU_STREAM_CAPTURE_MODE_RELAXED].contains(mode) {
         return Err(CuError::INVALID_VALUE);
     }
-    *mode = crate::objects::stream::exchange_capture_mode(*mode)?;
+    *mode = crate::objects::capture::exchange_mode(*mode)?;
     Ok(())
+}
+
+pub(crate) unsafe fn user_object_create(out: &mut CUuserObject, ptr: *mut c_void, destroy: CUhostFn, initial: u32, flags: u32) -> CuResult<()> {
+    // The one flag says the destructor need not be waited for; it never is waited for here.
+    if flags & !CUuserObject_flags::CU_USER_OBJECT_NO_DESTRUCTOR_SYNC.0 != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let f = destroy.ok_or(CuError::INVALID_VALUE)?;
+    let h = crate::objects::user_object::create(ptr as usize, f as usize, initial)?;
+    *out = h as usize as CUuserObject;
+    Ok(())
+}
+
+pub(crate) unsafe fn user_object_retain(o: CUuserObject, n: u32) -> CuResult<()> {
+    crate::objects::user_object::retain(o as usize as u64, n)
+}
+
+pub(crate) unsafe fn user_object_release(o: CUuserObject, n: u32) -> CuResult<()> {
+    crate::objects::user_object::release(o as usize as u64, n)
 }
 
 /// rgpu's warnings reach the program's log callbacks too (`objects::logs`).

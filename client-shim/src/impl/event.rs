@@ -7,7 +7,7 @@ use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
 use crate::objects::event::{self as events, Event};
-use crate::objects::{context, objects, stream};
+use crate::objects::{capture, context, objects, stream};
 use crate::runtime::{self, cu_err};
 
 pub(crate) unsafe fn create(ph: &mut CUevent, flags: u32) -> CuResult<()> {
@@ -40,11 +40,20 @@ pub(crate) unsafe fn destroy_v2(e: CUevent) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn record(e: CUevent, s: CUstream) -> CuResult<()> {
+    record_as(e, s, false)
+}
+
+/// `external`: CU_EVENT_RECORD_EXTERNAL, which during capture makes an event-record node
+/// (else a recorded event stands for the capture's nodes so far, for other streams to wait on).
+unsafe fn record_as(e: CUevent, s: CUstream, external: bool) -> CuResult<()> {
     let rt = runtime::get()?;
     let (h, ev) = events::get(e)?;
     let (sh, dev) = stream::device_of(s)?;
     if dev != ev.device {
         return Err(CuError::INVALID_HANDLE);
+    }
+    if capture::record_event(sh, h, dev, external)? {
+        return Ok(());
     }
     rt.conn(dev)?
         .post(
@@ -60,20 +69,24 @@ pub(crate) unsafe fn record(e: CUevent, s: CUstream) -> CuResult<()> {
     Ok(())
 }
 
-pub(crate) unsafe fn record_with_flags(e: CUevent, s: CUstream, _flags: u32) -> CuResult<()> {
-    // The only flag, CU_EVENT_RECORD_EXTERNAL, matters for graph capture,
-    // which rgpu does not offer.
-    record(e, s)
+pub(crate) unsafe fn record_with_flags(e: CUevent, s: CUstream, flags: u32) -> CuResult<()> {
+    let external = CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL.0;
+    if flags & !external != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    record_as(e, s, flags & external != 0)
 }
 
 pub(crate) unsafe fn synchronize(e: CUevent) -> CuResult<()> {
     let (h, ev) = events::get(e)?;
+    capture::check_event_wait(h)?;
     events::synchronize(runtime::get()?, h, &ev)
 }
 
 pub(crate) unsafe fn query(e: CUevent) -> CuResult<()> {
     let rt = runtime::get()?;
     let (h, ev) = events::get(e)?;
+    capture::check_event_wait(h)?;
     rt.conn(ev.device)?
         .call(|r| r.init_event_query().set_handle(h), &[], Sink::None, |_| Ok(()))
         .map_err(cu_err)?;

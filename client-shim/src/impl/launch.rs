@@ -5,15 +5,13 @@
 use std::ffi::c_void;
 
 use crate::cuda::types::*;
+use crate::objects::capture;
+use crate::objects::graph::{KernelNode, Node};
+use crate::objects::kernel_args::{check_dims, pack};
 use crate::objects::library::resolve_function;
 use crate::objects::module::{self, check_launchable};
 use crate::objects::stream;
 use crate::runtime::{self, cu_err, Runtime};
-
-/// CU_LAUNCH_PARAM_* markers of the `extra` array.
-const PARAM_END: usize = 0x00;
-const PARAM_BUFFER_POINTER: usize = 0x01;
-const PARAM_BUFFER_SIZE: usize = 0x02;
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn kernel(
@@ -54,68 +52,16 @@ pub(crate) unsafe fn kernel(
         &mut heap
     };
     pack(&func, params, extra, buf)?;
+    let node = || {
+        refused?;
+        let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
+        Ok(Node::Kernel(KernelNode { func: f as usize as u64, function: func.clone(), grid, block, shared, params: buf.to_vec() }))
+    };
+    if capture::record(sh, node)? {
+        return Ok(());
+    }
     send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf)?;
     refused
-}
-
-fn check_dims(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(CuError::INVALID_VALUE);
-    }
-    let lim = rt.device(f.device)?.limits;
-    for i in 0..3 {
-        if block[i] > lim.max_block[i] || grid[i] > lim.max_grid[i] {
-            return Err(CuError::INVALID_VALUE);
-        }
-    }
-    let threads = block[0] as u64 * block[1] as u64 * block[2] as u64;
-    if threads > f.max_threads_per_block.max(0) as u64 {
-        return Err(CuError::INVALID_VALUE);
-    }
-    let dynamic_max = f.max_dynamic_shared.load(std::sync::atomic::Ordering::Relaxed).max(0) as u64;
-    if shared as u64 > dynamic_max {
-        return Err(CuError::INVALID_VALUE);
-    }
-    Ok(())
-}
-
-/// Packs the kernel's arguments into the layout the device expects.
-unsafe fn pack(f: &module::Function, params: *mut *mut c_void, extra: *mut *mut c_void, buf: &mut [u8]) -> CuResult<()> {
-    let total = buf.len();
-    if !params.is_null() {
-        for (i, &(off, size)) in f.params.iter().enumerate() {
-            let p = *params.add(i);
-            if p.is_null() {
-                return Err(CuError::INVALID_VALUE);
-            }
-            std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr().add(off as usize), size as usize);
-        }
-        return Ok(());
-    }
-    if !extra.is_null() {
-        let (mut ptr, mut len) = (std::ptr::null::<u8>(), None::<usize>);
-        let mut i = 0;
-        loop {
-            match *extra.add(i) as usize {
-                PARAM_END => break,
-                PARAM_BUFFER_POINTER => ptr = *extra.add(i + 1) as *const u8,
-                PARAM_BUFFER_SIZE => len = Some(*(*extra.add(i + 1) as *const usize)),
-                _ => return Err(CuError::INVALID_VALUE),
-            }
-            i += 2;
-        }
-        let len = len.ok_or(CuError::INVALID_VALUE)?;
-        if ptr.is_null() || len < total {
-            return Err(CuError::INVALID_VALUE);
-        }
-        std::ptr::copy_nonoverlapping(ptr, buf.as_mut_ptr(), total);
-        return Ok(());
-    }
-    if total == 0 {
-        Ok(())
-    } else {
-        Err(CuError::INVALID_VALUE)
-    }
 }
 
 fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuResult<()> {
@@ -194,6 +140,9 @@ unsafe fn check_launch_attribute(a: &CUlaunchAttribute) -> CuResult<()> {
 
 pub(crate) unsafe fn host_func(s: CUstream, f: CUhostFn, user_data: *mut c_void) -> CuResult<()> {
     let f = f.ok_or(CuError::INVALID_VALUE)?;
+    if capture::record(stream::remote(s)?, || Ok(Node::Host { f: f as usize, data: user_data as usize }))? {
+        return Ok(());
+    }
     // As in CUDA, a host function is not run after an error in the work before it.
     stream::synchronize(s)?;
     f(user_data);

@@ -11,6 +11,8 @@ use crate::client::ClientError;
 use crate::cuda::types::*;
 use crate::objects::managed;
 use crate::objects::memory::{self as mem, Alloc, HostAlloc};
+use crate::objects::{capture, graph_mem};
+use crate::objects::graph::{Copy, MemsetNode, Node};
 use crate::objects::{context, objects, stream};
 use crate::runtime::{self, cu_err, Runtime};
 
@@ -27,6 +29,7 @@ pub(crate) unsafe fn alloc_v2(dptr: &mut CUdeviceptr, bytesize: usize) -> CuResu
     if bytesize == 0 {
         return Err(CuError::INVALID_VALUE);
     }
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     let (ctx, dev) = current_device(rt)?;
     *dptr = alloc_on(rt, dev, ctx, bytesize as u64, 0)?;
@@ -58,6 +61,14 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
 }
 
 pub(crate) unsafe fn free_v2(dptr: CUdeviceptr) -> CuResult<()> {
+    capture::check_unsafe_call()?;
+    if let Some(m) = graph_mem::find(dptr) {
+        return graph_mem::free(&m);
+    }
+    free_now(dptr)
+}
+
+fn free_now(dptr: CUdeviceptr) -> CuResult<()> {
     let rt = runtime::get()?;
     if dptr == 0 {
         return Ok(());
@@ -94,6 +105,17 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
     if p.device != dev {
         return Err(CuError::INVALID_VALUE);
     }
+    // On a capturing stream: graph memory, allocated now and kept for the graph's life.
+    let captured = std::cell::Cell::new(0u64);
+    let node = || {
+        let ptr = alloc_on(rt, dev, 0, bytesize as u64, 0)?;
+        captured.set(ptr);
+        Ok(Node::MemAlloc { mem: graph_mem::adopt(ptr, bytesize as u64, dev) })
+    };
+    if capture::record(sh, node)? {
+        *dptr = captured.get();
+        return Ok(());
+    }
     let ctx = if sh == 0 { context::current()?.0 } else { stream::get(sh)?.ctx };
     *dptr = alloc_on(rt, dev, ctx, bytesize as u64, ph)?;
     p.took(bytesize as u64);
@@ -101,8 +123,15 @@ pub(crate) unsafe fn alloc_from_pool_async(dptr: &mut CUdeviceptr, bytesize: usi
 }
 
 pub(crate) unsafe fn free_async(dptr: CUdeviceptr, s: CUstream) -> CuResult<()> {
-    stream::device_of(s)?;
-    free_v2(dptr)
+    let (sh, _) = stream::device_of(s)?;
+    if let Some(m) = graph_mem::find(dptr) {
+        if capture::record(sh, || Ok(Node::MemFree { ptr: dptr, device: m.device }))? {
+            return Ok(());
+        }
+        return graph_mem::free(&m);
+    }
+    capture::refuse(sh, CuError::NOT_SUPPORTED, "cuMemFreeAsync of memory not allocated in a graph")?;
+    free_now(dptr)
 }
 
 pub(crate) unsafe fn pool_create(pool: &mut CUmemoryPool, props: &CUmemPoolProps) -> CuResult<()> {
@@ -252,6 +281,9 @@ unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64
         return Err(CuError::INVALID_VALUE);
     }
     let dev = objects().memory.check_range(dst, n as u64)?;
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::HtoD { dst, src: src as usize }, size: n, device: dev }))? {
+        return Ok(());
+    }
     // Managed memory as the source is read on the host: its newest bytes first.
     managed::before_host_access(rt, src as u64, n as u64)?;
     managed::to_device(rt)?;
@@ -321,6 +353,13 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
     if dst.is_null() {
         return Err(CuError::INVALID_VALUE);
     }
+    let node = || {
+        let device = objects().memory.check_range(src, n as u64)?;
+        Ok(Node::Memcpy { copy: Copy::DtoH { dst: dst as usize, src }, size: n, device })
+    };
+    if capture::record(stream, node)? {
+        return Ok(());
+    }
     if !is_page_locked(dst as usize, n) {
         return dtoh(rt, dst, src, n, stream);
     }
@@ -362,6 +401,9 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
     }
     let ddev = objects().memory.check_range(dst, n as u64)?;
     let sdev = objects().memory.check_range(src, n as u64)?;
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::DtoD { dst, src }, size: n, device: ddev }))? {
+        return Ok(());
+    }
     if rt.device(ddev)?.server != rt.device(sdev)?.server {
         // Different servers: stage through this host.
         let mut buf = vec![0u8; n];
@@ -394,6 +436,9 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
         (false, true) if asynchronous => dtoh_async(rt, dst as usize as *mut c_void, src, n, stream),
         (false, true) => dtoh(rt, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
+            if asynchronous {
+                capture::refuse(stream, CuError::NOT_SUPPORTED, "a host-to-host copy")?;
+            }
             if n > 0 {
                 if dst == 0 || src == 0 {
                     return Err(CuError::INVALID_VALUE);
@@ -414,18 +459,22 @@ fn synchronous(rt: &Runtime, r: CuResult<()>) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn memcpy_htod_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, htod(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy_dtoh_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, dtoh(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy_dtod_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, dtod(rt, dst, src, n, 0))
 }
 pub(crate) unsafe fn memcpy(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, generic(rt, dst, src, n, 0, false))
 }
@@ -446,6 +495,7 @@ pub(crate) unsafe fn memcpy_dtod_async_v2(dst: CUdeviceptr, src: CUdeviceptr, n:
     dtod(runtime::get()?, dst, src, n, st)
 }
 pub(crate) unsafe fn memcpy_peer(dst: CUdeviceptr, _dctx: CUcontext, src: CUdeviceptr, _sctx: CUcontext, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, dtod(rt, dst, src, n, 0))
 }
@@ -481,6 +531,10 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         (pitch as u64) * (rows as u64 - 1) + row_bytes
     };
     let dev = objects().memory.check_range(dst, span)?;
+    let op = MemsetNode { dst, value, elem, width: count, pitch, height: if pitch == 0 { 1 } else { rows } };
+    if capture::record(stream, || Ok(Node::Memset { op, device: dev }))? {
+        return Ok(());
+    }
     managed::to_device(rt)?;
     rt.conn(dev)?
         .post(
@@ -500,12 +554,15 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
 }
 
 pub(crate) unsafe fn memset_d8_v2(d: CUdeviceptr, v: u8, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 1, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d16_v2(d: CUdeviceptr, v: u16, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 2, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d32_v2(d: CUdeviceptr, v: u32, n: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v, 4, n, 0, 0, 0)
 }
 pub(crate) unsafe fn memset_d8_async(d: CUdeviceptr, v: u8, n: usize, s: CUstream) -> CuResult<()> {
@@ -518,12 +575,15 @@ pub(crate) unsafe fn memset_d32_async(d: CUdeviceptr, v: u32, n: usize, s: CUstr
     memset(d, v, 4, n, 0, 0, stream::remote(s)?)
 }
 pub(crate) unsafe fn memset_d2d8_v2(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 1, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d16_v2(d: CUdeviceptr, pitch: usize, v: u16, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v as u32, 2, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d32_v2(d: CUdeviceptr, pitch: usize, v: u32, w: usize, h: usize) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     memset(d, v, 4, w, pitch, h, 0)
 }
 pub(crate) unsafe fn memset_d2d8_async(d: CUdeviceptr, pitch: usize, v: u8, w: usize, h: usize, s: CUstream) -> CuResult<()> {
@@ -639,6 +699,7 @@ impl Side {
 /// A pitched copy, row by row, each row the 1-D copy its sides call for.
 /// Device-to-host copies read the whole pitched span in one round trip.
 unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
+    capture::refuse(stream, CuError::NOT_SUPPORTED, "cuMemcpy2DAsync")?;
     let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
     let rt = runtime::get()?;
     let (w, h) = (c.WidthInBytes, c.Height);
@@ -689,6 +750,7 @@ unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
 }
 
 pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
+    capture::check_unsafe_call()?;
     let rt = runtime::get()?;
     synchronous(rt, copy_2d(c, 0))
 }

@@ -7,6 +7,7 @@ pub mod device;
 pub mod driver;
 pub mod event;
 pub mod function;
+pub mod graph;
 pub mod kernel;
 pub mod launch;
 pub mod library;

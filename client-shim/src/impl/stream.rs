@@ -4,7 +4,7 @@
 use crate::client::connection::Sink;
 use crate::cuda::types::*;
 use crate::objects::stream::{self as streams, Stream};
-use crate::objects::{context, event, objects};
+use crate::objects::{capture, context, event, graph, objects};
 use crate::runtime::{self, cu_err};
 
 pub(crate) unsafe fn create(ph: &mut CUstream, flags: u32) -> CuResult<()> {
@@ -41,16 +41,19 @@ pub(crate) unsafe fn destroy_v2(s: CUstream) -> CuResult<()> {
     let rt = runtime::get()?;
     let h = s as usize as u64;
     let st = objects().streams.remove(h).ok_or(CuError::INVALID_HANDLE)?;
+    capture::forget_stream(h);
     streams::release(rt, h, &st)
 }
 
 pub(crate) unsafe fn synchronize(s: CUstream) -> CuResult<()> {
+    capture::refuse_sync(streams::remote(s)?)?;
     streams::synchronize(s)
 }
 
 pub(crate) unsafe fn query(s: CUstream) -> CuResult<()> {
     let rt = runtime::get()?;
     let (h, dev) = streams::device_of(s)?;
+    capture::refuse_sync(h)?;
     rt.conn(dev)?
         .call(|r| r.init_stream_query().set_handle(h), &[], Sink::None, |_| Ok(()))
         .map_err(cu_err)?;
@@ -61,6 +64,10 @@ pub(crate) unsafe fn wait_event(s: CUstream, e: CUevent, flags: u32) -> CuResult
     let rt = runtime::get()?;
     let (h, dev) = streams::device_of(s)?;
     let (eh, ev) = event::get(e)?;
+    let external = flags & CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL.0 != 0;
+    if capture::wait_event(h, dev, eh, ev.device, external)? {
+        return Ok(());
+    }
     if rt.device(ev.device)?.server != rt.device(dev)?.server {
         // An event of another server: wait for it here, then go on.
         return event::synchronize(rt, eh, &ev);
@@ -107,23 +114,68 @@ pub(crate) unsafe fn get_device(s: CUstream, device: &mut CUdevice) -> CuResult<
     Ok(())
 }
 
-// ---- capture ---------------------------------------------------------------------------------
-// rgpu does not capture streams into graphs yet: cuStreamBeginCapture answers
-// CUDA_ERROR_NOT_SUPPORTED, so no stream is ever capturing, and these answer that truthfully.
-// Libraries ask before every allocation and launch (CuPy's and PyTorch's allocators).
+// ---- capture (objects::capture) -------------------------------------------------------------
+
+/// The created stream a capture call names: the legacy stream cannot capture, as in CUDA; the
+/// per-thread default stream could, but rgpu does not tell it from the legacy one on the wire.
+fn capturable(s: CUstream) -> CuResult<(u64, CUdevice)> {
+    let (h, dev) = streams::device_of(s)?;
+    if h == 0 {
+        if s as usize == 0x2 {
+            tracing::warn!("stream capture on the per-thread default stream is not supported by rgpu");
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        return Err(CuError::STREAM_CAPTURE_UNSUPPORTED);
+    }
+    Ok((h, dev))
+}
+
+pub(crate) unsafe fn begin_capture(s: CUstream) -> CuResult<()> {
+    begin_capture_v2(s, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL)
+}
+
+pub(crate) unsafe fn begin_capture_v2(s: CUstream, mode: CUstreamCaptureMode) -> CuResult<()> {
+    let (h, dev) = capturable(s)?;
+    capture::begin(h, dev, mode)
+}
+
+/// Captures into the program's graph `g`, after its nodes `deps` (default edges only).
+pub(crate) unsafe fn begin_capture_to_graph(
+    s: CUstream,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    edges: *const CUgraphEdgeData,
+    n: usize,
+    mode: CUstreamCaptureMode,
+) -> CuResult<()> {
+    let (h, dev) = capturable(s)?;
+    let gh = g as usize as u64;
+    if objects().graphs.get(gh).is_none() {
+        return Err(CuError::INVALID_VALUE);
+    }
+    if !edges.is_null() && n > 0 && std::slice::from_raw_parts(edges, n).iter().any(|e| *e != CUgraphEdgeData::default()) {
+        tracing::warn!("cuStreamBeginCaptureToGraph: only default edges are supported by rgpu");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    capture::begin_into(h, dev, mode, Some(gh), graph::node_list(deps, n)?)
+}
+
+pub(crate) unsafe fn end_capture(s: CUstream, graph: &mut CUgraph) -> CuResult<()> {
+    let h = streams::remote(s)?;
+    *graph = std::ptr::null_mut();
+    let g = capture::end(h)?;
+    *graph = g as usize as CUgraph;
+    Ok(())
+}
 
 pub(crate) unsafe fn is_capturing(s: CUstream, status: &mut CUstreamCaptureStatus) -> CuResult<()> {
-    streams::device_of(s)?;
-    *status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    let (h, _) = streams::device_of(s)?;
+    *status = capture::info(h).status;
     Ok(())
 }
 
 pub(crate) unsafe fn get_capture_info(s: CUstream, status: &mut CUstreamCaptureStatus, id: Option<&mut u64>) -> CuResult<()> {
-    is_capturing(s, status)?;
-    if let Some(id) = id {
-        *id = 0;
-    }
-    Ok(())
+    get_capture_info_v3(s, status, id, None, None, None, None)
 }
 
 pub(crate) unsafe fn get_capture_info_v2(
@@ -137,6 +189,7 @@ pub(crate) unsafe fn get_capture_info_v2(
     get_capture_info_v3(s, status, id, graph, dependencies, None, count)
 }
 
+/// The edge data handed out are all default edges (the only kind rgpu captures).
 pub(crate) unsafe fn get_capture_info_v3(
     s: CUstream,
     status: &mut CUstreamCaptureStatus,
@@ -146,20 +199,51 @@ pub(crate) unsafe fn get_capture_info_v3(
     edges: Option<&mut *const CUgraphEdgeData>,
     count: Option<&mut usize>,
 ) -> CuResult<()> {
-    get_capture_info(s, status, id)?;
+    let (h, _) = streams::device_of(s)?;
+    let i = capture::info(h);
+    *status = i.status;
+    if let Some(out) = id {
+        *out = i.id;
+    }
     if let Some(g) = graph {
-        *g = std::ptr::null_mut();
+        *g = i.graph as usize as CUgraph;
     }
     if let Some(d) = dependencies {
-        *d = std::ptr::null();
+        *d = i.deps;
     }
     if let Some(e) = edges {
-        *e = std::ptr::null();
+        *e = i.edges;
     }
     if let Some(n) = count {
-        *n = 0;
+        *n = i.count;
     }
     Ok(())
+}
+
+pub(crate) unsafe fn update_capture_dependencies(s: CUstream, deps: *mut CUgraphNode, n: usize, flags: u32) -> CuResult<()> {
+    update_capture_dependencies_v2(s, deps, std::ptr::null(), n, flags)
+}
+
+pub(crate) unsafe fn update_capture_dependencies_v2(
+    s: CUstream,
+    deps: *mut CUgraphNode,
+    edges: *const CUgraphEdgeData,
+    n: usize,
+    flags: u32,
+) -> CuResult<()> {
+    type F = CUstreamUpdateCaptureDependencies_flags;
+    let set = match flags {
+        f if f == F::CU_STREAM_ADD_CAPTURE_DEPENDENCIES.0 => false,
+        f if f == F::CU_STREAM_SET_CAPTURE_DEPENDENCIES.0 => true,
+        _ => return Err(CuError::INVALID_VALUE),
+    };
+    let h = streams::remote(s)?;
+    let nodes = graph::node_list(deps, n)?;
+    if !edges.is_null() && n > 0 && std::slice::from_raw_parts(edges, n).iter().any(|e| *e != CUgraphEdgeData::default()) {
+        tracing::warn!("cuStreamUpdateCaptureDependencies_v2: only default edges are supported by rgpu");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    capture::update_dependencies(h, &nodes, set)
 }
 
 /// Runs `callback` once the work queued on `s` is done, with that work's status (see

@@ -15,6 +15,8 @@
 //!                                       is newer; also in the allocation table)
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
+//! graph ──── nodes                     (a node handle names its graph; captures build graphs)
+//! graph exec                           (its steps live on its device's server session)
 //! ```
 //!
 //! Destroying a context or resetting a primary context is one walk of that tree,
@@ -25,9 +27,14 @@
 //! Below this layer: `runtime` (the servers and their devices, set up by `cuInit`) and `client`
 //! (the wire). Nothing here knows the C ABI beyond the handle types.
 
+pub mod capture;
 pub mod cls;
 pub mod context;
 pub mod event;
+pub mod graph;
+pub mod graph_exec;
+pub mod graph_mem;
+pub mod kernel_args;
 pub mod library;
 pub mod link;
 pub mod logs;
@@ -38,6 +45,7 @@ pub mod pool;
 pub mod stream;
 pub mod table;
 pub mod vmm;
+pub mod user_object;
 
 use std::sync::LazyLock;
 
@@ -63,6 +71,11 @@ pub struct Objects {
     pub links: Table<link::LinkState>,
     pub vmm: vmm::Vmm,
     pub managed: managed::ManagedTable,
+    pub graphs: Table<graph::Graph>,
+    /// Each node handle's graph.
+    pub graph_nodes: Table<u64>,
+    pub graph_execs: Table<graph_exec::Exec>,
+    pub user_objects: Table<user_object::UserObject>,
 }
 
 static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
@@ -82,6 +95,10 @@ static OBJECTS: LazyLock<Objects> = LazyLock::new(|| Objects {
     links: Table::new(tag::LINK),
     vmm: vmm::Vmm::default(),
     managed: managed::ManagedTable::default(),
+    graphs: Table::new(tag::GRAPH),
+    graph_nodes: Table::new(tag::GRAPH_NODE),
+    graph_execs: Table::new(tag::GRAPH_EXEC),
+    user_objects: Table::new(tag::USER_OBJECT),
 });
 
 /// The process's objects.

@@ -42,17 +42,6 @@ pub fn device_of(s: CUstream) -> CuResult<(u64, CUdevice)> {
     Ok((h, get(h)?.device))
 }
 
-thread_local! {
-    /// This thread's stream capture interaction mode (cuThreadExchangeStreamCaptureMode).
-    static CAPTURE_MODE: std::cell::Cell<CUstreamCaptureMode> =
-        const { std::cell::Cell::new(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL) };
-}
-
-/// Sets this thread's capture mode, returning the one it replaces.
-pub fn exchange_capture_mode(mode: CUstreamCaptureMode) -> CuResult<CUstreamCaptureMode> {
-    CAPTURE_MODE.try_with(|m| m.replace(mode)).map_err(|_| CuError::DEINITIALIZED)
-}
-
 /// Waits until the work queued on stream argument `s` so far is done; its error, if any of it
 /// failed, is returned (cuStreamSynchronize, and what runs after a stream's work on the host).
 pub fn synchronize(s: CUstream) -> CuResult<()> {

@@ -24,6 +24,7 @@
 //! again).
 
 pub mod cuda;
+pub mod graph;
 pub mod sim;
 
 use std::io;

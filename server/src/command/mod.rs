@@ -19,6 +19,7 @@
 
 pub mod context;
 pub mod event;
+pub mod graph;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -274,6 +275,16 @@ commands! {
     memUnmap => vmm::MemUnmap;
     /// cuMemSetAccess
     memSetAccess => vmm::MemSetAccess;
+    /// cuGraphInstantiate, cuGraphInstantiate_v2, cuGraphInstantiateWithFlags,
+    /// cuGraphInstantiateWithParams (once per segment between host nodes);
+    /// cuGraphExecUpdate, cuGraphExecUpdate_v2, cuGraphExecKernelNodeSetParams,
+    /// cuGraphExecKernelNodeSetParams_v2, cuGraphExecMemcpyNodeSetParams,
+    /// cuGraphExecMemsetNodeSetParams (sent again under the same handle)
+    graphExecCreate => graph::GraphExecCreate [bulk];
+    /// cuGraphExecDestroy
+    graphExecDestroy => graph::GraphExecDestroy;
+    /// cuGraphLaunch, cuGraphLaunch_ptsz (one per segment)
+    graphLaunch => graph::GraphLaunch [bulk];
 }
 
 impl Command {
@@ -488,7 +499,7 @@ mod tests {
                 takers.push(name);
             }
         }
-        assert_eq!(takers, ["memcpyHtoD", "moduleLoad", "launchKernel"]);
+        assert_eq!(takers, ["memcpyHtoD", "moduleLoad", "launchKernel", "graphExecCreate", "graphLaunch"]);
     }
 
     /// Whatever a request is and however it fails, its bulk is consumed to
