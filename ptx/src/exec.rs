@@ -567,6 +567,7 @@ impl<'a> BlockRunner<'a> {
                 }
                 store(regs, m, d, &r);
             }
+            Op::IsSpace { sp, d, a } => map1(regs, m, d, a, |x| (Self::classify(Space::Generic, x).0 == sp) as u64),
             Op::Cvta { to_generic, sp, d, a } => {
                 let win = match sp {
                     Space::Shared => SHARED_WINDOW,

@@ -291,6 +291,8 @@ pub enum Op {
     Fma { t: FT, m: FMod, d: u32, a: Src, b: Src, c: Src },
     /// f32 add/sub/mul/div/fma/sqrt and f64 add/sub/mul under `.rz`/`.rm`/`.rp` (`b`, `c`
     /// unused where the operation takes fewer sources; sub is lowered to add of `-b`).
+    /// `isspacep.<space> d, a`: whether generic address `a` lies in `sp`.
+    IsSpace { sp: Space, d: u32, a: Src },
     /// A failed device `assert`: ends the launch with the message, file, line and function.
     AssertFail { msg: Src, file: Src, line: Src, func: Src },
     Carry { f: CarryOp, bits: u8, signed: bool, cc_in: bool, cc_out: bool, d: u32, a: Src, b: Src, c: Src },

@@ -1058,6 +1058,25 @@ impl<'a> Lowerer<'a> {
                 let d = self.dst(&o[0], line)?;
                 Op::Cvt { to, from, rnd, sat: i.has("sat"), ftz: i.has("ftz"), d, a: self.src(&o[1], None, line)? }
             }
+            "isspacep" => {
+                // Which window a generic address falls in. `.const` data lives in the sim's
+                // global memory, so a generic pointer cannot be told to be constant: refused.
+                check(&["global", "shared", "local", "param"])?;
+                need(2)?;
+                let sp = if i.has("shared") {
+                    Space::Shared
+                } else if i.has("local") {
+                    Space::Local
+                } else if i.has("param") {
+                    Space::KParam
+                } else if i.has("global") {
+                    Space::Global
+                } else {
+                    return Err(un());
+                };
+                let d = self.dst(&o[0], line)?;
+                Op::IsSpace { sp, d, a: self.src(&o[1], None, line)? }
+            }
             "cvta" => {
                 check(&["to", "global", "shared", "local", "const", "param"])?;
                 need(2)?;

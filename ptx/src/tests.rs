@@ -283,6 +283,20 @@ fn funnel_shifts() {
     }
 }
 
+/// isspacep tells a generic address's window, as numba's runtime asks of its pointers.
+#[test]
+fn isspacep_tells_the_window() {
+    let r = per_thread(
+        ".local .align 4 .b8 buf[16];\n.shared .align 4 .b8 sh[16];\n\
+         mov.u64 %rd4, buf;\ncvta.local.u64 %rd5, %rd4;\nmov.u64 %rd6, sh;\ncvta.shared.u64 %rd7, %rd6;\n\
+         isspacep.local %p1, %rd5;\nisspacep.shared %p2, %rd7;\nisspacep.global %p3, %rd1;\nisspacep.local %p4, %rd7;\nisspacep.global %p5, %rd5;\n\
+         selp.u32 %r2, 1, 0, %p1;\nselp.u32 %r3, 2, 0, %p2;\nselp.u32 %r4, 4, 0, %p3;\nselp.u32 %r5, 8, 0, %p4;\nselp.u32 %r6, 16, 0, %p5;\n\
+         or.b32 %r1, %r2, %r3;\nor.b32 %r1, %r1, %r4;\nor.b32 %r1, %r1, %r5;\nor.b32 %r1, %r1, %r6;",
+        2,
+    );
+    assert_eq!(r, [7, 7]);
+}
+
 /// A failed device assert ends the launch with the message, file and line it names.
 #[test]
 fn device_assert_reports_message_file_and_line() {
