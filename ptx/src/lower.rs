@@ -141,6 +141,19 @@ fn cmp_op(m: &str) -> Option<Cmp> {
     })
 }
 
+/// The generic-address window (shared, local or kernel parameters) an instruction names.
+fn window_of(i: &Instruction) -> Option<Space> {
+    if i.has("shared") {
+        Some(Space::Shared)
+    } else if i.has("local") {
+        Some(Space::Local)
+    } else if i.has("param") {
+        Some(Space::KParam)
+    } else {
+        None
+    }
+}
+
 /// The directed rounding mode an arithmetic instruction names, if any.
 fn directed(i: &Instruction) -> Option<Directed> {
     if i.has("rz") {
@@ -1063,32 +1076,14 @@ impl<'a> Lowerer<'a> {
                 // global memory, so a generic pointer cannot be told to be constant: refused.
                 check(&["global", "shared", "local", "param"])?;
                 need(2)?;
-                let sp = if i.has("shared") {
-                    Space::Shared
-                } else if i.has("local") {
-                    Space::Local
-                } else if i.has("param") {
-                    Space::KParam
-                } else if i.has("global") {
-                    Space::Global
-                } else {
-                    return Err(un());
-                };
+                let sp = window_of(i).or(i.has("global").then_some(Space::Global)).ok_or_else(un)?;
                 let d = self.dst(&o[0], line)?;
                 Op::IsSpace { sp, d, a: self.src(&o[1], None, line)? }
             }
             "cvta" => {
                 check(&["to", "global", "shared", "local", "const", "param"])?;
                 need(2)?;
-                let sp = if i.has("shared") {
-                    Space::Shared
-                } else if i.has("local") {
-                    Space::Local
-                } else if i.has("param") {
-                    Space::KParam
-                } else {
-                    Space::Global
-                };
+                let sp = window_of(i).unwrap_or(Space::Global);
                 let d = self.dst(&o[0], line)?;
                 Op::Cvta { to_generic: !i.has("to"), sp, d, a: self.src(&o[1], None, line)? }
             }
