@@ -129,34 +129,8 @@ pub(crate) fn unsupported(name: &'static str, logged: &AtomicBool) -> CUresult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
-    use std::sync::{Arc, Mutex};
-
-    /// A `tracing` writer that appends to a shared buffer.
-    #[derive(Clone, Default)]
-    struct Buffer(Arc<Mutex<Vec<u8>>>);
-    impl Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    fn captured<R>(f: impl FnOnce() -> R) -> (R, String) {
-        let buf = Buffer::default();
-        let writer = buf.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::TRACE)
-            .with_ansi(false)
-            .finish();
-        let r = tracing::subscriber::with_default(subscriber, f);
-        let text = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
-        (r, text)
-    }
+    use crate::log_capture::captured;
+    use std::sync::Mutex;
 
     #[test]
     fn a_panic_becomes_unknown() {

@@ -19,6 +19,8 @@ mod cuda;
 mod dark_api;
 mod entry;
 mod logging;
+#[cfg(test)]
+mod log_capture;
 mod objects;
 mod proc_address;
 mod runtime;

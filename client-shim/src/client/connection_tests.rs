@@ -475,34 +475,13 @@ fn a_peer_gone_before_a_post_leaves_fails_the_flush() {
 /// `session{server=...}`, so the shim's log says which server each line is about.
 #[test]
 fn a_connections_events_are_logged_in_its_session_span() {
-    #[derive(Clone, Default)]
-    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buffer::default();
-    let log = within(LIMIT, {
-        let buf = buf.clone();
-        move || {
-            let writer = buf.clone();
-            let subscriber = tracing_subscriber::fmt()
-                .with_writer(move || writer.clone())
-                .with_max_level(tracing::Level::DEBUG)
-                .with_ansi(false)
-                .finish();
-            tracing::subscriber::with_default(subscriber, || {
-                let (c, _log, server) = connect(no_flusher());
-                drop(server);
-                assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
-            });
-            String::from_utf8(buf.0.lock().unwrap().clone()).unwrap()
-        }
+    let log = within(LIMIT, || {
+        crate::log_capture::captured(|| {
+            let (c, _log, server) = connect(no_flusher());
+            drop(server);
+            assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
+        })
+        .1
     });
     assert!(log.contains("session{server=mem-server}"), "{log}");
     assert!(log.contains("every later call to this device fails"), "{log}");
