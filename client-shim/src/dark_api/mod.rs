@@ -128,7 +128,29 @@ static TOOLS_RUNTIME_CALLBACK_HOOKS: Table<7> = Table([
 static TOOLS_TLS: Table<4> = Table([size_of_table(4), slot!(success), slot!(success), slot!(success)]);
 
 // ---- tools context {21318c60-9714-3248-8ca6-41ff7324c8f2}: must exist ----
-static TOOLS_CONTEXT: Table<1> = Table([size_of_table(0)]);
+// Its size word says it has no functions (cudart reads that), but cuBLASLt calls its fifth
+// word without looking (`cublasLtSSSMatmulAlgoGetHeuristicForStream`), and jumped into
+// whatever followed the table (a CuPy `dot` on the sim crashed the process, now and then):
+// the words behind the size are refusals, which cuBLASLt checks and turns into its error.
+static TOOLS_CONTEXT: Table<17> = Table([
+    size_of_table(0),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+    slot!(not_supported),
+]);
 
 // ---- CONTEXT_LOCAL_STORAGE {c693336e-1121-df11-a8c3-68f355d89593} --------
 static CONTEXT_LOCAL_STORAGE: Table<3> = Table([slot!(cls::put), slot!(cls::delete), slot!(cls::get)]);
@@ -237,5 +259,20 @@ mod tests {
         unsafe { hook_buffer_1(&mut b, &mut n) };
         assert_eq!((b as *const c_void, n), (HOOK_BUFFER_1.0.get() as *const c_void, 1024));
         unsafe { hook_buffer_2(std::ptr::null_mut(), std::ptr::null_mut()) };
+    }
+
+    /// Every word behind the tools-context table's size is a function that refuses: a
+    /// caller that ignores the size (cuBLASLt) gets an error, not a jump into other data.
+    #[test]
+    fn the_tools_context_table_refuses_past_its_size() {
+        let mut t: *const c_void = std::ptr::null();
+        let id = CUuuid { bytes: TOOLS_CONTEXT_ID.map(|b| b as _) };
+        unsafe { get_export_table(&mut t, &id) }.unwrap();
+        let words = t as *const *const c_void;
+        assert_eq!(unsafe { *words }, size_of_table(0));
+        for i in 1..17 {
+            let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(*words.add(i)) };
+            assert_eq!(f(), CUresult::CUDA_ERROR_NOT_SUPPORTED, "word {i}");
+        }
     }
 }
