@@ -320,14 +320,25 @@ pub(crate) unsafe fn add_dependencies(g: CUgraph, from: *const CUgraphNode, to: 
 }
 
 pub(crate) unsafe fn add_dependencies_v2(g: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
+    edit_edges(g, from, to, data, n, |body, f, t| body.add_edge(f, t))
+}
+
+/// Applies `edit` to each (from, to) pair, all or nothing: the edges change on a copy first.
+unsafe fn edit_edges(
+    g: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    data: *const CUgraphEdgeData,
+    n: usize,
+    edit: impl Fn(&mut Body, u64, u64) -> CuResult<()>,
+) -> CuResult<()> {
     let (_, graph) = graphs::get(g)?;
     default_edges(data, n)?;
     let (from, to) = (node_list(from, n)?, node_list(to, n)?);
-    // All or nothing: the edges are added to a copy first.
     let mut body = graph.body();
     let mut copy = body.clone();
     for (f, t) in from.iter().zip(&to) {
-        copy.add_edge(*f, *t)?;
+        edit(&mut copy, *f, *t)?;
     }
     *body = copy;
     Ok(())
@@ -338,16 +349,7 @@ pub(crate) unsafe fn remove_dependencies(g: CUgraph, from: *const CUgraphNode, t
 }
 
 pub(crate) unsafe fn remove_dependencies_v2(g: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
-    let (_, graph) = graphs::get(g)?;
-    default_edges(data, n)?;
-    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
-    let mut body = graph.body();
-    let mut copy = body.clone();
-    for (f, t) in from.iter().zip(&to) {
-        copy.remove_edge(*f, *t)?;
-    }
-    *body = copy;
-    Ok(())
+    edit_edges(g, from, to, data, n, |body, f, t| body.remove_edge(f, t))
 }
 
 pub(crate) unsafe fn destroy_node(node: CUgraphNode) -> CuResult<()> {
