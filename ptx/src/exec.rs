@@ -84,6 +84,12 @@ struct Warp {
     /// they wait there while the others run on to a barrier (or exit), because `bar.sync`
     /// counts threads, not warps (a diverged lane may be on its way to the same barrier).
     bar_wait: u32,
+    /// Lanes parked at a `.sync` warp operation (`Op::WarpSync`) until the other lanes of its
+    /// member mask arrive at the same pc.
+    sync_wait: u32,
+    /// Lanes released from such a wait because nothing else in the warp could run (the missing
+    /// members wait at a block barrier): they run the operation with the lanes that came.
+    sync_force: u32,
     /// bar.red in flight: (op, dst, lanes waiting, lanes whose predicate held).
     bar_red: Option<(BarRed, u32, u32, u32)>,
     first_thread: u32,
@@ -185,6 +191,8 @@ impl<'a> BlockRunner<'a> {
                 alive: 0,
                 at_bar: false,
                 bar_wait: 0,
+                sync_wait: 0,
+                sync_force: 0,
                 bar_red: None,
                 first_thread: (w * LANES) as u32,
             })
@@ -204,6 +212,8 @@ impl<'a> BlockRunner<'a> {
             w.alive = if live >= 32 { u32::MAX } else { (1u32 << live) - 1 };
             w.at_bar = false;
             w.bar_wait = 0;
+            w.sync_wait = 0;
+            w.sync_force = 0;
             w.bar_red = None;
             w.local.fill(0);
             let r = &mut w.regs;
@@ -287,7 +297,7 @@ impl<'a> BlockRunner<'a> {
 
     fn run_warp(&mut self, w: &mut Warp, ctaid: [u32; 3], out: &mut Vec<u8>, count: &mut u64) -> Result<Stop, ExecError> {
         let insts = &self.sh.prog.insts;
-        let (mut pc, mut mask, mut other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+        let (mut pc, mut mask, mut other) = next_group(w);
         let mut steps: u32 = 0;
         loop {
             steps = steps.wrapping_add(1);
@@ -301,12 +311,12 @@ impl<'a> BlockRunner<'a> {
                 if w.alive == 0 {
                     return Ok(Stop::Exited);
                 }
-                if w.alive & !w.bar_wait == 0 {
+                if ready(w) == 0 {
                     w.at_bar = true;
                     return Ok(Stop::Barrier);
                 }
                 set_pcs(&mut w.pcs, mask, pc);
-                (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                (pc, mask, other) = next_group(w);
                 continue;
             };
             let mut active = mask;
@@ -327,13 +337,13 @@ impl<'a> BlockRunner<'a> {
                         pc += 1;
                         if pc >= other {
                             set_pcs(&mut w.pcs, mask, pc);
-                            (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                            (pc, mask, other) = next_group(w);
                         }
                         continue;
                     }
                     set_pcs(&mut w.pcs, active, t);
                     set_pcs(&mut w.pcs, stay, pc + 1);
-                    (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                    (pc, mask, other) = next_group(w);
                     continue;
                 }
                 Op::Exit => {
@@ -341,13 +351,13 @@ impl<'a> BlockRunner<'a> {
                     if w.alive == 0 {
                         return Ok(Stop::Exited);
                     }
-                    if w.alive & !w.bar_wait == 0 {
+                    if ready(w) == 0 {
                         w.at_bar = true;
                         return Ok(Stop::Barrier);
                     }
                     mask &= !active;
                     if mask == 0 {
-                        (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                        (pc, mask, other) = next_group(w);
                         continue;
                     }
                 }
@@ -366,12 +376,36 @@ impl<'a> BlockRunner<'a> {
                             w.bar_red = Some((*op, *d, waiting | active, held | yes));
                         }
                         w.bar_wait |= active;
-                        if w.alive & !w.bar_wait == 0 {
+                        if ready(w) == 0 {
                             w.at_bar = true;
                             return Ok(Stop::Barrier);
                         }
-                        (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                        (pc, mask, other) = next_group(w);
                         continue;
+                    }
+                }
+                Op::WarpSync { member } => {
+                    // Not an instruction of the program: uncounted.
+                    *count -= active.count_ones() as u64;
+                    if active != 0 {
+                        let first = active.trailing_zeros() as usize;
+                        let member = match *member {
+                            Src::R(r) => w.regs[r as usize * LANES + first] as u32,
+                            Src::C(c) => c as u32,
+                        };
+                        let here = w.sync_wait & lanes_at(&w.pcs, pc);
+                        let arrived = active | here;
+                        if member & w.alive & !arrived != 0 && w.sync_force & active == 0 {
+                            w.sync_wait |= active;
+                            set_pcs(&mut w.pcs, active, pc);
+                            set_pcs(&mut w.pcs, mask & !active, pc + 1);
+                            (pc, mask, other) = next_group(w);
+                            continue;
+                        }
+                        // Everyone came (or no one else can): the lanes go on as one group.
+                        w.sync_wait &= !here;
+                        w.sync_force &= !arrived;
+                        mask |= here;
                     }
                 }
                 op => {
@@ -385,7 +419,7 @@ impl<'a> BlockRunner<'a> {
             pc += 1;
             if pc >= other {
                 set_pcs(&mut w.pcs, mask, pc);
-                (pc, mask, other) = regroup(&w.pcs, w.alive & !w.bar_wait);
+                (pc, mask, other) = next_group(w);
             }
         }
     }
@@ -394,7 +428,7 @@ impl<'a> BlockRunner<'a> {
     fn exec(&mut self, w: &mut Warp, op: &Op, m: u32, out: &mut Vec<u8>) -> Result<(), (usize, Fault)> {
         let regs = &mut w.regs;
         match *op {
-            Op::Nop | Op::Bra { .. } | Op::Exit | Op::Bar { .. } => {}
+            Op::Nop | Op::Bra { .. } | Op::Exit | Op::Bar { .. } | Op::WarpSync { .. } => {}
             Op::Mov { bits, d, a } => {
                 let mk = width_mask(bits);
                 map1(regs, m, d, a, |x| x & mk)
@@ -518,9 +552,11 @@ impl<'a> BlockRunner<'a> {
                 let cv = comb.map(|(_, p, _)| fetch(regs, p));
                 let mut r = [0u64; LANES];
                 let mut r2 = [0u64; LANES];
+                let pairs = matches!(t, CmpTy::Float(FT::F16x2 | FT::BF16x2));
                 for l in 0..LANES {
                     let mut x = compare(cmp, t, av[l], bv[l]);
-                    let mut y = !x;
+                    // The packed forms compare each half: p gets the low one, q the high one.
+                    let mut y = if pairs { compare(cmp, t, av[l] >> 16, bv[l] >> 16) } else { !x };
                     if let (Some((bop, _, neg)), Some(cv)) = (comb, &cv) {
                         let c = (cv[l] != 0) ^ neg;
                         x = boolop(bop, x, c);
@@ -536,18 +572,22 @@ impl<'a> BlockRunner<'a> {
                     store(regs, m, d2, &r2);
                 }
             }
-            Op::Set { cmp, t, float_dst, d, a, b, comb } => {
+            Op::Set { cmp, t, yes, d, a, b, comb } => {
                 let (av, bv) = (fetch(regs, a), fetch(regs, b));
                 let cv = comb.map(|(_, p, _)| fetch(regs, p));
+                let pairs = matches!(t, CmpTy::Float(FT::F16x2 | FT::BF16x2));
                 let r: [u64; LANES] = std::array::from_fn(|l| {
-                    let mut x = compare(cmp, t, av[l], bv[l]);
-                    if let (Some((bop, _, neg)), Some(cv)) = (comb, &cv) {
-                        x = boolop(bop, x, (cv[l] != 0) ^ neg);
-                    }
-                    match (x, float_dst) {
-                        (true, true) => 1.0f32.to_bits() as u64,
-                        (true, false) => 0xffff_ffff,
-                        (false, _) => 0,
+                    let one = |a: u64, b: u64| {
+                        let mut x = compare(cmp, t, a, b);
+                        if let (Some((bop, _, neg)), Some(cv)) = (comb, &cv) {
+                            x = boolop(bop, x, (cv[l] != 0) ^ neg);
+                        }
+                        if x { yes } else { 0 }
+                    };
+                    if pairs {
+                        one(av[l], bv[l]) | one(av[l] >> 16, bv[l] >> 16) << 16
+                    } else {
+                        one(av[l], bv[l])
                     }
                 });
                 store(regs, m, d, &r);
@@ -665,7 +705,9 @@ impl<'a> BlockRunner<'a> {
                     store(regs, m, dp, &p);
                 }
             }
-            Op::Vote { mode, d, p, neg } => {
+            Op::Vote { mode, d, p, neg, member } => {
+                let out_lanes = m;
+                let m = m & first_lane(regs, member, m);
                 let pv = fetch(regs, p);
                 let mut ballot = 0u32;
                 for l in 0..LANES {
@@ -679,9 +721,10 @@ impl<'a> BlockRunner<'a> {
                     VoteMode::Any => (ballot != 0) as u64,
                     VoteMode::Uni => (ballot == m || ballot == 0) as u64,
                 };
-                store(regs, m, d, &[v; LANES]);
+                store(regs, out_lanes, d, &[v; LANES]);
             }
-            Op::Match { all, bits, d, dp, a } => {
+            Op::Match { all, bits, d, dp, a, member } => {
+                let m = m & first_lane(regs, member, m);
                 let av = fetch(regs, a);
                 let mk = width_mask(bits);
                 let mut r = [0u64; LANES];
@@ -711,6 +754,22 @@ impl<'a> BlockRunner<'a> {
                 }
             }
             Op::Activemask { d } => store(regs, m, d, &[m as u64; LANES]),
+            Op::Redux { op, signed, d, a, member } => {
+                let lanes = m & first_lane(regs, member, m);
+                let av = fetch(regs, a);
+                let vals = (0..LANES).filter(|l| lanes >> l & 1 != 0).map(|l| av[l] as u32);
+                let r = match op {
+                    ReduxOp::Add => vals.fold(0u32, u32::wrapping_add),
+                    ReduxOp::Min if signed => vals.map(|v| v as i32).min().unwrap_or(0) as u32,
+                    ReduxOp::Max if signed => vals.map(|v| v as i32).max().unwrap_or(0) as u32,
+                    ReduxOp::Min => vals.min().unwrap_or(0),
+                    ReduxOp::Max => vals.max().unwrap_or(0),
+                    ReduxOp::And => vals.fold(u32::MAX, |x, y| x & y),
+                    ReduxOp::Or => vals.fold(0, |x, y| x | y),
+                    ReduxOp::Xor => vals.fold(0, |x, y| x ^ y),
+                };
+                store(regs, m, d, &[r as u64; LANES]);
+            }
             Op::Clock { d, kind } => {
                 let v = match kind {
                     // A 1 GHz clock: nanoseconds since the launch began.
@@ -928,7 +987,7 @@ impl<'a> BlockRunner<'a> {
 }
 
 fn empty_warp() -> Warp {
-    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, bar_red: None, first_thread: 0 }
+    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, bar_red: None, first_thread: 0 }
 }
 
 /// (smallest pc among live lanes, lanes at it, smallest pc among the others).
@@ -952,6 +1011,50 @@ fn regroup(pcs: &[u32; LANES], alive: u32) -> (u32, u32, u32) {
         }
     }
     (min, mask, other)
+}
+
+/// Lanes whose pc is `pc`.
+#[inline]
+fn lanes_at(pcs: &[u32; LANES], pc: u32) -> u32 {
+    let mut m = 0u32;
+    for (l, p) in pcs.iter().enumerate() {
+        if *p == pc {
+            m |= 1 << l;
+        }
+    }
+    m
+}
+
+/// The lanes that may run now: live, not at a block barrier, not parked at a warp operation.
+/// When none is left but lanes are parked, the lowest-pc parked group is released (with
+/// `sync_force`) so that a warp whose missing members wait at `bar.sync` (or never come) cannot
+/// deadlock; they run the operation with the lanes that arrived, as before this wait existed.
+#[inline]
+fn ready(w: &mut Warp) -> u32 {
+    let r = w.alive & !w.bar_wait & !w.sync_wait;
+    if r != 0 || w.sync_wait == 0 {
+        return r;
+    }
+    let (_, g, _) = regroup(&w.pcs, w.sync_wait & w.alive);
+    w.sync_wait &= !g;
+    w.sync_force |= g;
+    w.alive & !w.bar_wait & !w.sync_wait
+}
+
+/// The group to run next: [`regroup`] over the [`ready`] lanes.
+#[inline]
+fn next_group(w: &mut Warp) -> (u32, u32, u32) {
+    let r = ready(w);
+    regroup(&w.pcs, r)
+}
+
+/// A warp-uniform operand's value in the first lane of `m`, as a 32-bit lane mask.
+#[inline]
+fn first_lane(regs: &[u64], s: Src, m: u32) -> u32 {
+    match s {
+        Src::R(r) => regs[r as usize * LANES + m.trailing_zeros() as usize % LANES] as u32,
+        Src::C(c) => c as u32,
+    }
 }
 
 #[inline]

@@ -254,6 +254,16 @@ pub enum ShflMode {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduxOp {
+    Add,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum VoteMode {
     All,
     Any,
@@ -299,7 +309,9 @@ pub enum Op {
     FDirected { f: FDir, t: FT, mode: crate::float::Directed, m: FMod, d: u32, a: Src, b: Src, c: Src },
     Setp { cmp: Cmp, t: CmpTy, d: Option<u32>, d2: Option<u32>, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
     /// `set`: d is all ones (or 1.0f) when true.
-    Set { cmp: Cmp, t: CmpTy, float_dst: bool, d: u32, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
+    /// `yes` is what a true comparison writes (1.0 in the destination's float type, or all
+    /// ones); for f16x2/bf16x2 sources each half is compared and gets its own `yes`.
+    Set { cmp: Cmp, t: CmpTy, yes: u64, d: u32, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
     Selp { d: u32, a: Src, b: Src, p: Src },
     Cvt { to: CvtTy, from: CvtTy, rnd: Rnd, sat: bool, ftz: bool, d: u32, a: Src },
     /// Converts between a space's own addresses and generic ones.
@@ -311,9 +323,15 @@ pub enum Op {
     Exit,
     Bar { red: Option<(BarRed, u32, Src, bool)> },
     Shfl { mode: ShflMode, d: u32, dp: Option<u32>, a: Src, b: Src, c: Src },
-    Vote { mode: VoteMode, d: u32, p: Src, neg: bool },
-    Match { all: bool, bits: u8, d: u32, dp: Option<u32>, a: Src },
+    /// A convergence point before a `.sync` warp operation (and `bar.warp.sync` itself): the
+    /// lanes wait here until every live lane of the member mask has arrived.
+    WarpSync { member: Src },
+    /// `member`: the lanes voting (`vote.sync`'s mask; all lanes for the old unsynchronised form).
+    Vote { mode: VoteMode, d: u32, p: Src, neg: bool, member: Src },
+    Match { all: bool, bits: u8, d: u32, dp: Option<u32>, a: Src, member: Src },
     Activemask { d: u32 },
+    /// `redux.sync` on 32-bit integers over the member lanes.
+    Redux { op: ReduxOp, signed: bool, d: u32, a: Src, member: Src },
     /// vprintf(fmt, args); the return value (arguments consumed) goes to `ret`.
     Printf { fmt: Src, args: Src, ret: Option<(Space, u64)> },
     Clock { d: u32, kind: ClockKind },

@@ -581,6 +581,9 @@ impl<'a> Lowerer<'a> {
             return self.call(i, guard);
         }
         let op = self.op(i)?;
+        if let Some(member) = self.sync_member(i, op.as_ref())? {
+            self.push(guard, Op::WarpSync { member }, line);
+        }
         if let Some(op) = op {
             let is_ret = op == Op::Bra { target: RET_TARGET };
             if op == (Op::Bra { target: LABEL_TARGET }) {
@@ -599,6 +602,29 @@ impl<'a> Lowerer<'a> {
             self.push(guard, op, line);
         }
         Ok(())
+    }
+
+    /// The member mask of a `.sync` warp operation, whose lanes must all arrive before it runs
+    /// (`bar.warp.sync` is lowered to the convergence point itself).
+    fn sync_member(&mut self, i: &Instruction, op: Option<&Op>) -> Result<Option<Src>, PtxError> {
+        let at = match (i.opcode.as_str(), op) {
+            (_, None | Some(Op::WarpSync { .. })) => return Ok(None),
+            ("shfl", _) => 4,
+            ("vote" | "match" | "redux", _) => 2,
+            _ => return Ok(None),
+        };
+        if !i.has("sync") {
+            return Ok(None);
+        }
+        self.member(i, &i.operands, at, i.line).map(Some)
+    }
+
+    /// Operand `at` as a member mask, all lanes when absent (the pre-`.sync` forms).
+    fn member(&mut self, i: &Instruction, o: &[Operand], at: usize, line: u32) -> Result<Src, PtxError> {
+        match o.get(at) {
+            Some(m) if i.has("sync") => self.src(m, None, line),
+            _ => Ok(Src::C(u32::MAX as u64)),
+        }
     }
 
     fn call(&mut self, i: &'a Instruction, guard: Option<(u32, bool)>) -> Result<(), PtxError> {
@@ -1033,17 +1059,26 @@ impl<'a> Lowerer<'a> {
                         Operand::Pair(p, q) => (Some(self.reg(p, line)?), Some(self.reg(q, line)?)),
                         other => (self.dst_opt(other, line)?, None),
                     };
+                    if matches!(ft, Some(FT::F16x2 | FT::BF16x2)) && d2.is_none() {
+                        // The packed forms write one predicate per half: `p|q` is required.
+                        return Err(un());
+                    }
                     Op::Setp { cmp, t, d, d2, a, b, comb }
                 } else {
                     if types.len() != 2 {
                         return Err(un());
                     }
-                    let float_dst = types[0] == "f32";
-                    if !float_dst && int_ty(types[0]).map(|t| t.0) != Some(32) {
-                        return Err(un());
-                    }
+                    let pairs = matches!(ft, Some(FT::F16x2 | FT::BF16x2));
+                    let yes = match (types[0], pairs) {
+                        ("f32", false) => 1.0f32.to_bits() as u64,
+                        ("f16", false) | ("f16x2", true) => 0x3c00,
+                        ("bf16", false) | ("bf16x2", true) => 0x3f80,
+                        ("u16" | "s16" | "b16", false) | ("u32" | "s32" | "b32", true) => 0xffff,
+                        ("u32" | "s32" | "b32", false) => 0xffff_ffff,
+                        _ => return Err(un()),
+                    };
                     let d = self.dst(&o[0], line)?;
-                    Op::Set { cmp, t, float_dst, d, a, b, comb }
+                    Op::Set { cmp, t, yes, d, a, b, comb }
                 }
             }
             "selp" => {
@@ -1177,32 +1212,40 @@ impl<'a> Lowerer<'a> {
             "exit" => Op::Exit,
             "bar" | "barrier" => {
                 if i.has("warp") {
-                    // bar.warp.sync: a warp here always runs its active lanes together.
-                    return Ok(None);
-                }
-                if i.has("arrive") {
+                    check(&["warp", "sync"])?;
+                    need(1)?;
+                    Op::WarpSync { member: self.src(&o[0], None, line)? }
+                } else if i.has("arrive") {
                     // Producer/consumer named barriers are not modelled.
                     return Err(un());
-                }
-                check(&["sync", "red", "popc", "and", "or", "aligned"])?;
-                if i.has("red") {
-                    need(3)?;
-                    let r = if i.has("popc") {
-                        BarRed::Popc
-                    } else if i.has("and") {
-                        BarRed::And
-                    } else {
-                        BarRed::Or
-                    };
-                    let d = self.dst(&o[0], line)?;
-                    let (p, n) = self.pred_src(&o[2], line)?;
-                    Op::Bar { red: Some((r, d, p, n)) }
                 } else {
-                    Op::Bar { red: None }
+                    check(&["sync", "red", "popc", "and", "or", "aligned"])?;
+                    if i.has("red") {
+                        need(3)?;
+                        let r = if i.has("popc") {
+                            BarRed::Popc
+                        } else if i.has("and") {
+                            BarRed::And
+                        } else {
+                            BarRed::Or
+                        };
+                        let d = self.dst(&o[0], line)?;
+                        let (p, n) = self.pred_src(&o[2], line)?;
+                        Op::Bar { red: Some((r, d, p, n)) }
+                    } else {
+                        Op::Bar { red: None }
+                    }
                 }
             }
             "membar" | "fence" => {
                 check(&["proxy", "alias", "async", "acq_rel", "sc", "cta", "gl", "sys", "gpu"])?;
+                return Ok(None);
+            }
+            // Programmatic dependent launch: `wait` holds until the grids this one depends on
+            // are done and their memory visible. The sim runs a stream's grids one after another,
+            // so they always are; `launch_dependents` only lets the next grid start early.
+            "griddepcontrol" => {
+                check(&["wait", "launch_dependents"])?;
                 return Ok(None);
             }
             "nanosleep" | "prefetch" | "prefetchu" | "pmevent" => return Ok(None),
@@ -1248,7 +1291,7 @@ impl<'a> Lowerer<'a> {
                 }
                 let d = self.dst(&o[0], line)?;
                 let (p, neg) = self.pred_src(&o[1], line)?;
-                Op::Vote { mode, d, p, neg }
+                Op::Vote { mode, d, p, neg, member: self.member(i, o, 2, line)? }
             }
             "match" => {
                 check(&["any", "all"])?;
@@ -1260,7 +1303,22 @@ impl<'a> Lowerer<'a> {
                     Operand::Pair(p, q) => (self.reg(p, line)?, Some(self.reg(q, line)?)),
                     other => (self.dst(other, line)?, None),
                 };
-                Op::Match { all: i.has("all"), bits, d, dp, a: self.src(&o[1], None, line)? }
+                Op::Match { all: i.has("all"), bits, d, dp, a: self.src(&o[1], None, line)?, member: self.member(i, o, 2, line)? }
+            }
+            "redux" => {
+                // The integer forms; the f32 min/max of sm_100a are left to the error below.
+                check(&["sync", "add", "min", "max", "and", "or", "xor"])?;
+                need(3)?;
+                let (bits, signed) = int_ty(ty).ok_or_else(un)?;
+                if bits != 32 {
+                    return Err(un());
+                }
+                let op = [("add", ReduxOp::Add), ("min", ReduxOp::Min), ("max", ReduxOp::Max), ("and", ReduxOp::And), ("or", ReduxOp::Or), ("xor", ReduxOp::Xor)]
+                    .into_iter()
+                    .find(|(m, _)| i.has(m))
+                    .map(|(_, op)| op)
+                    .ok_or_else(un)?;
+                Op::Redux { op, signed, d: self.dst(&o[0], line)?, a: self.src(&o[1], None, line)?, member: self.member(i, o, 2, line)? }
             }
             "activemask" => {
                 need(1)?;

@@ -210,6 +210,94 @@ fn a_barrier_waits_for_lanes_on_an_out_of_line_path() {
     }
 }
 
+/// Lanes on a path laid out after the join (as compilers place cold code) reach a `.sync` warp
+/// operation after the lanes at lower pcs: the operation must wait for every lane its member
+/// mask names, or the early lanes see a ballot and shuffled values without the late ones (CuPy's
+/// warp-synchronous partition returned a wrong element this way).
+#[test]
+fn warp_sync_operations_wait_for_member_lanes_on_an_out_of_line_path() {
+    let body = "and.b32 %r2, %r0, 31;\nsetp.lt.u32 %p1, %r2, 16;\n@%p1 bra $LATE;\nmul.lo.u32 %r3, %r2, 7;\n\
+        $JOIN:\nsetp.ne.u32 %p2, %r2, 0;\nvote.sync.ballot.b32 %r4, %p2, -1;\nshfl.sync.idx.b32 %r5, %r3, 3, 31, -1;\n\
+        shr.u32 %r6, %r2, 2;\nmatch.any.sync.b32 %r7, %r6, -1;\nxor.b32 %r1, %r4, %r5;\nxor.b32 %r1, %r1, %r7;\nbra.uni $STORE;\n\
+        $LATE:\nmul.lo.u32 %r3, %r2, 7;\nbra.uni $JOIN;\n$STORE:";
+    for n in [32u32, 64, 40] {
+        let r = per_thread(body, n);
+        for (t, v) in r.iter().enumerate() {
+            let lanes = (n as usize - t / 32 * 32).min(32);
+            let full = if lanes == 32 { u32::MAX } else { (1u32 << lanes) - 1 };
+            let ballot = full & !1;
+            let quad = (0xfu32 << (t % 32 / 4 * 4)) & full;
+            assert_eq!(*v, ballot ^ 21 ^ quad, "block of {n}, thread {t}");
+        }
+    }
+    // A partial member mask waits only for its members; bar.warp.sync is a convergence point too.
+    let body = "and.b32 %r2, %r0, 31;\nsetp.ge.u32 %p1, %r2, 8;\n@%p1 bra $LATE;\nmov.u32 %r3, 1;\n\
+        $JOIN:\nbar.warp.sync -1;\nshfl.sync.bfly.b32 %r1, %r3, 16, 31, -1;\nbra.uni $STORE;\n\
+        $LATE:\nadd.u32 %r3, %r2, 100;\nsetp.lt.u32 %p3, %r2, 16;\n@!%p3 bra $JOIN;\nvote.sync.ballot.b32 %r8, %p3, 0xff00;\nadd.u32 %r3, %r3, %r8;\nbra.uni $JOIN;\n$STORE:";
+    let r = per_thread(body, 32);
+    for (t, v) in r.iter().enumerate() {
+        let src = t ^ 16;
+        let want = if src < 8 { 1 } else if src < 16 { src as u32 + 100 + 0xff00 } else { src as u32 + 100 };
+        assert_eq!(*v, want, "thread {t}");
+    }
+}
+
+/// A member mask naming lanes that wait at a block barrier (undefined on a GPU) must not hang the
+/// sim: the lanes that came run the operation alone, as they did before warp operations waited.
+#[test]
+fn a_warp_operation_whose_members_sit_at_a_barrier_does_not_hang() {
+    let body = "and.b32 %r2, %r0, 31;\nsetp.lt.u32 %p1, %r2, 16;\n@%p1 bra $LOW;\n\
+        setp.ne.u32 %p2, %r2, 0;\nvote.sync.ballot.b32 %r1, %p2, -1;\nbar.sync 0;\nbra.uni $STORE;\n\
+        $LOW:\nbar.sync 0;\nmov.u32 %r1, 7;\n$STORE:";
+    let r = per_thread(body, 64);
+    for (t, v) in r.iter().enumerate() {
+        assert_eq!(*v, if t % 32 < 16 { 7 } else { 0xffff_0000 }, "thread {t}");
+    }
+}
+
+#[test]
+fn redux_sync_reduces_the_member_lanes() {
+    // Lane values 3t - 40 (signed), over a full warp and over the upper half only.
+    let body = "and.b32 %r2, %r0, 31;\nmad.lo.s32 %r3, %r2, 3, -40;\n\
+        redux.sync.add.s32 %r4, %r3, -1;\nredux.sync.min.s32 %r5, %r3, -1;\nredux.sync.max.u32 %r6, %r3, -1;\n\
+        redux.sync.xor.b32 %r7, %r2, 0xffff0000;\nsetp.lt.u32 %p1, %r2, 16;\n\
+        @%p1 mov.u32 %r7, 0;\nxor.b32 %r1, %r4, %r5;\nxor.b32 %r1, %r1, %r6;\nxor.b32 %r1, %r1, %r7;";
+    let r = per_thread(body, 64);
+    let vals: Vec<i32> = (0..32).map(|t| 3 * t - 40).collect();
+    let add = vals.iter().fold(0i32, |a, v| a.wrapping_add(*v)) as u32;
+    let min = *vals.iter().min().unwrap() as u32;
+    let max = vals.iter().map(|v| *v as u32).max().unwrap();
+    let xor_hi = (16..32u32).fold(0, |a, v| a ^ v);
+    for (t, v) in r.iter().enumerate() {
+        let x = if t % 32 < 16 { 0 } else { xor_hi };
+        assert_eq!(*v, add ^ min ^ max ^ x, "thread {t}");
+    }
+}
+
+/// `set` writes 1.0 in a float destination's own format (f16 and bf16 too) or all ones, and on
+/// packed sources compares each half; `setp` on packed sources gives one predicate per half.
+#[test]
+fn set_and_setp_on_half_precision() {
+    // %rs2 = f16(t); %r2 = {lo: f16(t), hi: 2.0}.
+    let pre = "cvt.rn.f16.u32 %rs2, %r0;\nmov.b16 %rs3, 0x4000;\ncvt.u32.u16 %r3, %rs2;\nor.b32 %r2, %r3, 0x40000000;\nmov.b32 %r5, 0x42003c00;\n";
+    let r = per_thread(&format!("{pre}set.lt.f16.f16 %rs4, %rs2, %rs3;\ncvt.u32.u16 %r1, %rs4;"), 4);
+    assert_eq!(r, vec![0x3c00, 0x3c00, 0, 0]);
+    let r = per_thread(&format!("{pre}set.nan.u16.f16 %rs4, %rs2, %rs3;\nset.ge.bf16.bf16 %rs5, %rs3, %rs3;\ncvt.u32.u16 %r6, %rs4;\ncvt.u32.u16 %r7, %rs5;\nshl.b32 %r7, %r7, 16;\nor.b32 %r1, %r6, %r7;"), 2);
+    assert_eq!(r, vec![0x3f80_0000, 0x3f80_0000]);
+    let r = per_thread(&format!("{pre}set.lt.u32.f16x2 %r1, %r2, %r5;"), 3);
+    assert_eq!(r, vec![0xffff_ffff, 0xffff_0000, 0xffff_0000]);
+    let r = per_thread(&format!("{pre}set.ge.f16x2.f16x2 %r1, %r2, %r5;"), 2);
+    assert_eq!(r, vec![0, 0x3c00]);
+    let r = per_thread(&format!("{pre}setp.gt.f16x2 %p1|%p2, %r2, %r5;\nselp.u32 %r6, 1, 0, %p1;\nselp.u32 %r7, 2, 0, %p2;\nadd.u32 %r1, %r6, %r7;"), 3);
+    assert_eq!(r, vec![0, 0, 1], "low: t > 1.0; high: 2.0 > 3.0 never");
+}
+
+#[test]
+fn griddepcontrol_is_ordered_by_the_stream() {
+    let r = per_thread("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\nadd.u32 %r1, %r0, 5;", 2);
+    assert_eq!(r, vec![5, 6]);
+}
+
 #[test]
 fn bar_red_counts_the_block() {
     let r = per_thread("and.b32 %r2, %r0, 3;\nsetp.eq.s32 %p1, %r2, 0;\nbar.red.popc.u32 %r1, 0, %p1;", 128);
