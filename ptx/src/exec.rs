@@ -1170,6 +1170,14 @@ fn int2(regs: &mut [u64], m: u32, f: I2, bits: u8, signed: bool, d: u32, a: Src,
         I2::Min => map2(regs, m, d, a, b, |x, y| (x & mk).min(y & mk)),
         I2::Max if signed => map2(regs, m, d, a, b, |x, y| (sx(x).max(sx(y)) as u64) & mk),
         I2::Max => map2(regs, m, d, a, b, |x, y| (x & mk).max(y & mk)),
+        I2::MinX2 | I2::MaxX2 => map2(regs, m, d, a, b, |x, y| {
+            let half = |s: u32| {
+                let (p, q) = ((x >> s) & 0xffff, (y >> s) & 0xffff);
+                let lt = if signed { (p as u16 as i16) < (q as u16 as i16) } else { p < q };
+                if lt == (f == I2::MinX2) { p } else { q }
+            };
+            half(0) | half(16) << 16
+        }),
         I2::And => map2(regs, m, d, a, b, |x, y| x & y & mk),
         I2::Or => map2(regs, m, d, a, b, |x, y| (x | y) & mk),
         I2::Xor => map2(regs, m, d, a, b, |x, y| (x ^ y) & mk),
@@ -1310,6 +1318,15 @@ fn fmax(a: f64, b: f64) -> f64 {
     }
 }
 
+/// `min.NaN`/`max.NaN`: NaN when either operand is, else `f`.
+fn nan_or(f: fn(f64, f64) -> f64, a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        f(a, b)
+    }
+}
+
 fn small_fmt(t: FT) -> (u32, u32) {
     if matches!(t, FT::BF16 | FT::BF16x2) {
         float::BF16
@@ -1326,6 +1343,9 @@ fn small_op(t: FT, fm: FMod, a: u64, b: u64, c: u64, f: impl Fn(f64, f64, f64) -
         let mut r = f(g(a), g(b), g(c));
         if fm.sat {
             r = if r.is_nan() { 0.0 } else { r.clamp(0.0, 1.0) };
+        }
+        if fm.relu && !r.is_nan() && r <= 0.0 {
+            r = 0.0;
         }
         float::f64_to_small(r, fmt) as u64
     };
@@ -1347,6 +1367,8 @@ fn float2(regs: &mut [u64], m: u32, f: F2, t: FT, fm: FMod, d: u32, a: Src, b: S
                 F2::Div => map2(regs, m, d, a, b, |x, y| fin32(g(x) / g(y), fm)),
                 F2::Min => map2(regs, m, d, a, b, |x, y| fin32(fmin(g(x) as f64, g(y) as f64) as f32, fm)),
                 F2::Max => map2(regs, m, d, a, b, |x, y| fin32(fmax(g(x) as f64, g(y) as f64) as f32, fm)),
+                F2::MinNaN => map2(regs, m, d, a, b, |x, y| fin32(nan_or(fmin, g(x) as f64, g(y) as f64) as f32, fm)),
+                F2::MaxNaN => map2(regs, m, d, a, b, |x, y| fin32(nan_or(fmax, g(x) as f64, g(y) as f64) as f32, fm)),
                 F2::Copysign => map2(regs, m, d, a, b, |x, y| (y as u32 & 0x7fff_ffff | x as u32 & 0x8000_0000) as u64),
             }
         }
@@ -1359,6 +1381,8 @@ fn float2(regs: &mut [u64], m: u32, f: F2, t: FT, fm: FMod, d: u32, a: Src, b: S
                 F2::Div => map2(regs, m, d, a, b, |x, y| canon64(g(x) / g(y))),
                 F2::Min => map2(regs, m, d, a, b, |x, y| canon64(fmin(g(x), g(y)))),
                 F2::Max => map2(regs, m, d, a, b, |x, y| canon64(fmax(g(x), g(y)))),
+                F2::MinNaN => map2(regs, m, d, a, b, |x, y| canon64(nan_or(fmin, g(x), g(y)))),
+                F2::MaxNaN => map2(regs, m, d, a, b, |x, y| canon64(nan_or(fmax, g(x), g(y)))),
                 F2::Copysign => map2(regs, m, d, a, b, |x, y| y & !(1 << 63) | x & (1 << 63)),
             }
         }
@@ -1370,6 +1394,8 @@ fn float2(regs: &mut [u64], m: u32, f: F2, t: FT, fm: FMod, d: u32, a: Src, b: S
                 F2::Div => |x, y, _| x / y,
                 F2::Min => |x, y, _| fmin(x, y),
                 F2::Max => |x, y, _| fmax(x, y),
+                F2::MinNaN => |x, y, _| nan_or(fmin, x, y),
+                F2::MaxNaN => |x, y, _| nan_or(fmax, x, y),
                 F2::Copysign => |x, y, _| y.abs().copysign(x),
             };
             map2(regs, m, d, a, b, |x, y| small_op(t, fm, x, y, 0, op))

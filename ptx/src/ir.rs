@@ -49,6 +49,9 @@ pub enum I2 {
     Rem,
     Min,
     Max,
+    /// `min`/`max` on `.s16x2`/`.u16x2`: each 16-bit half of a 32-bit register.
+    MinX2,
+    MaxX2,
     And,
     Or,
     Xor,
@@ -106,6 +109,9 @@ pub enum F2 {
     Div,
     Min,
     Max,
+    /// `min.NaN` / `max.NaN`: a NaN operand gives the canonical NaN instead of the other operand.
+    MinNaN,
+    MaxNaN,
     Copysign,
 }
 
@@ -154,6 +160,8 @@ pub enum F1 {
 pub struct FMod {
     pub ftz: bool,
     pub sat: bool,
+    /// `.relu` (f16/bf16 `fma`, `min`, `max`): negative results become +0, NaN the canonical NaN.
+    pub relu: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -784,7 +784,11 @@ impl<'a> Lowerer<'a> {
             }
             Ok(())
         };
-        let fmod = FMod { ftz: i.has("ftz"), sat: i.has("sat") };
+        let fmod = FMod { ftz: i.has("ftz"), sat: i.has("sat"), relu: i.has("relu") };
+        let small = matches!(float_ty(ty), Some(FT::F16 | FT::BF16 | FT::F16x2 | FT::BF16x2));
+        if fmod.relu && !(small && matches!(i.opcode.as_str(), "fma" | "min" | "max")) {
+            return Err(un());
+        }
         let op = match i.opcode.as_str() {
             "mov" => {
                 check(&[])?;
@@ -838,23 +842,28 @@ impl<'a> Lowerer<'a> {
                         let (a, b) = (self.src(&o[1], Some(ft), line)?, self.src(&o[2], Some(ft), line)?);
                         return Ok(Some(Op::FDirected { f, t: ft, mode, m: fmod, d, a, b, c: Src::C(0) }));
                     }
-                    check(&["rn", "ftz", "sat", "approx", "full", "NaN"])?;
-                    if i.has("NaN") {
-                        return Err(un());
-                    }
-                    let f = match i.opcode.as_str() {
-                        "add" => F2::Add,
-                        "sub" => F2::Sub,
-                        "mul" => F2::Mul,
-                        "div" => F2::Div,
-                        "min" => F2::Min,
-                        "max" => F2::Max,
-                        "copysign" => F2::Copysign,
+                    check(&["rn", "ftz", "sat", "approx", "full", "NaN", "relu"])?;
+                    let f = match (i.opcode.as_str(), i.has("NaN")) {
+                        ("add", false) => F2::Add,
+                        ("sub", false) => F2::Sub,
+                        ("mul", false) => F2::Mul,
+                        ("div", false) => F2::Div,
+                        ("min", false) => F2::Min,
+                        ("max", false) => F2::Max,
+                        ("min", true) => F2::MinNaN,
+                        ("max", true) => F2::MaxNaN,
+                        ("copysign", false) => F2::Copysign,
                         _ => return Err(un()),
                     };
                     let d = self.dst(&o[0], line)?;
                     let (a, b) = (self.src(&o[1], Some(ft), line)?, self.src(&o[2], Some(ft), line)?);
                     Op::F2 { f, t: ft, m: fmod, d, a, b }
+                } else if let (Some(signed), "min" | "max") = (match ty { "s16x2" => Some(true), "u16x2" => Some(false), _ => None }, i.opcode.as_str()) {
+                    check(&[])?;
+                    let f = if i.opcode == "min" { I2::MinX2 } else { I2::MaxX2 };
+                    let d = self.dst(&o[0], line)?;
+                    let (a, b) = (self.src(&o[1], None, line)?, self.src(&o[2], None, line)?);
+                    Op::I2 { f, bits: 32, signed, d, a, b }
                 } else {
                     let (bits, signed) = int_ty(ty).ok_or_else(un)?;
                     if i.has("cc") {
@@ -908,7 +917,7 @@ impl<'a> Lowerer<'a> {
                 need(4)?;
                 if let Some(ft) = float_ty(ty) {
                     let mode = directed(i);
-                    check(&["rn", "rz", "rm", "rp", "ftz", "sat"])?;
+                    check(&["rn", "rz", "rm", "rp", "ftz", "sat", "relu"])?;
                     let d = self.dst(&o[0], line)?;
                     let (a, b, c) = (self.src(&o[1], Some(ft), line)?, self.src(&o[2], Some(ft), line)?, self.src(&o[3], Some(ft), line)?);
                     match mode {

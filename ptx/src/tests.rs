@@ -293,6 +293,27 @@ fn set_and_setp_on_half_precision() {
 }
 
 #[test]
+fn packed_integer_min_max_nan_propagating_min_max_and_relu() {
+    // Halves (lo, hi) = (t - 2, 0x8000 + t) against (0, 0x8001): signed, 0x8000 is the most negative.
+    let pre = "add.u32 %r2, %r0, -2;\nand.b32 %r2, %r2, 0xffff;\nadd.u32 %r3, %r0, 0x8000;\nshl.b32 %r3, %r3, 16;\nor.b32 %r2, %r2, %r3;\nmov.b32 %r4, 0x80010000;\n";
+    let r = per_thread(&format!("{pre}min.s16x2 %r1, %r2, %r4;"), 3);
+    assert_eq!(r, vec![0x8000_fffe, 0x8001_ffff, 0x8001_0000]);
+    let r = per_thread(&format!("{pre}max.u16x2 %r1, %r2, %r4;"), 3);
+    assert_eq!(r, vec![0x8001_fffe, 0x8001_ffff, 0x8002_0000]);
+    // max.NaN: a NaN operand wins (canonical NaN); plain max takes the other operand.
+    let body = "setp.eq.u32 %p1, %r0, 0;\nmov.b32 %f1, 0f40000000;\n@%p1 mov.b32 %f1, 0f7fc00001;\nmov.b32 %f2, 0f3f800000;\n\
+        max.NaN.f32 %f3, %f1, %f2;\nmax.f32 %f4, %f1, %f2;\nmov.b32 %r5, %f3;\nmov.b32 %r6, %f4;\nxor.b32 %r1, %r5, %r6;";
+    let r = per_thread(body, 2);
+    assert_eq!(r, vec![0x7fff_ffff ^ 0x3f80_0000, 0]);
+    let r = per_thread("mov.b16 %rs1, 0x7e00;\nmov.b16 %rs2, 0x3c00;\nmin.NaN.f16 %rs3, %rs1, %rs2;\nmin.f16 %rs4, %rs1, %rs2;\ncvt.u32.u16 %r5, %rs3;\ncvt.u32.u16 %r6, %rs4;\nshl.b32 %r6, %r6, 16;\nor.b32 %r1, %r5, %r6;", 1);
+    assert_eq!(r, vec![0x3c00_7fff]);
+    // fma.rn.relu.bf16: (t - 2) * 1.0 + 0.5 clamped at zero: -1.5 -> 0, -0.5 -> 0, 0.5, 1.5.
+    let body = "add.s32 %r2, %r0, -2;\ncvt.rn.f32.s32 %f1, %r2;\ncvt.rn.bf16.f32 %rs1, %f1;\nmov.b16 %rs2, 0x3f80;\nmov.b16 %rs3, 0x3f00;\n\
+        fma.rn.relu.bf16 %rs4, %rs1, %rs2, %rs3;\ncvt.u32.u16 %r1, %rs4;";
+    assert_eq!(per_thread(body, 4), vec![0, 0, 0x3f00, 0x3fc0]);
+}
+
+#[test]
 fn griddepcontrol_is_ordered_by_the_stream() {
     let r = per_thread("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\nadd.u32 %r1, %r0, 5;", 2);
     assert_eq!(r, vec![5, 6]);
