@@ -607,6 +607,7 @@ impl<'a> BlockRunner<'a> {
                 }
                 store(regs, m, d, &r);
             }
+            Op::CvtX2 { to, from, relu, satfinite, d, a, b } => map2(regs, m, d, a, b, |x, y| cvt_packed(to, from, relu, satfinite, x, y)),
             Op::IsSpace { sp, d, a } => map1(regs, m, d, a, |x| (Self::classify(Space::Generic, x).0 == sp) as u64),
             Op::Cvta { to_generic, sp, d, a } => {
                 let win = match sp {
@@ -1316,6 +1317,36 @@ fn fmax(a: f64, b: f64) -> f64 {
     } else {
         b
     }
+}
+
+/// One packed conversion (see [`Op::CvtX2`]).
+fn cvt_packed(to: Packed, from: Option<Packed>, relu: bool, satfinite: bool, a: u64, b: u64) -> u64 {
+    let (hi, lo) = match from {
+        None => (f32::from_bits(a as u32) as f64, f32::from_bits(b as u32) as f64),
+        Some(Packed::F16x2) => (float::small_to_f64((a >> 16) as u32 & 0xffff, float::F16), float::small_to_f64(a as u32 & 0xffff, float::F16)),
+        Some(f) => {
+            let e5 = f == Packed::E5m2x2;
+            (float::fp8_to_f64((a >> 8) as u8, e5), float::fp8_to_f64(a as u8, e5))
+        }
+    };
+    let one = |x: f64| -> u64 {
+        let x = if relu && !x.is_nan() && x < 0.0 { 0.0 } else { x };
+        match to {
+            Packed::F16x2 | Packed::BF16x2 => {
+                let fmt = if to == Packed::F16x2 { float::F16 } else { float::BF16 };
+                let mut v = float::f64_to_small(x, fmt);
+                let inf = ((1u32 << fmt.0) - 1) << fmt.1;
+                // Both formats keep their sign in bit 15; the largest finite value is inf - 1.
+                if satfinite && v & 0x7fff == inf {
+                    v = (v & 0x8000) | (inf - 1);
+                }
+                v as u64
+            }
+            Packed::E4m3x2 | Packed::E5m2x2 => float::f64_to_fp8_satfinite(x, to == Packed::E5m2x2) as u64,
+        }
+    };
+    let shift = if matches!(to, Packed::E4m3x2 | Packed::E5m2x2) { 8 } else { 16 };
+    one(hi) << shift | one(lo)
 }
 
 /// `min.NaN`/`max.NaN`: NaN when either operand is, else `f`.

@@ -9,6 +9,57 @@
 pub const F16: (u32, u32) = (5, 10);
 pub const BF16: (u32, u32) = (8, 7);
 
+/// The OCP 8-bit formats (PTX `.e4m3`, `.e5m2`) as stored in a byte.
+pub fn fp8_to_f64(v: u8, e5m2: bool) -> f64 {
+    if e5m2 {
+        // An IEEE-style format: the top byte of an f16.
+        return small_to_f64(v as u32, (5, 2));
+    }
+    // e4m3 has no infinities: its top exponent is a normal binade but for the NaN S.1111.111.
+    let sign = if v & 0x80 != 0 { -1.0 } else { 1.0 };
+    let (e, m) = ((v >> 3) & 0xf, v & 7);
+    if e == 0xf && m == 7 {
+        return f64::NAN;
+    }
+    if e == 0 {
+        return sign * m as f64 * 2f64.powi(-9);
+    }
+    sign * (8 + m) as f64 * 2f64.powi(e as i32 - 10)
+}
+
+/// Rounds to the nearest 8-bit value (ties to even) with `.satfinite`, which PTX requires of
+/// every conversion to these formats: beyond the largest finite value (and infinity) gives
+/// that value, NaN gives the canonical NaN 0x7f.
+pub fn f64_to_fp8_satfinite(x: f64, e5m2: bool) -> u8 {
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    if e5m2 {
+        let r = f64_to_small(x, (5, 2)) as u8;
+        return if r & 0x7f == 0x7c { sign | 0x7b } else { r };
+    }
+    let a = x.abs();
+    // 448 is e4m3's largest value; anything larger would round to 448 or to the NaN pattern.
+    if a >= 448.0 {
+        return sign | 0x7e;
+    }
+    let e = ((a.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    if a == 0.0 || e < -12 {
+        return sign;
+    }
+    let mut q = e.max(-6) - 3;
+    let mut m = (a * 2f64.powi(-q)).round_ties_even() as u32;
+    if m >= 16 {
+        m >>= 1;
+        q += 1;
+    }
+    if m < 8 {
+        return sign | m as u8;
+    }
+    sign | ((q + 10) as u8) << 3 | (m - 8) as u8
+}
+
 pub fn small_to_f64(bits: u32, (eb, mb): (u32, u32)) -> f64 {
     let sign = if bits >> (eb + mb) & 1 != 0 { -1.0 } else { 1.0 };
     let e = (bits >> mb) & ((1 << eb) - 1);

@@ -196,6 +196,15 @@ pub enum BoolOp {
     Xor,
 }
 
+/// Two values in one register: 16-bit halves, or bytes of a 16-bit value for the 8-bit formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packed {
+    F16x2,
+    BF16x2,
+    E4m3x2,
+    E5m2x2,
+}
+
 /// A scalar type as `cvt` sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CvtTy {
@@ -322,6 +331,9 @@ pub enum Op {
     Set { cmp: Cmp, t: CmpTy, yes: u64, d: u32, a: Src, b: Src, comb: Option<(BoolOp, Src, bool)> },
     Selp { d: u32, a: Src, b: Src, p: Src },
     Cvt { to: CvtTy, from: CvtTy, rnd: Rnd, sat: bool, ftz: bool, d: u32, a: Src },
+    /// The packed conversions: two f32 (`a` to the upper half, `b` to the lower) or one packed
+    /// register `a` (`b` unused) into a packed `to`, rounding to nearest.
+    CvtX2 { to: Packed, from: Option<Packed>, relu: bool, satfinite: bool, d: u32, a: Src, b: Src },
     /// Converts between a space's own addresses and generic ones.
     Cvta { to_generic: bool, sp: Space, d: u32, a: Src },
     Ld { sp: Space, size: u8, sext: bool, ds: Vec<Option<u32>>, base: Src, off: i64 },

@@ -117,6 +117,16 @@ fn float_ty(t: &str) -> Option<FT> {
     })
 }
 
+fn packed_ty(t: &str) -> Option<Packed> {
+    Some(match t {
+        "f16x2" => Packed::F16x2,
+        "bf16x2" => Packed::BF16x2,
+        "e4m3x2" => Packed::E4m3x2,
+        "e5m2x2" => Packed::E5m2x2,
+        _ => return None,
+    })
+}
+
 fn is_type(t: &str) -> bool {
     parse::type_size(t).is_some()
 }
@@ -786,7 +796,7 @@ impl<'a> Lowerer<'a> {
         };
         let fmod = FMod { ftz: i.has("ftz"), sat: i.has("sat"), relu: i.has("relu") };
         let small = matches!(float_ty(ty), Some(FT::F16 | FT::BF16 | FT::F16x2 | FT::BF16x2));
-        if fmod.relu && !(small && matches!(i.opcode.as_str(), "fma" | "min" | "max")) {
+        if fmod.relu && i.opcode != "cvt" && !(small && matches!(i.opcode.as_str(), "fma" | "min" | "max")) {
             return Err(un());
         }
         let op = match i.opcode.as_str() {
@@ -1097,6 +1107,36 @@ impl<'a> Lowerer<'a> {
                 let d = self.dst(&o[0], line)?;
                 let (a, b) = (self.src(&o[1], ft, line)?, self.src(&o[2], ft, line)?);
                 Op::Selp { d, a, b, p: self.src(&o[3], None, line)? }
+            }
+            "cvt" if i.mods.iter().any(|m| packed_ty(m).is_some()) => {
+                // cvt.rn{.relu}{.satfinite}.TOx2.f32 d, a, b  and  cvt.rn{.relu}{.satfinite}.TOx2.FROMx2 d, a
+                check(&["rn", "relu", "satfinite", "e4m3x2", "e5m2x2"])?;
+                if !i.has("rn") || types.len() + i.mods.iter().filter(|m| m.ends_with("m3x2") || m.ends_with("m2x2")).count() != 2 {
+                    return Err(un());
+                }
+                let tys: Vec<&str> = i.mods.iter().map(String::as_str).filter(|m| is_type(m) || packed_ty(m).is_some()).collect();
+                let to = packed_ty(tys[0]).ok_or_else(un)?;
+                let from = match tys[1] {
+                    "f32" => None,
+                    t => Some(packed_ty(t).ok_or_else(un)?),
+                };
+                let fp8 = |p: Packed| matches!(p, Packed::E4m3x2 | Packed::E5m2x2);
+                let ok = match from {
+                    None => !fp8(to) || i.has("satfinite"),
+                    Some(f) if fp8(f) => to == Packed::F16x2,
+                    Some(Packed::F16x2) => fp8(to) && i.has("satfinite"),
+                    Some(_) => false,
+                };
+                if !ok {
+                    return Err(un());
+                }
+                let d = self.dst(&o[0], line)?;
+                let a = self.src(&o[1], None, line)?;
+                let b = match from {
+                    None => self.src(o.get(2).ok_or_else(un)?, None, line)?,
+                    Some(_) => Src::C(0),
+                };
+                Op::CvtX2 { to, from, relu: i.has("relu"), satfinite: i.has("satfinite"), d, a, b }
             }
             "cvt" => {
                 check(&["rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi", "sat", "ftz"])?;

@@ -313,6 +313,36 @@ fn packed_integer_min_max_nan_propagating_min_max_and_relu() {
     assert_eq!(per_thread(body, 4), vec![0, 0, 0x3f00, 0x3fc0]);
 }
 
+/// fp8 against values worked out by hand from the OCP formats: e4m3 (bias 7, no infinities,
+/// largest 448) and e5m2 (bias 15, IEEE-like, largest finite 57344).
+#[test]
+fn fp8_conversions() {
+    use crate::float::{f64_to_fp8_satfinite as to8, fp8_to_f64 as from8};
+    for (x, e4, e5) in [(1.0, 0x38, 0x3c), (-2.5, 0xc2, 0xc1), (448.0, 0x7e, 0x5f), (1e6, 0x7e, 0x7b), (f64::INFINITY, 0x7e, 0x7b), (2f64.powi(-9), 0x01, 0x18), (2f64.powi(-16), 0x00, 0x01), (2f64.powi(-17), 0x00, 0x00), (0.0, 0, 0), (1.0625, 0x38, 0x3c), (1.1875, 0x3a, 0x3d)] {
+        assert_eq!(to8(x, false), e4, "e4m3 of {x}");
+        assert_eq!(to8(x, true), e5, "e5m2 of {x}");
+    }
+    assert_eq!(to8(f64::NAN, false), 0x7f);
+    for v in 0..=255u8 {
+        for e5 in [false, true] {
+            let x = from8(v, e5);
+            if x.is_nan() {
+                assert!(e5 && v & 0x7c == 0x7c || !e5 && v & 0x7f == 0x7f, "{v:#x} is NaN");
+            } else if x.is_finite() {
+                assert_eq!(to8(x, e5), v, "round trip of {v:#x} ({x}), e5m2 {e5}");
+            }
+        }
+    }
+    // Packing: a goes to the upper half. 1.0 and -2.5 -> e4m3x2 0x38c2; back to f16x2 0x3c00c100.
+    let body = "mov.b32 %f1, 0f3f800000;\nmov.b32 %f2, 0fc0200000;\ncvt.rn.satfinite.e4m3x2.f32 %rs1, %f1, %f2;\n\
+        cvt.rn.f16x2.e4m3x2 %r2, %rs1;\ncvt.u32.u16 %r3, %rs1;\nsetp.eq.u32 %p1, %r0, 0;\nselp.b32 %r1, %r3, %r2, %p1;";
+    assert_eq!(per_thread(body, 2), vec![0x38c2, 0x3c00_c100]);
+    // relu and satfinite on f16x2 from f32; e5m2x2 from f16x2.
+    let body = "mov.b32 %f1, 0fc0200000;\nmov.b32 %f2, 0f7f800000;\ncvt.rn.relu.satfinite.f16x2.f32 %r2, %f1, %f2;\n\
+        cvt.rn.satfinite.e5m2x2.f16x2 %rs1, %r2;\ncvt.u32.u16 %r3, %rs1;\nsetp.eq.u32 %p1, %r0, 0;\nselp.b32 %r1, %r2, %r3, %p1;";
+    assert_eq!(per_thread(body, 2), vec![0x0000_7bff, 0x007b]);
+}
+
 #[test]
 fn griddepcontrol_is_ordered_by_the_stream() {
     let r = per_thread("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\nadd.u32 %r1, %r0, 5;", 2);
