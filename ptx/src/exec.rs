@@ -90,6 +90,11 @@ struct Warp {
     /// Lanes released from such a wait because nothing else in the warp could run (the missing
     /// members wait at a block barrier): they run the operation with the lanes that came.
     sync_force: u32,
+    /// Divisions not yet healed, innermost last: (pc where the lanes meet again, the lanes the
+    /// branch divided). A lane's innermost entry is the last one holding it.
+    conv: Vec<(u32, u32)>,
+    /// Lanes waiting at their innermost entry's meeting pc for the rest of its lanes.
+    conv_wait: u32,
     /// bar.red in flight: (op, dst, lanes waiting, lanes whose predicate held).
     bar_red: Option<(BarRed, u32, u32, u32)>,
     first_thread: u32,
@@ -193,6 +198,8 @@ impl<'a> BlockRunner<'a> {
                 bar_wait: 0,
                 sync_wait: 0,
                 sync_force: 0,
+                conv: Vec::new(),
+                conv_wait: 0,
                 bar_red: None,
                 first_thread: (w * LANES) as u32,
             })
@@ -214,6 +221,8 @@ impl<'a> BlockRunner<'a> {
             w.bar_wait = 0;
             w.sync_wait = 0;
             w.sync_force = 0;
+            w.conv.clear();
+            w.conv_wait = 0;
             w.bar_red = None;
             w.local.fill(0);
             let r = &mut w.regs;
@@ -305,6 +314,13 @@ impl<'a> BlockRunner<'a> {
                 let f = if self.sh.abort.load(Ordering::Relaxed) { Fault::Aborted } else { Fault::Timeout };
                 return Err(self.err(w, mask.trailing_zeros() as usize, insts.get(pc as usize).map_or(0, |i| i.line), ctaid, f));
             }
+            if self.sh.prog.joins.get(pc as usize).copied().unwrap_or(false) && !w.conv.is_empty() {
+                mask = arrive(w, pc, mask);
+                if mask == 0 {
+                    (pc, mask, other) = next_group(w);
+                    continue;
+                }
+            }
             let Some(inst) = insts.get(pc as usize) else {
                 // Ran off the end: only possible for malformed programs; exit.
                 w.alive &= !mask;
@@ -340,6 +356,10 @@ impl<'a> BlockRunner<'a> {
                             (pc, mask, other) = next_group(w);
                         }
                         continue;
+                    }
+                    let meet = self.sh.prog.reconv.get(pc as usize).copied().unwrap_or(u32::MAX);
+                    if meet != u32::MAX && w.conv.len() < MAX_DIVISIONS {
+                        w.conv.push((meet, mask));
                     }
                     set_pcs(&mut w.pcs, active, t);
                     set_pcs(&mut w.pcs, stay, pc + 1);
@@ -988,7 +1008,7 @@ impl<'a> BlockRunner<'a> {
 }
 
 fn empty_warp() -> Warp {
-    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, bar_red: None, first_thread: 0 }
+    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, conv: Vec::new(), conv_wait: 0, bar_red: None, first_thread: 0 }
 }
 
 /// (smallest pc among live lanes, lanes at it, smallest pc among the others).
@@ -1032,14 +1052,88 @@ fn lanes_at(pcs: &[u32; LANES], pc: u32) -> u32 {
 /// deadlock; they run the operation with the lanes that arrived, as before this wait existed.
 #[inline]
 fn ready(w: &mut Warp) -> u32 {
-    let r = w.alive & !w.bar_wait & !w.sync_wait;
-    if r != 0 || w.sync_wait == 0 {
+    let runnable = |w: &Warp| w.alive & !w.bar_wait & !w.sync_wait & !w.conv_wait;
+    let r = runnable(w);
+    if r != 0 || (w.sync_wait == 0 && w.conv_wait == 0) {
         return r;
     }
-    let (_, g, _) = regroup(&w.pcs, w.sync_wait & w.alive);
-    w.sync_wait &= !g;
-    w.sync_force |= g;
-    w.alive & !w.bar_wait & !w.sync_wait
+    // Lanes the waiting ones waited for may have exited: those meetings are complete.
+    if w.conv_wait != 0 {
+        settle(w);
+        if runnable(w) != 0 {
+            return runnable(w);
+        }
+    }
+    if w.sync_wait & w.alive != 0 {
+        let (_, g, _) = regroup(&w.pcs, w.sync_wait & w.alive);
+        w.sync_wait &= !g;
+        w.sync_force |= g;
+    } else if w.conv_wait != 0 {
+        // The missing lanes wait at a block barrier or a warp operation: the lowest-pc
+        // waiting group goes on without them (its meeting is dropped).
+        let (pc, g, _) = regroup(&w.pcs, w.conv_wait & w.alive);
+        w.conv.retain(|e| !(e.0 == pc && e.1 & g != 0));
+        w.conv_wait &= !g;
+    }
+    runnable(w)
+}
+
+/// Most divisions a warp keeps track of; past it, divided lanes meet again only where the
+/// lowest-pc-first order happens to bring them together (as with no tracking).
+const MAX_DIVISIONS: usize = 64;
+
+/// The lanes of `mask` reach `pc`: those for which it is their innermost meeting point wait
+/// there; a meeting all of whose live lanes are waiting is complete and its lanes go on (and
+/// may meet an outer division at the same pc). Returns the lanes that go on from `pc` now.
+fn arrive(w: &mut Warp, pc: u32, mut mask: u32) -> u32 {
+    loop {
+        let mut seen = 0u32;
+        let mut here = 0u32;
+        for &(meet, lanes) in w.conv.iter().rev() {
+            let fresh = lanes & mask & !seen;
+            if meet == pc {
+                here |= fresh;
+            }
+            seen |= fresh;
+            if seen == mask {
+                break;
+            }
+        }
+        if here == 0 {
+            return mask;
+        }
+        set_pcs(&mut w.pcs, here, pc);
+        w.conv_wait |= here;
+        mask &= !here;
+        let released = settle(w);
+        if released == 0 {
+            return mask;
+        }
+        mask |= released;
+    }
+}
+
+/// Removes the meetings whose live lanes all wait at them (or are gone) and releases their
+/// lanes; returns the lanes released.
+fn settle(w: &mut Warp) -> u32 {
+    let waiting_at = |w: &Warp, pc: u32| w.conv_wait & lanes_at(&w.pcs, pc);
+    let mut released = 0u32;
+    let mut k = w.conv.len();
+    while k > 0 {
+        k -= 1;
+        let (meet, lanes) = w.conv[k];
+        let live = lanes & w.alive;
+        if live & !waiting_at(w, meet) == 0 {
+            // Only lanes for which this is the innermost meeting are released; an outer one
+            // holding the same lanes is checked on the next pass.
+            let inner = w.conv[k + 1..].iter().fold(0u32, |a, e| a | e.1);
+            let go = live & !inner;
+            w.conv.remove(k);
+            w.conv_wait &= !go;
+            released |= go;
+        }
+    }
+    released
 }
 
 /// The group to run next: [`regroup`] over the [`ready`] lanes.

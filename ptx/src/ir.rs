@@ -445,6 +445,11 @@ pub struct Program {
     pub dyn_shared_offset: u64,
     /// Size of the kernel's parameter buffer.
     pub param_size: u64,
+    /// Per pc: where the lanes a guarded branch there divides meet again (`u32::MAX`: nowhere
+    /// before the exit).
+    pub reconv: Vec<u32>,
+    /// Per pc: whether some branch's lanes meet again here.
+    pub joins: Vec<bool>,
 }
 
 impl Program {

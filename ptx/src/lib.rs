@@ -21,6 +21,7 @@ pub mod ir;
 mod lower;
 pub mod parse;
 mod printf;
+mod reconverge;
 
 pub use exec::{launch, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
 pub use ir::Program;

@@ -318,8 +318,17 @@ impl<'a> Lowerer<'a> {
         }
         let param_size = off;
         self.lower_body(kernel, scope, true)?;
+        let reconv = crate::reconverge::points(&self.insts);
+        let mut joins = vec![false; self.insts.len()];
+        for &r in &reconv {
+            if r != crate::reconverge::NONE {
+                joins[r as usize] = true;
+            }
+        }
         Ok(Program {
             name: name.to_string(),
+            reconv,
+            joins,
             insts: self.insts,
             nregs: self.nregs,
             local_size: align_up(self.local_size, 8),

@@ -255,6 +255,27 @@ fn a_warp_operation_whose_members_sit_at_a_barrier_does_not_hang() {
     }
 }
 
+/// A work loop laid out after its outer loop's latch, whose lanes with no work branch back to
+/// that latch (a lower pc): they must wait there for the lanes still working, as a GPU
+/// reconverges a warp at the branch's post-dominator. Run ahead (lowest pc first), they went
+/// round the outer loop reading what the others had not written yet; CuPy's argpartition
+/// kernel, warp-synchronous without any `.sync` between its steps, came out unpartitioned so.
+#[test]
+fn lanes_with_no_work_wait_at_the_latch_for_an_out_of_line_loop() {
+    let body = "mov.u32 %r5, 0;\nmov.u32 %r1, 0;\nand.b32 %r2, %r0, 31;\nand.b32 %r8, %r2, 15;\nmul.wide.u32 %rd6, %r8, 4;\nadd.s64 %rd7, %rd1, %rd6;\n\
+        $HEAD:\nld.global.u32 %r9, [%rd7+256];\nadd.u32 %r1, %r1, %r9;\nbra.uni $WHEAD;\n\
+        $LATCH:\nadd.u32 %r5, %r5, 1;\nsetp.lt.u32 %p1, %r5, 3;\n@%p1 bra $HEAD;\nbra.uni $DONE;\n\
+        $WHEAD:\nsetp.ge.u32 %p2, %r2, 16;\n@%p2 bra $LATCH;\nmov.u32 %r6, %r2;\n\
+        $INNER:\nmul.wide.u32 %rd4, %r6, 4;\nadd.s64 %rd5, %rd1, %rd4;\nld.global.u32 %r7, [%rd5+256];\nadd.u32 %r7, %r7, 1;\nst.global.u32 [%rd5+256], %r7;\n\
+        add.u32 %r6, %r6, 32;\nsetp.lt.u32 %p3, %r6, 16;\n@%p3 bra $INNER;\nbra.uni $LATCH;\n\
+        $DONE:\nmul.wide.s32 %rd2, %r0, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r1;";
+    // One warp: each round reads the count (0, 1, 2) before the working lanes add one.
+    let r = run_words(&kernel(body), cfg(1, 32), &[0; 80]).unwrap();
+    for t in 0..32 {
+        assert_eq!(r[t], 3, "thread {t}");
+    }
+}
+
 #[test]
 fn redux_sync_reduces_the_member_lanes() {
     // Lane values 3t - 40 (signed), over a full warp and over the upper half only.
