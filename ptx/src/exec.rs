@@ -869,6 +869,11 @@ impl<'a> BlockRunner<'a> {
 
     /// Resolves a generic address to its space and the address within it.
     fn classify(sp: Space, addr: u64) -> (Space, u64) {
+        if sp == Space::Shared {
+            // Shared-space addresses are 32 bits: `[%r+off]` wraps, and compilers rely on it
+            // (cuBLAS's transpose kernels add a positive offset to a negative base).
+            return (sp, addr & 0xffff_ffff);
+        }
         if sp != Space::Generic {
             return (sp, addr);
         }

@@ -364,6 +364,16 @@ fn fp8_conversions() {
     assert_eq!(per_thread(body, 2), vec![0x0000_7bff, 0x007b]);
 }
 
+/// `[%r + off]` in the shared space is 32-bit arithmetic: a negative base plus a larger offset
+/// is a small address (it was taken as 4 GiB past the window, an illegal address).
+#[test]
+fn shared_addresses_wrap_at_32_bits() {
+    let src = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 p)\n{\n.reg .b32 %r<8>;\n.reg .b64 %rd<4>;\n.shared .align 8 .b8 buf[64];\n\
+        ld.param.u64 %rd1, [p];\nmov.u32 %r1, buf;\nadd.u32 %r2, %r1, -4096;\nmov.u32 %r3, 77;\nst.shared.u32 [%r2+4104], %r3;\n\
+        ld.shared.u32 %r4, [%r1+8];\nst.global.u32 [%rd1], %r4;\nret;\n}\n";
+    assert_eq!(run_words(src, cfg(1, 1), &[0]).unwrap(), vec![77]);
+}
+
 #[test]
 fn griddepcontrol_is_ordered_by_the_stream() {
     let r = per_thread("griddepcontrol.wait;\ngriddepcontrol.launch_dependents;\nadd.u32 %r1, %r0, 5;", 2);
