@@ -1,9 +1,13 @@
 //! Orchestration: lock the state, make one state-machine call, hand its
 //! changes to the store writer, and answer only once they are durable.
+//! With a replicated store only the leader serves: a follower refuses every
+//! call past `version` and `challenge` with `[not-leader]` and the leader's
+//! address, and its state is replaced by the store's at each election.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rgpu_protocol::auth::Role;
@@ -15,7 +19,7 @@ use crate::identity::{Credentials, Identity};
 use crate::inventory::{Millis, ServerSpec};
 use crate::rate::RateLimits;
 use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
-use crate::store::{Job, StoreError};
+use crate::store::{Job, StoreError, Term};
 
 pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -26,6 +30,28 @@ pub fn now_ms() -> Millis {
 pub const FAILURES_PER_S: u32 = 5;
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Lease, BrokerError>>>>>;
+
+/// Whether this broker serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serving {
+    Leader,
+    /// Another broker leads (at this address, when known).
+    Follower(Option<String>),
+}
+
+impl Serving {
+    fn refusal(&self) -> Option<BrokerError> {
+        match self {
+            Serving::Leader => None,
+            Serving::Follower(Some(addr)) => {
+                Some(BrokerError::NotLeader(format!("this broker follows; the leader is at {addr}")))
+            }
+            Serving::Follower(None) => {
+                Some(BrokerError::NotLeader("no broker leads yet (an election is under way); try again".into()))
+            }
+        }
+    }
+}
 
 pub struct Service {
     state: Mutex<State>,
@@ -39,6 +65,10 @@ pub struct Service {
     /// Failed logins and registrations per peer host.
     failures: Mutex<RateLimits>,
     waiters: Waiters,
+    serving: RwLock<Serving>,
+    /// The store term the state was loaded under (written with the state
+    /// lock held, so each commit reads the term of the state it commits).
+    term: AtomicU64,
     pub started: Millis,
     pub data_dir: String,
 }
@@ -63,14 +93,56 @@ impl Service {
             rates: Mutex::default(),
             failures: Mutex::default(),
             waiters: Arc::default(),
+            serving: RwLock::new(Serving::Leader),
+            term: AtomicU64::new(0),
             started: now_ms(),
             data_dir,
         })
     }
 
-    /// May `id` do what needs `need`? Its credential must still be valid,
-    /// and each call takes one from its tenant's rate.
+    /// Refuses unless this broker leads.
+    pub fn serving(&self) -> Result<(), BrokerError> {
+        match self.serving.read().unwrap_or_else(|p| p.into_inner()).refusal() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    pub fn leads(&self) -> bool {
+        self.serving().is_ok()
+    }
+
+    /// This broker leads from `term` on, with `state` (restored from the
+    /// store after the election) and the store's revocations.
+    pub fn lead(&self, state: State, term: Term, revoked: HashMap<String, u64>) {
+        let mut st = self.lock();
+        *st = state;
+        self.term.store(term, Ordering::SeqCst);
+        self.credentials.replace(revoked);
+        self.fail_waiters();
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Leader;
+    }
+
+    /// Another broker leads (or none yet): refuse from now on. What this
+    /// one had queued fails; its clients find the leader and ask again.
+    pub fn follow(&self, leader: Option<String>) {
+        let _st = self.lock();
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Follower(leader);
+        self.term.store(0, Ordering::SeqCst);
+        self.fail_waiters();
+    }
+
+    fn fail_waiters(&self) {
+        let refusal = BrokerError::NotLeader("this broker stopped leading; try again".into());
+        for (_, tx) in self.waiters.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            let _ = tx.send(Err(refusal.clone()));
+        }
+    }
+
+    /// May `id` do what needs `need`? This broker must lead, its credential
+    /// must still be valid, and each call takes one from its tenant's rate.
     pub fn authorize(&self, id: &Identity, need: Role) -> Result<(), BrokerError> {
+        self.serving()?;
         self.credentials.check(id)?;
         if id.role < need {
             return Err(BrokerError::Auth(format!("{} may not do this: it needs the {} role", id.actor(), need.name())));
@@ -108,6 +180,7 @@ impl Service {
         let (tx, rx) = oneshot::channel();
         let job = Job {
             changes: vec![Change::Revocation { tenant: tenant.to_string(), before }],
+            term: self.term.load(Ordering::SeqCst),
             then: Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -132,6 +205,7 @@ impl Service {
         let waiters = self.waiters.clone();
         let job = Job {
             changes,
+            term: self.term.load(Ordering::SeqCst),
             then: Box::new(move |r| {
                 deliver(&waiters, events, &r);
                 let _ = tx.send(r);
@@ -180,6 +254,7 @@ impl Service {
         if spec.id.is_empty() {
             return Err(BrokerError::Invalid("a server registers with its address as id".into()));
         }
+        self.serving()?;
         let (rx, hb) = {
             let mut st = self.lock();
             st.register(spec, now_ms());
@@ -192,6 +267,9 @@ impl Service {
     /// The live leases (id, generation, deadline) on a registered server and the floor.
     pub fn heartbeat(&self, id: &str) -> Option<(Vec<(u64, u64, u64)>, u64)> {
         let mut st = self.lock();
+        if !self.leads() {
+            return None;
+        }
         let r = st
             .heartbeat(id, now_ms())
             .map(|(live, floor)| (live.iter().map(|l| (l.id, l.generation, l.deadline)).collect(), floor));
@@ -273,6 +351,7 @@ impl Service {
     }
 
     pub async fn drain(&self, id: &str, deadline: Option<Millis>, for_shutdown: bool) -> Result<(), BrokerError> {
+        self.serving()?;
         let (r, rx) = {
             let mut st = self.lock();
             let r = st.drain(id, deadline, for_shutdown, now_ms());
@@ -294,6 +373,9 @@ impl Service {
 
     /// Advances time: expiry, heartbeats missed, drain deadlines, queue.
     pub fn tick(&self) {
+        if !self.leads() {
+            return;
+        }
         let mut st = self.lock();
         st.tick(now_ms());
         let _ = self.commit(&mut st);
