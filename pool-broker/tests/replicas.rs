@@ -290,3 +290,96 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
     drop(etcd);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fencing itself, below the RPC: a leader whose leader key is gone
+/// (as when its lease lapses while it is cut off, or paused) and which has
+/// not noticed yet writes with its old term, and etcd refuses; the new
+/// leader's writes, a commit of more keys than one etcd transaction takes
+/// included, all land.
+#[test]
+fn a_deposed_leader_cannot_write() {
+    use rgpu_pool_broker::state::Change;
+    use rgpu_pool_broker::store::etcd::{connect, EtcdConfig};
+    use rgpu_pool_broker::store::{Leadership, Store};
+    if !have("etcd", "--version") || !have("etcdctl", "version") {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "etcd and etcdctl are needed under CI");
+        eprintln!("skipped: no etcd here");
+        return;
+    }
+    let dir: PathBuf = std::env::temp_dir().join(format!("rgpu-fencing-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let etcd = etcd_cluster(&dir);
+    let prefix = format!("/rgpu-fencing-{}", std::process::id());
+    let cfg = |advertise: &str| EtcdConfig {
+        endpoints: etcd.endpoints.clone(),
+        prefix: prefix.clone(),
+        advertise: advertise.into(),
+        ttl_s: 2,
+    };
+    // Each replica reports (who, Some(term) when elected, None when not).
+    let (tx, rx) = std::sync::mpsc::channel::<(&'static str, Option<u64>)>();
+    let mut stores = HashMap::new();
+    for name in ["a", "b"] {
+        let (store, replica) = connect(cfg(name)).expect("connect to etcd");
+        let tx = tx.clone();
+        replica.start(move |role| {
+            let _ = tx.send((name, match role {
+                Leadership::Leader { term, .. } => Some(term),
+                Leadership::Follower { .. } => None,
+            }));
+        });
+        stores.insert(name, store);
+        // a first, so that it leads.
+        if name == "a" {
+            let t = Instant::now();
+            loop {
+                if let Ok(("a", Some(_))) = rx.recv_timeout(Duration::from_secs(10)) {
+                    break;
+                }
+                assert!(t.elapsed() < Duration::from_secs(10), "a was not elected");
+            }
+        }
+    }
+    let leader_term = |want_not: u64| -> (&'static str, u64) {
+        let t = Instant::now();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(10)) {
+                Ok((who, Some(term))) if term != want_not => return (who, term),
+                Ok(_) => {}
+                Err(_) => panic!("no new leader"),
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "no new leader");
+        }
+    };
+    let lead = Command::new("etcdctl")
+        .args(["--endpoints", &etcd.endpoints.join(","), "get", &format!("{prefix}/leader"), "-w", "json"])
+        .env("ETCDCTL_API", "3")
+        .output()
+        .unwrap();
+    let json = String::from_utf8_lossy(&lead.stdout).to_string();
+    let term_a: u64 = json.split("\"create_revision\":").nth(1).and_then(|r| r.split(',').next()).and_then(|n| n.trim().parse().ok()).expect(&json);
+    stores["a"].apply(&[Change::Generation(7)], term_a).expect("the leader writes");
+    assert!(stores["a"].apply(&[Change::Generation(8)], term_a + 1).is_err(), "a term that is not the leader key's");
+    assert!(stores["b"].apply(&[Change::Generation(8)], 0).is_err(), "a follower (term 0)");
+    // The leader key goes as a lapsed lease takes it.
+    let del = Command::new("etcdctl")
+        .args(["--endpoints", &etcd.endpoints.join(","), "del", &format!("{prefix}/leader")])
+        .env("ETCDCTL_API", "3")
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(del.success());
+    let (who, term_new) = leader_term(term_a);
+    assert!(term_new > term_a);
+    let e = stores["a"].apply(&[Change::Generation(99)], term_a).expect_err("a deposed leader's write");
+    assert!(e.to_string().contains("no longer leads"), "{e}");
+    assert_eq!(stores[who].load().unwrap().generation, 7, "the refused write is not in etcd");
+    // 300 keys: three transactions, all fenced, all in.
+    let many: Vec<Change> = (0..300).map(|i| Change::Revocation { tenant: format!("t{i}"), before: i }).collect();
+    stores[who].apply(&many, term_new).expect("the new leader writes");
+    let loaded = stores[who].load().unwrap();
+    assert_eq!((loaded.revoked.len(), loaded.revoked["t299"]), (300, 299));
+    drop(etcd);
+    let _ = std::fs::remove_dir_all(&dir);
+}
