@@ -246,6 +246,12 @@ impl Config {
                 pkey: t.pkey,
             });
         }
+        if matches!(s.store, StoreUrl::Etcd { .. }) && s.advertise.is_none() {
+            let ip = s.listen.rsplit_once(':').map_or("", |(h, _)| h).trim_matches(['[', ']']);
+            if ip.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+                bail!("--listen {} is every address: with an etcd store, say which one other brokers send clients to (--advertise HOST:PORT)", s.listen);
+            }
+        }
         if s.heartbeat_ms == 0 {
             bail!("heartbeat-ms must be at least 1");
         }
@@ -411,6 +417,9 @@ mod tests {
         let c = load(&["--store", "etcd://e1:2379", "--listen", "127.0.0.1:9"]).unwrap();
         assert_eq!(c.store, StoreUrl::Etcd { endpoints: vec!["e1:2379".into()], prefix: "/rgpu-broker".into() });
         assert_eq!(c.advertise, "127.0.0.1:9", "the listen address by default");
+        let e = load(&["--store", "etcd://e1:2379", "--listen", "0.0.0.0:7770"]).unwrap_err();
+        assert!(format!("{e:#}").contains("--advertise"), "{e:#}");
+        assert_eq!(load(&["--listen", "0.0.0.0:7770"]).unwrap().advertise, "0.0.0.0:7770", "redb: no one is sent there");
         for bad in ["etcd://", "etcd://e1", "etcd://e1:1/", "zookeeper://z:1", "redb2"] {
             assert!(load(&["--store", bad]).is_err(), "{bad}");
         }

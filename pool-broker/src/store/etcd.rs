@@ -50,6 +50,12 @@ use crate::state::Change;
 const MAX_OPS: usize = 120;
 /// How long one etcd request may take before the write counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Every write adds a revision to etcd's history, which etcd keeps until
+/// it is compacted (and refuses writes once its space quota is full): the
+/// leader compacts all but the newest [`HISTORY_KEPT`] revisions every
+/// [`COMPACT_EVERY`].
+const COMPACT_EVERY: Duration = Duration::from_secs(60);
+const HISTORY_KEPT: i64 = 10_000;
 /// A full state of 10,000 servers and leases is a few MiB: above tonic's
 /// default 4 MiB bound on a reply.
 const MAX_REPLY: usize = 256 << 20;
@@ -287,7 +293,10 @@ impl Replica {
         let r = tokio::time::timeout(REQUEST_TIMEOUT, kv.get(leader_key.as_str(), None)).await.map_err(|_| "timed out")?.map_err(e)?;
         if let Some(cur) = r.kvs().first() {
             let addr = String::from_utf8_lossy(cur.value()).to_string();
-            on_role(Leadership::Follower { leader: Some(addr.clone()) });
+            // Our own address: the key of this broker before a restart,
+            // waiting for its lease to lapse; nobody serves until then.
+            let leader = Some(addr.clone()).filter(|a| *a != self.config.advertise);
+            on_role(Leadership::Follower { leader });
             info!(leader = %addr, "following");
             let from = r.header().map_or(0, |h| h.revision()) + 1;
             return self.until_deleted(&leader_key, from).await;
@@ -341,6 +350,21 @@ impl Replica {
         }
     }
 
+    /// Drops the history older than [`HISTORY_KEPT`] revisions (a
+    /// follower's watch from before that is cancelled and started again).
+    async fn compact(&self) {
+        let mut kv = self.shared.client.kv_client();
+        let now = match tokio::time::timeout(REQUEST_TIMEOUT, kv.get(self.shared.keys.leader(), None)).await {
+            Ok(Ok(r)) => r.header().map_or(0, |h| h.revision()),
+            _ => return,
+        };
+        if now > HISTORY_KEPT {
+            if let Ok(Err(e)) = tokio::time::timeout(REQUEST_TIMEOUT, kv.compact(now - HISTORY_KEPT, None)).await {
+                warn!("etcd compaction to revision {}: {e}", now - HISTORY_KEPT);
+            }
+        }
+    }
+
     /// Keeps the lease alive while this broker leads; returns why it stopped.
     async fn hold(&self, lease: i64, term: Term) -> String {
         let s = &self.shared;
@@ -360,8 +384,11 @@ impl Replica {
         let mut confirmed = Instant::now();
         let mut sent = Instant::now();
         let mut every = tokio::time::interval(ttl / 3);
+        let mut compact = tokio::time::interval(COMPACT_EVERY);
+        compact.tick().await;
         loop {
             tokio::select! {
+                _ = compact.tick() => self.compact().await,
                 _ = every.tick() => {
                     if confirmed.elapsed() >= ttl {
                         return format!("etcd confirmed no renewal of the leader lease for {} s", ttl.as_secs());
