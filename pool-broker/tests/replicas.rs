@@ -228,6 +228,7 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
         let mut p = brokers[i].take().unwrap();
         p.child.kill().unwrap(); // SIGKILL
         let killed = Instant::now();
+        let killed_ms = rgpu_pool_broker::service::now_ms();
         let _ = p.child.wait();
         drop(p);
         // Grants resume at another broker.
@@ -250,9 +251,14 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
         brokers[i] = Some(broker(&dir, i, &addrs[i], &store));
 
         let ops = BrokerClient::connect(&all, &admin).expect("an operator logs in at the new leader");
-        let live: HashMap<u64, Vec<String>> = ops
-            .leases("")
-            .expect("list leases")
+        // The GPU servers found the new leader: each heartbeat it since the kill.
+        wait_for("every GPU server to heartbeat the new leader", || {
+            ops.servers().is_ok_and(|v| v.len() == 3 && v.iter().all(|s| s.state == "up" && s.last_heartbeat_ms > killed_ms))
+        });
+        let listed = ops.leases("").expect("list leases");
+        let lost_state: Vec<&str> = listed.iter().filter(|l| l.state != "active").map(|l| l.id.as_str()).collect();
+        assert!(lost_state.is_empty(), "round {round}: leases no longer active: {lost_state:?}");
+        let live: HashMap<u64, Vec<String>> = listed
             .into_iter()
             .map(|l| (rgpu_broker_client::parse_lease_id(&l.id).unwrap(), l.gpus.iter().map(|g| g.uuid.clone()).collect()))
             .collect();
