@@ -447,6 +447,43 @@ mod tests {
     }
 
     #[test]
+    fn a_follower_refuses_and_names_the_leader_and_a_leader_commits_under_its_term() {
+        let state = || State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        let (writer, jobs) = mpsc::channel();
+        let creds = Credentials::new(b"credential key".to_vec(), HashMap::new());
+        let s = Service::new(state(), writer, vec![1; 32], creds, Audit::in_memory(), String::new());
+        let alice = who("alice", Role::Admin);
+        s.follow(Some("10.0.0.2:7770".into()));
+        let e = s.authorize(&alice, Role::User).unwrap_err();
+        assert_eq!(e.to_string(), "[not-leader] this broker follows; the leader is at 10.0.0.2:7770");
+        assert!(s.heartbeat("x").is_none(), "no heartbeat answered by a follower");
+        s.follow(None);
+        assert!(matches!(s.authorize(&alice, Role::User), Err(BrokerError::NotLeader(_))));
+        // Elected at revision 42, with the store's revocations.
+        let mut revoked = HashMap::new();
+        revoked.insert("alice".to_string(), 5);
+        s.lead(state(), 42, revoked);
+        assert!(s.authorize(&alice, Role::User).is_err(), "alice's serial 1 is revoked in the store");
+        assert!(s.authorize(&who("bob", Role::User), Role::User).is_ok());
+        let spec = crate::inventory::ServerSpec {
+            id: "gpu1:7767".into(),
+            node: "n".into(),
+            leaf: "l".into(),
+            spine: "s".into(),
+            partitions: vec![],
+            gpus: vec![],
+            transports: vec![],
+        };
+        // Polled once: it commits, then would wait for the store.
+        assert!(futures::FutureExt::now_or_never(s.register(spec)).is_none());
+        let job = jobs.try_recv().expect("the registration is committed");
+        assert_eq!(job.term, 42, "under the term the state was loaded in");
+        s.follow(None);
+        s.tick();
+        assert!(jobs.try_recv().is_err(), "a follower does not tick");
+    }
+
+    #[test]
     fn lease_tokens_carry_the_tenants_pkey() {
         let key = [1u8; 32];
         let mut tenants = HashMap::new();

@@ -120,3 +120,52 @@ pub fn spawn_writer(store: Box<dyn Store>) -> std::io::Result<mpsc::Sender<Job>>
     })?;
     Ok(tx)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// Records each apply's (number of changes, term); blocks the first
+    /// until released, so that the jobs behind it queue up.
+    struct Recorder {
+        applied: Arc<Mutex<Vec<(usize, Term)>>>,
+        gate: Mutex<Option<mpsc::Receiver<()>>>,
+    }
+
+    impl Store for Recorder {
+        fn load(&self) -> Result<Loaded, StoreError> {
+            unreachable!()
+        }
+        fn apply(&self, changes: &[Change], term: Term) -> Result<(), StoreError> {
+            if let Some(g) = self.gate.lock().unwrap().take() {
+                let _ = g.recv();
+            }
+            self.applied.lock().unwrap().push((changes.len(), term));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn jobs_group_commit_but_never_across_terms() {
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let (open, gate) = mpsc::channel();
+        let tx = spawn_writer(Box::new(Recorder { applied: applied.clone(), gate: Mutex::new(Some(gate)) })).unwrap();
+        let (done_tx, done) = mpsc::channel();
+        let job = |term: Term| {
+            let d = done_tx.clone();
+            Job { changes: vec![Change::Generation(term)], term, then: Box::new(move |r| d.send(r.is_ok()).unwrap()) }
+        };
+        tx.send(job(1)).unwrap();
+        // The writer is in the first apply; these wait behind it.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        for t in [1, 1, 2, 2, 1] {
+            tx.send(job(t)).unwrap();
+        }
+        open.send(()).unwrap();
+        for _ in 0..6 {
+            assert!(done.recv_timeout(std::time::Duration::from_secs(5)).unwrap());
+        }
+        assert_eq!(*applied.lock().unwrap(), vec![(1, 1), (2, 1), (2, 2), (1, 1)]);
+    }
+}
