@@ -97,7 +97,7 @@ fn replicated(
     let svc = service::Service::new(fresh(), writer, key, credentials, audit, where_);
     svc.follow(None);
     let weak = Arc::downgrade(&svc);
-    replica.start(move |role| {
+    let resign = replica.start(move |role| {
         let Some(svc) = weak.upgrade() else { return };
         match role {
             store::Leadership::Leader { term, loaded } => {
@@ -110,6 +110,7 @@ fn replicated(
             store::Leadership::Follower { leader } => svc.follow(leader),
         }
     });
+    svc.on_stop(Box::new(move || resign.resign(std::time::Duration::from_secs(1))));
     Ok(svc)
 }
 
@@ -153,7 +154,8 @@ pub fn run(config: config::Config) -> anyhow::Result<()> {
     // line scripts wait for.
     std::thread::sleep(std::time::Duration::from_millis(20));
     eprintln!("rgpu-broker listening on {addr} (data {}, store {})", config.data_dir.display(), store_name(&config.store));
-    rpc::serve(listener, service, config.threads, shutdown)?;
+    rpc::serve(listener, service.clone(), config.threads, shutdown)?;
+    service.stop();
     Ok(())
 }
 

@@ -71,6 +71,8 @@ pub struct Service {
     term: AtomicU64,
     pub started: Millis,
     pub data_dir: String,
+    /// What stopping must do first (a replicated store: hand leadership on).
+    on_stop: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Service {
@@ -97,7 +99,21 @@ impl Service {
             term: AtomicU64::new(0),
             started: now_ms(),
             data_dir,
+            on_stop: Mutex::new(None),
         })
+    }
+
+    /// Sets what [`Service::stop`] runs.
+    pub fn on_stop(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.on_stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// The broker is stopping (SIGTERM): a leader of replicas resigns, so
+    /// that another takes over now rather than when its etcd lease lapses.
+    pub fn stop(&self) {
+        if let Some(f) = self.on_stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            f();
+        }
     }
 
     /// Refuses unless this broker leads.

@@ -110,6 +110,11 @@ struct Shared {
     rt: Arc<tokio::runtime::Runtime>,
     deposed_term: AtomicU64,
     deposed: Notify,
+    /// Set when the broker stops: lead no more, campaign no more.
+    resigning: std::sync::atomic::AtomicBool,
+    resign: Notify,
+    /// Told once a leader that resigned has given its leader key up.
+    resigned: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
     what: String,
 }
 
@@ -258,19 +263,48 @@ pub fn connect(config: EtcdConfig) -> Result<(EtcdStore, Replica), StoreError> {
         rt: Arc::new(rt),
         deposed_term: AtomicU64::new(0),
         deposed: Notify::new(),
+        resigning: std::sync::atomic::AtomicBool::new(false),
+        resign: Notify::new(),
+        resigned: std::sync::Mutex::new(None),
         what,
     });
     Ok((EtcdStore { shared: shared.clone() }, Replica { shared, config }))
 }
 
+/// Ends this broker's part in the election (see [`Resign::resign`]).
+pub struct Resign {
+    shared: Arc<Shared>,
+}
+
+impl Resign {
+    /// Stops campaigning and, if leading, gives the leader key up (its
+    /// lease revoked: the followers campaign at once); waits for that at
+    /// most `wait`.
+    pub fn resign(&self, wait: Duration) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.shared.resigned.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+        self.shared.resigning.store(true, Ordering::SeqCst);
+        self.shared.resign.notify_one();
+        let _ = rx.recv_timeout(wait);
+    }
+}
+
 impl Replica {
     /// Runs the election on the store's runtime from now on; `on_role` is
     /// called at each change of leadership (first: who leads now).
-    pub fn start(self, on_role: impl Fn(Leadership) + Send + Sync + 'static) {
+    pub fn start(self, on_role: impl Fn(Leadership) + Send + Sync + 'static) -> Resign {
         let rt = self.shared.rt.clone();
+        let resign = Resign { shared: self.shared.clone() };
         rt.spawn(async move {
             let mut leading = false;
             loop {
+                if self.shared.resigning.load(Ordering::SeqCst) {
+                    on_role(Leadership::Follower { leader: None });
+                    if let Some(tx) = self.shared.resigned.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                        let _ = tx.send(());
+                    }
+                    return;
+                }
                 if let Err(e) = self.round(&on_role, &mut leading).await {
                     warn!(store = %self.shared.what, "etcd: {e}; trying again");
                     if leading {
@@ -281,6 +315,7 @@ impl Replica {
                 }
             }
         });
+        resign
     }
 
     /// Follows until no broker leads, then campaigns; if elected, leads
@@ -299,7 +334,13 @@ impl Replica {
             on_role(Leadership::Follower { leader });
             info!(leader = %addr, "following");
             let from = r.header().map_or(0, |h| h.revision()) + 1;
-            return self.until_deleted(&leader_key, from).await;
+            return tokio::select! {
+                r = self.until_deleted(&leader_key, from) => r,
+                _ = s.resign.notified() => Ok(()),
+            };
+        }
+        if s.resigning.load(Ordering::SeqCst) {
+            return Ok(());
         }
         let mut leases = s.client.lease_client();
         let lease = leases.grant(self.config.ttl_s as i64, None).await.map_err(e)?.id();
@@ -410,6 +451,7 @@ impl Replica {
                     Ok(None) => return "the leader key's watch ended".into(),
                     Err(e) => return format!("watching the leader key: {e}"),
                 },
+                _ = s.resign.notified() => return "the broker is stopping: resigned".into(),
                 _ = s.deposed.notified() => {
                     if s.deposed_term.load(Ordering::SeqCst) == term {
                         return "etcd refused a write: another broker leads".into();
