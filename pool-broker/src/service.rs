@@ -236,7 +236,7 @@ impl Service {
     async fn durable(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), BrokerError> {
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(BrokerError::Store(e.to_string())),
+            Ok(Err(e)) => Err(store_refusal(&e)),
             Err(_) => Err(BrokerError::Store("the store writer has stopped".into())),
         }
     }
@@ -403,6 +403,16 @@ impl Service {
     }
 }
 
+/// A write the store refused because this broker no longer leads is the
+/// leader's to make: the client is sent on (nothing was written).
+fn store_refusal(e: &StoreError) -> BrokerError {
+    if e.deposed() {
+        BrokerError::NotLeader(format!("this broker stopped leading; try again ({e})"))
+    } else {
+        BrokerError::Store(e.to_string())
+    }
+}
+
 fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError>) {
     if events.is_empty() {
         return;
@@ -414,7 +424,7 @@ fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError
                 if let Some(tx) = w.remove(&ticket) {
                     let r = match result {
                         Ok(()) => Ok(lease),
-                        Err(e) => Err(BrokerError::Store(e.to_string())),
+                        Err(e) => Err(store_refusal(e)),
                     };
                     let _ = tx.send(r);
                 }

@@ -41,7 +41,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::{Leadership, Loaded, Store, StoreError, Term};
+use super::{Leadership, Loaded, Store, StoreError, Term, NOT_LEADING};
 use crate::inventory::{Drain, ServerSpec};
 use crate::state::Change;
 
@@ -174,7 +174,7 @@ impl Shared {
         if !r.succeeded() {
             self.deposed_term.store(term, Ordering::SeqCst);
             self.deposed.notify_one();
-            return Err(self.err("not written: this broker no longer leads (its leader key lapsed or another broker was elected)"));
+            return Err(self.err(format!("{NOT_LEADING} (its leader key lapsed or another broker was elected)")));
         }
         Ok(())
     }
@@ -209,7 +209,7 @@ impl Store for EtcdStore {
     /// refused unless `term` still leads.
     fn apply(&self, changes: &[Change], term: Term) -> Result<(), StoreError> {
         if term == 0 {
-            return Err(self.shared.err("not written: this broker does not lead"));
+            return Err(self.shared.err(NOT_LEADING));
         }
         let mut ops: Vec<(String, Option<Vec<u8>>)> = Vec::new();
         let mut at: HashMap<String, usize> = HashMap::new();

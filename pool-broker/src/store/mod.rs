@@ -39,6 +39,18 @@ pub struct StoreError {
     pub reason: String,
 }
 
+/// How a replicated store words a write it refused because its term no
+/// longer leads (see [`StoreError::deposed`]).
+pub const NOT_LEADING: &str = "not written: this broker does not lead";
+
+impl StoreError {
+    /// The write was refused for want of leadership, not failed: nothing
+    /// was written, and the client may send it to the leader.
+    pub fn deposed(&self) -> bool {
+        self.reason.starts_with(NOT_LEADING)
+    }
+}
+
 pub struct Loaded {
     pub servers: Vec<(ServerSpec, Option<Drain>)>,
     pub leases: Vec<Lease>,
