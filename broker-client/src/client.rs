@@ -2,6 +2,18 @@
 //! [`Credential`], for callers with no runtime of their own (the CLI,
 //! tests). It owns a small single-threaded runtime and drives it on the
 //! calling thread for each call.
+//!
+//! Replicated brokers: the address may list several (`a:7770,b:7770`).
+//! The client logs in at the one that leads: a follower refuses with
+//! `[not-leader]` and the leader's address, which the client tries next.
+//! When the connection drops or the broker stops leading, a call logs in
+//! again wherever the leader now is and is sent again, for up to
+//! [`FAILOVER_WAIT`]; every call is safe to send twice (a lease request
+//! without an idempotency key is given one).
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use rgpu_protocol::broker_capnp::{broker, session};
 use thiserror::Error;
@@ -19,6 +31,37 @@ pub enum ClientError {
     Refused(String),
     #[error("broker connection: {0}")]
     Rpc(String),
+    /// The connection dropped (the broker stopped or failed over).
+    #[error("broker connection lost: {0}")]
+    Lost(String),
+}
+
+/// How long a call keeps looking for a leader when brokers fail over
+/// (an election takes the leader's etcd lease TTL, 2 s by default).
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// Redirects followed within one pass over the addresses.
+const MAX_HOPS: usize = 8;
+
+/// The leader a `[not-leader]` refusal names.
+pub fn leader_of(e: &ClientError) -> Option<String> {
+    match e {
+        ClientError::Refused(t) if e.kind() == Some("not-leader") => {
+            t.split("the leader is at ").nth(1).and_then(|r| r.split_whitespace().next()).map(String::from)
+        }
+        _ => None,
+    }
+}
+
+/// A broker that may serve shortly: it answered that it does not lead
+/// (an election), or the connection dropped.
+fn transient(e: &ClientError) -> bool {
+    matches!(e, ClientError::Lost(_)) || e.kind() == Some("not-leader")
+}
+
+/// `a:1,b:2` as a list.
+pub fn addresses(addr: &str) -> Vec<String> {
+    addr.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect()
 }
 
 impl ClientError {
@@ -38,8 +81,18 @@ fn from_capnp(e: capnp::Error) -> ClientError {
     let t = e.to_string();
     match t.find('[') {
         Some(i) => ClientError::Refused(t[i..].to_string()),
+        None if e.kind == capnp::ErrorKind::Disconnected => ClientError::Lost(t),
         None => ClientError::Rpc(t),
     }
+}
+
+/// A random idempotency key (not a secret: keys are per tenant).
+fn fresh_key() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    format!("auto-{:016x}", h.finish())
 }
 
 /// A blocking, logged-in connection to a broker.
@@ -47,30 +100,80 @@ pub struct BrokerClient {
     // Dropped in this order: the capabilities and the connection's task
     // are dropped before the LocalSet that holds it, and that before the
     // runtime it runs on.
-    session: session::Client,
-    conn: Connection<broker::Client>,
+    live: RefCell<Live>,
     local: tokio::task::LocalSet,
     rt: tokio::runtime::Runtime,
-    pub addr: String,
+    /// Every broker address given, in order.
+    pub addrs: Vec<String>,
     /// Who this connection is (a copy, for reconnecting).
     pub credential: Credential,
 }
 
-/// The runtime, LocalSet and connection every call needs.
-fn open(addr: &str) -> Result<(tokio::runtime::Runtime, tokio::task::LocalSet, Connection<broker::Client>), ClientError> {
-    let unreachable = |r: String| ClientError::Unreachable { addr: addr.to_string(), reason: r };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| unreachable(e.to_string()))?;
-    let local = tokio::task::LocalSet::new();
-    let conn = local
-        .block_on(&rt, rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT))
-        .map_err(|e| unreachable(e.to_string()))?;
-    Ok((rt, local, conn))
+/// The logged-in connection to the broker that leads.
+struct Live {
+    session: session::Client,
+    conn: Connection<broker::Client>,
+    addr: String,
+}
+
+fn runtime(addr: &str) -> Result<(tokio::runtime::Runtime, tokio::task::LocalSet), ClientError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ClientError::Unreachable { addr: addr.to_string(), reason: e.to_string() })?;
+    Ok((rt, tokio::task::LocalSet::new()))
+}
+
+async fn dial(addr: &str) -> Result<Connection<broker::Client>, ClientError> {
+    rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT)
+        .await
+        .map_err(|e| ClientError::Unreachable { addr: addr.to_string(), reason: e.to_string() })
+}
+
+/// Logs in at the broker of `addrs` that leads, following redirects; while
+/// brokers answer that none leads yet (or the one named is away), tries
+/// again until `deadline`. A broker that refuses the login for another
+/// reason, or addresses none of which answers, end the search at once.
+async fn find_leader(addrs: &[String], credential: &Credential, deadline: Instant) -> Result<Live, ClientError> {
+    loop {
+        let mut queue: VecDeque<String> = addrs.iter().cloned().collect();
+        let (mut hops, mut last, mut electing) = (0, None, false);
+        while let Some(addr) = queue.pop_front() {
+            let conn = match dial(&addr).await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = Some(e);
+                    continue;
+                }
+            };
+            match credential.login(conn.client()).await.map_err(from_capnp) {
+                Ok(session) => return Ok(Live { session, conn, addr }),
+                Err(e) if transient(&e) => {
+                    electing = true;
+                    if let Some(l) = leader_of(&e).filter(|l| *l != addr && hops < MAX_HOPS) {
+                        hops += 1;
+                        queue.retain(|a| *a != l);
+                        queue.push_front(l);
+                    }
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let last = last.unwrap_or_else(|| ClientError::Rpc("no broker address given".into()));
+        if !electing || Instant::now() >= deadline {
+            return Err(last);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The broker's (version, protocol version): the one call that needs no
-/// credential.
+/// credential (of the first address).
 pub fn version(addr: &str) -> Result<(String, u32), ClientError> {
-    let (rt, local, conn) = open(addr)?;
+    let addr = addresses(addr).into_iter().next().unwrap_or_default();
+    let (rt, local) = runtime(&addr)?;
+    let conn = local.block_on(&rt, dial(&addr))?;
     let req = conn.client().version_request();
     local.block_on(&rt, async {
         let reply = req.send().promise.await.map_err(from_capnp)?;
@@ -80,137 +183,198 @@ pub fn version(addr: &str) -> Result<(String, u32), ClientError> {
 }
 
 impl BrokerClient {
-    /// Connects and logs in as `credential`.
+    /// Connects and logs in as `credential` at the broker that leads of
+    /// `addr` (one address, or several comma-separated).
     pub fn connect(addr: &str, credential: &Credential) -> Result<BrokerClient, ClientError> {
-        let (rt, local, conn) = open(addr)?;
-        let session = local.block_on(&rt, credential.login(conn.client())).map_err(from_capnp)?;
-        Ok(BrokerClient { session, conn, local, rt, addr: addr.to_string(), credential: credential.clone() })
+        let addrs = addresses(addr);
+        let (rt, local) = runtime(addr)?;
+        let live = local.block_on(&rt, find_leader(&addrs, credential, Instant::now() + FAILOVER_WAIT))?;
+        Ok(BrokerClient { live: RefCell::new(live), local, rt, addrs, credential: credential.clone() })
     }
 
-    fn client(&self) -> &session::Client {
-        &self.session
+    /// The broker this client is logged in at (the leader, when it was).
+    pub fn addr(&self) -> String {
+        self.live.borrow().addr.clone()
     }
 
-    fn run<T>(&self, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
-        self.local.block_on(&self.rt, f)
+    /// Sends the call `f` makes on the session; if the connection dropped
+    /// or the broker stopped leading, logs in at the leader and sends it
+    /// again, until [`FAILOVER_WAIT`] has passed.
+    fn call<T, F>(&self, f: impl Fn(&session::Client) -> F) -> Result<T, ClientError>
+    where
+        F: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = Instant::now() + FAILOVER_WAIT;
+        loop {
+            let fut = f(&self.live.borrow().session);
+            match self.local.block_on(&self.rt, fut) {
+                Err(e) if transient(&e) && Instant::now() < deadline => {
+                    let live = self.local.block_on(&self.rt, find_leader(&self.addrs, &self.credential, deadline));
+                    match live {
+                        Ok(l) => *self.live.borrow_mut() = l,
+                        Err(e2) if transient(&e2) || matches!(e2, ClientError::Unreachable { .. }) => {
+                            if Instant::now() >= deadline {
+                                return Err(e2);
+                            }
+                            std::thread::sleep(Duration::from_millis(100));
+                        }
+                        Err(e2) => return Err(e2),
+                    }
+                }
+                r => return r,
+            }
+        }
     }
 
     /// True once the broker closed the connection.
     pub fn is_closed(&self) -> bool {
-        self.conn.is_closed()
+        self.live.borrow().conn.is_closed()
     }
 
     /// (tenant, role) as the broker sees this connection.
     pub fn whoami(&self) -> Result<(String, String), ClientError> {
-        let req = self.client().whoami_request();
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            let r = reply.get().map_err(from_capnp)?;
-            let t = |x: capnp::Result<capnp::text::Reader<'_>>| x.ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
-            Ok((t(r.get_tenant()), t(r.get_role())))
+        self.call(|c| {
+            let req = c.whoami_request();
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let r = reply.get().map_err(from_capnp)?;
+                let t = |x: capnp::Result<capnp::text::Reader<'_>>| x.ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+                Ok((t(r.get_tenant()), t(r.get_role())))
+            }
         })
     }
 
+    /// A request without an idempotency key is given a fresh one, so that
+    /// sending it again after a failover returns the lease the first
+    /// attempt may have been granted rather than a second one.
     pub fn lease(&self, s: &LeaseSpec) -> Result<LeaseView, ClientError> {
-        let mut req = self.client().lease_request();
-        s.write(req.get().init_request());
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+        let mut keyed;
+        let s = if s.key.is_empty() {
+            keyed = s.clone();
+            keyed.key = fresh_key();
+            &keyed
+        } else {
+            s
+        };
+        self.call(|c| {
+            let mut req = c.lease_request();
+            s.write(req.get().init_request());
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+            }
         })
     }
 
     pub fn renew(&self, id: u64, ttl_ms: u64) -> Result<LeaseView, ClientError> {
-        let mut req = self.client().renew_request();
-        req.get().set_lease_id(id);
-        req.get().set_ttl_ms(ttl_ms);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+        self.call(|c| {
+            let mut req = c.renew_request();
+            req.get().set_lease_id(id);
+            req.get().set_ttl_ms(ttl_ms);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+            }
         })
     }
 
     /// True if the lease was live; releasing an ended lease is not an error.
     pub fn release(&self, id: u64) -> Result<bool, ClientError> {
-        let mut req = self.client().release_request();
-        req.get().set_lease_id(id);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            Ok(reply.get().map_err(from_capnp)?.get_released())
+        self.call(|c| {
+            let mut req = c.release_request();
+            req.get().set_lease_id(id);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                Ok(reply.get().map_err(from_capnp)?.get_released())
+            }
         })
     }
 
     /// The leases this credential may see ("" for all of them; a user sees
     /// its own tenant's only).
     pub fn leases(&self, tenant: &str) -> Result<Vec<LeaseView>, ClientError> {
-        let mut req = self.client().list_leases_request();
-        req.get().set_tenant(tenant);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            let list = reply.get().and_then(|r| r.get_leases()).map_err(from_capnp)?;
-            list.iter().map(|l| read_lease(l).map_err(from_capnp)).collect()
+        self.call(|c| {
+            let mut req = c.list_leases_request();
+            req.get().set_tenant(tenant);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let list = reply.get().and_then(|r| r.get_leases()).map_err(from_capnp)?;
+                list.iter().map(|l| read_lease(l).map_err(from_capnp)).collect()
+            }
         })
     }
 
     pub fn servers(&self) -> Result<Vec<ServerView>, ClientError> {
-        let req = self.client().list_servers_request();
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            let list = reply.get().and_then(|r| r.get_servers()).map_err(from_capnp)?;
-            Ok(list.iter().map(read_server).collect())
+        self.call(|c| {
+            let req = c.list_servers_request();
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let list = reply.get().and_then(|r| r.get_servers()).map_err(from_capnp)?;
+                Ok(list.iter().map(read_server).collect())
+            }
         })
     }
 
     /// `deadline_ms`: unix ms, or 0 for none. Needs the operator role.
     pub fn drain(&self, server: &str, deadline_ms: u64) -> Result<ServerView, ClientError> {
-        let mut req = self.client().drain_request();
-        req.get().set_server_id(server);
-        req.get().set_deadline_ms(deadline_ms);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
+        self.call(|c| {
+            let mut req = c.drain_request();
+            req.get().set_server_id(server);
+            req.get().set_deadline_ms(deadline_ms);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
+            }
         })
     }
 
     pub fn undrain(&self, server: &str) -> Result<ServerView, ClientError> {
-        let mut req = self.client().undrain_request();
-        req.get().set_server_id(server);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
+        self.call(|c| {
+            let mut req = c.undrain_request();
+            req.get().set_server_id(server);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
+            }
         })
     }
 
     pub fn status(&self) -> Result<StatusView, ClientError> {
-        let req = self.client().status_request();
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            Ok(read_status(reply.get().and_then(|r| r.get_status()).map_err(from_capnp)?))
+        self.call(|c| {
+            let req = c.status_request();
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                Ok(read_status(reply.get().and_then(|r| r.get_status()).map_err(from_capnp)?))
+            }
         })
     }
 
     /// The newest `limit` audit records (of `tenant`, "" for all), oldest
     /// first. Needs the operator role.
     pub fn audit(&self, tenant: &str, limit: u32) -> Result<Vec<AuditView>, ClientError> {
-        let mut req = self.client().audit_request();
-        req.get().set_tenant(tenant);
-        req.get().set_limit(limit);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            let list = reply.get().and_then(|r| r.get_records()).map_err(from_capnp)?;
-            Ok(list.iter().map(read_audit).collect())
+        self.call(|c| {
+            let mut req = c.audit_request();
+            req.get().set_tenant(tenant);
+            req.get().set_limit(limit);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let list = reply.get().and_then(|r| r.get_records()).map_err(from_capnp)?;
+                Ok(list.iter().map(read_audit).collect())
+            }
         })
     }
 
     /// Refuses `tenant`'s credentials issued before `before_serial` (unix
     /// ms, at most now); returns the serial now required. Needs the admin role.
     pub fn revoke(&self, tenant: &str, before_serial: u64) -> Result<u64, ClientError> {
-        let mut req = self.client().revoke_credentials_request();
-        req.get().set_tenant(tenant);
-        req.get().set_before_serial(before_serial);
-        self.run(async {
-            let reply = req.send().promise.await.map_err(from_capnp)?;
-            Ok(reply.get().map_err(from_capnp)?.get_before_serial())
+        self.call(|c| {
+            let mut req = c.revoke_credentials_request();
+            req.get().set_tenant(tenant);
+            req.get().set_before_serial(before_serial);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                Ok(reply.get().map_err(from_capnp)?.get_before_serial())
+            }
         })
     }
 }
@@ -309,8 +473,24 @@ mod tests {
         assert_eq!(e.kind(), Some("quota"));
         assert_eq!(e.to_string(), "[quota] tenant t is at 4 GPUs");
         let e = from_capnp(capnp::Error::disconnected("connection reset".into()));
-        assert!(matches!(e, ClientError::Rpc(_)), "{e:?}");
+        assert!(matches!(e, ClientError::Lost(_)), "a dropped connection is worth a new login: {e:?}");
         assert_eq!(e.kind(), None);
+        let e = from_capnp(capnp::Error::unimplemented("no such method".into()));
+        assert!(matches!(e, ClientError::Rpc(_)), "{e:?}");
+    }
+
+    #[test]
+    fn a_follower_names_the_leader() {
+        let e = ClientError::Refused("[not-leader] this broker follows; the leader is at 10.0.0.2:7770".into());
+        assert_eq!(leader_of(&e).as_deref(), Some("10.0.0.2:7770"));
+        assert!(transient(&e));
+        let e = ClientError::Refused("[not-leader] no broker leads yet (an election is under way); try again".into());
+        assert_eq!(leader_of(&e), None);
+        assert!(transient(&e), "an election: try again");
+        let e = ClientError::Refused("[auth] the leader is at x:1".into());
+        assert_eq!(leader_of(&e), None, "only a not-leader refusal redirects");
+        assert!(!transient(&e));
+        assert_eq!(addresses(" a:1, b:2,,"), ["a:1", "b:2"]);
     }
 
     #[test]

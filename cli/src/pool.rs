@@ -13,7 +13,8 @@ pub const DEFAULT_BROKER: &str = "127.0.0.1:7770";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct BrokerArgs {
-    /// The pool broker, host:port.
+    /// The pool broker, host:port (replicated brokers: all their addresses,
+    /// comma-separated; the one that leads is found).
     #[arg(long, env = "RGPU_BROKER", default_value = DEFAULT_BROKER, value_name = "ADDR")]
     pub broker: String,
     /// Your credential for the broker (from your operator: `rgpu credential

@@ -5,6 +5,10 @@
 //! (p50, p99).
 //!
 //!   cargo bench -p rgpu-pool-broker --bench scale [-- SECONDS CONNECTIONS]
+//!
+//! `RGPU_BROKER_STORE=etcd://HOST:PORT/PREFIX` (with `--features etcd`)
+//! runs it on an etcd store, the broker the only replica (it waits to be
+//! elected first); `RGPU_BROKER_PLACEMENT` picks the policy.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +34,10 @@ fn main() {
         Ok(p) => Placement::parse(&p).expect("RGPU_BROKER_PLACEMENT"),
         Err(_) => Settings::default().placement,
     };
+    let store = match std::env::var("RGPU_BROKER_STORE") {
+        Ok(s) => <rgpu_pool_broker::config::StoreUrl as rgpu_config::FromText>::from_text(&s).expect("RGPU_BROKER_STORE"),
+        Err(_) => Settings::default().store,
+    };
     let config = Config::from_settings(Settings {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("data"),
@@ -37,6 +45,7 @@ fn main() {
         create_key: true,
         threads: 2,
         placement,
+        store,
         // The clients lease and release as fast as they can: no rate limit.
         default_max_rate: u32::MAX / 4,
         ..Settings::default()
@@ -44,6 +53,11 @@ fn main() {
     .expect("config");
     let key = rgpu_pool_broker::config::load_key(&dir.join("key"), true).expect("key");
     let service = rgpu_pool_broker::open_service(&config).expect("service");
+    let t = Instant::now();
+    while !service.leads() {
+        assert!(t.elapsed() < Duration::from_secs(30), "the broker was not elected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let stop = CancellationToken::new();

@@ -76,6 +76,55 @@ rgpu_config::settings! {
         /// memory, fewest free whole GPUs; the fastest) [default: fgd-pack].
         #[setting(flag = "placement", env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
         placement: Placement = Placement::FgdPack,
+        /// Where the durable state lives: `redb` (a file in --data-dir, for one
+        /// broker), or `etcd://HOST:PORT,HOST:PORT/PREFIX` for several brokers
+        /// over one etcd cluster, one of which leads (the others send clients
+        /// to it and take over when its etcd lease lapses; the audit log stays
+        /// in each broker's --data-dir) [default: redb].
+        #[setting(flag = "store", env = "RGPU_BROKER_STORE", value_name = "STORE")]
+        store: StoreUrl = StoreUrl::Redb,
+        /// With an etcd store: the address other brokers send clients to when
+        /// this one leads [default: --listen].
+        #[setting(flag = "advertise", env = "RGPU_BROKER_ADVERTISE", value_name = "ADDR")]
+        advertise: Option<String> = None,
+        /// With an etcd store: TTL in seconds of the etcd lease the leader
+        /// holds; a leader that stops renewing it is replaced this long
+        /// after its last renewal [default: 2].
+        #[setting(flag = "leader-ttl", env = "RGPU_BROKER_LEADER_TTL", value_name = "SECONDS")]
+        leader_ttl: u64 = 2,
+    }
+}
+
+/// Where the broker's state is kept (`--store`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreUrl {
+    /// `broker.redb` in the data directory.
+    Redb,
+    /// An etcd cluster: its client endpoints and the key prefix of this pool.
+    Etcd { endpoints: Vec<String>, prefix: String },
+}
+
+impl FromText for StoreUrl {
+    fn from_text(s: &str) -> Result<StoreUrl, String> {
+        let s = s.trim();
+        if s == "redb" {
+            return Ok(StoreUrl::Redb);
+        }
+        let Some(rest) = s.strip_prefix("etcd://") else {
+            return Err(format!("unknown store {s:?}: expected redb or etcd://HOST:PORT[,HOST:PORT...][/PREFIX]"));
+        };
+        let (hosts, prefix) = match rest.split_once('/') {
+            Some((h, p)) => (h, format!("/{}", p.trim_end_matches('/'))),
+            None => (rest, "/rgpu-broker".to_string()),
+        };
+        if prefix == "/" {
+            return Err("an etcd store's prefix must not be empty (etcd://HOST:PORT/PREFIX)".into());
+        }
+        let endpoints: Vec<String> = hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(String::from).collect();
+        if endpoints.is_empty() || endpoints.iter().any(|h| !h.contains(':')) {
+            return Err(format!("etcd endpoints must be HOST:PORT, comma-separated: {hosts:?}"));
+        }
+        Ok(StoreUrl::Etcd { endpoints, prefix })
     }
 }
 
@@ -147,6 +196,10 @@ pub struct Config {
     pub threads: usize,
     pub placement: Placement,
     pub tenants: HashMap<String, TenantPolicy>,
+    pub store: StoreUrl,
+    /// Where clients reach this broker (the leader's address followers name).
+    pub advertise: String,
+    pub leader_ttl_s: u64,
 }
 
 impl Config {
@@ -193,6 +246,12 @@ impl Config {
                 pkey: t.pkey,
             });
         }
+        if matches!(s.store, StoreUrl::Etcd { .. }) && s.advertise.is_none() {
+            let ip = s.listen.rsplit_once(':').map_or("", |(h, _)| h).trim_matches(['[', ']']);
+            if ip.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
+                bail!("--listen {} is every address: with an etcd store, say which one other brokers send clients to (--advertise HOST:PORT)", s.listen);
+            }
+        }
         if s.heartbeat_ms == 0 {
             bail!("heartbeat-ms must be at least 1");
         }
@@ -206,7 +265,6 @@ impl Config {
             ..Limits::default()
         };
         Ok(Config {
-            listen: s.listen,
             data_dir: s.data_dir,
             key_file: s.key_file,
             create_key: s.create_key,
@@ -215,6 +273,10 @@ impl Config {
             threads: s.threads.max(1),
             placement: s.placement,
             tenants,
+            advertise: s.advertise.unwrap_or_else(|| s.listen.clone()),
+            listen: s.listen,
+            store: s.store,
+            leader_ttl_s: s.leader_ttl.max(1),
         })
     }
 }
@@ -263,6 +325,9 @@ mod tests {
         ("default-max-rate", ["10", "20"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
+        ("store", ["etcd://a:1/p", "etcd://b:2,c:3"]),
+        ("advertise", ["a:1", "b:2"]),
+        ("leader-ttl", ["3", "4"]),
     ];
 
     #[test]
@@ -341,6 +406,23 @@ mod tests {
         assert!(load(&["--heartbeat-ms", "0"]).is_err());
         let c = load(&["--default-ttl-ms", "0", "--threads", "0"]).unwrap();
         assert_eq!((c.limits.default_ttl_ms, c.threads), (1, 1));
+    }
+
+    #[test]
+    fn store_urls() {
+        assert_eq!(load(&[]).unwrap().store, StoreUrl::Redb);
+        let c = load(&["--store", "etcd://e1:2379, e2:2379/pools/a/", "--listen", "0.0.0.0:7770", "--advertise", "b1:7770"]).unwrap();
+        let want = StoreUrl::Etcd { endpoints: vec!["e1:2379".into(), "e2:2379".into()], prefix: "/pools/a".into() };
+        assert_eq!((c.store, c.advertise.as_str()), (want, "b1:7770"));
+        let c = load(&["--store", "etcd://e1:2379", "--listen", "127.0.0.1:9"]).unwrap();
+        assert_eq!(c.store, StoreUrl::Etcd { endpoints: vec!["e1:2379".into()], prefix: "/rgpu-broker".into() });
+        assert_eq!(c.advertise, "127.0.0.1:9", "the listen address by default");
+        let e = load(&["--store", "etcd://e1:2379", "--listen", "0.0.0.0:7770"]).unwrap_err();
+        assert!(format!("{e:#}").contains("--advertise"), "{e:#}");
+        assert_eq!(load(&["--listen", "0.0.0.0:7770"]).unwrap().advertise, "0.0.0.0:7770", "redb: no one is sent there");
+        for bad in ["etcd://", "etcd://e1", "etcd://e1:1/", "zookeeper://z:1", "redb2"] {
+            assert!(load(&["--store", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

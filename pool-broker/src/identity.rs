@@ -82,6 +82,12 @@ impl Credentials {
         }
     }
 
+    /// Takes the revocations a newly elected broker read from the store
+    /// (every broker of a pool revokes through the same store).
+    pub fn replace(&self, revoked: HashMap<String, u64>) {
+        *self.lock() = revoked;
+    }
+
     /// Revokes the credentials of `tenant` issued before `before` (never
     /// lowering an earlier revocation); returns the serial now required.
     pub fn revoke(&self, tenant: &str, before: u64) -> u64 {

@@ -4,7 +4,8 @@
 //!
 //! - [`inventory`], [`placement`], [`state`]: pure; the state machine and
 //!   placement take `now` and return decisions, changes and events;
-//! - [`store`]: durability in redb, group-committed by one writer thread;
+//! - [`store`]: durability behind one trait, group-committed by one writer
+//!   thread: redb (one broker), or etcd (several, one leading);
 //! - [`service`]: orchestration: lock the state, apply, persist, answer;
 //! - [`identity`], [`rate`], [`audit`]: who is calling (tenant
 //!   credentials, their revocations), how fast, and the record of what
@@ -32,6 +33,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::state::State;
+use crate::store::Store as _;
 
 /// Opens the store, restores the state and builds the service.
 pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Service>> {
@@ -51,16 +53,81 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
             key.clone()
         }
     };
-    let store = store::Store::open(&config.data_dir)?;
-    let loaded = store.load()?;
     let audit = audit::Audit::open(&config.data_dir)?;
-    let mut state = State::new(config.limits.clone(), config.tenants.clone(), config.placement.policy());
-    let (servers, leases) = (loaded.servers.len(), loaded.leases.len());
-    state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
-    tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
-    let credentials = identity::Credentials::new(credential_key, loaded.revoked);
-    let writer = store::spawn_writer(store).context("cannot start the store writer")?;
-    Ok(service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string()))
+    let fresh = {
+        let (limits, tenants, placement) = (config.limits.clone(), config.tenants.clone(), config.placement);
+        move || State::new(limits.clone(), tenants.clone(), placement.policy())
+    };
+    match &config.store {
+        config::StoreUrl::Redb => {
+            let store = store::redb::RedbStore::open(&config.data_dir)?;
+            let loaded = store.load()?;
+            let mut state = fresh();
+            let (servers, leases) = (loaded.servers.len(), loaded.leases.len());
+            state.restore(loaded.servers, loaded.leases, loaded.generation, service::now_ms());
+            tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
+            let credentials = identity::Credentials::new(credential_key, loaded.revoked);
+            let writer = store::spawn_writer(Box::new(store)).context("cannot start the store writer")?;
+            Ok(service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string()))
+        }
+        config::StoreUrl::Etcd { endpoints, prefix } => replicated(config, endpoints, prefix, fresh, key, credential_key, audit),
+    }
+}
+
+/// A broker over etcd: it serves once elected, from the state read then.
+#[cfg(feature = "etcd")]
+fn replicated(
+    config: &config::Config,
+    endpoints: &[String],
+    prefix: &str,
+    fresh: impl Fn() -> State + Send + Sync + 'static,
+    key: Vec<u8>,
+    credential_key: Vec<u8>,
+    audit: audit::Audit,
+) -> anyhow::Result<Arc<service::Service>> {
+    let (store, replica) = store::etcd::connect(store::etcd::EtcdConfig {
+        endpoints: endpoints.to_vec(),
+        prefix: prefix.to_string(),
+        advertise: config.advertise.clone(),
+        ttl_s: config.leader_ttl_s,
+    })?;
+    let writer = store::spawn_writer(Box::new(store)).context("cannot start the store writer")?;
+    let credentials = identity::Credentials::new(credential_key, Default::default());
+    let where_ = format!("{} (state in etcd://{}{prefix})", config.data_dir.display(), endpoints.join(","));
+    let svc = service::Service::new(fresh(), writer, key, credentials, audit, where_);
+    svc.follow(None);
+    let weak = Arc::downgrade(&svc);
+    let resign = replica.start(move |role| {
+        let Some(svc) = weak.upgrade() else { return };
+        match role {
+            store::Leadership::Leader { term, loaded } => {
+                let mut state = fresh();
+                // Generations grow across leaders: above every stored one and above the term.
+                let generation = loaded.generation.max(term);
+                state.restore(loaded.servers, loaded.leases, generation, service::now_ms());
+                svc.lead(state, term, loaded.revoked);
+            }
+            store::Leadership::Follower { leader } => svc.follow(leader),
+        }
+    });
+    svc.on_stop(Box::new(move || resign.resign(std::time::Duration::from_secs(1))));
+    Ok(svc)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn replicated(
+    _: &config::Config,
+    _: &[String],
+    _: &str,
+    _: impl Fn() -> State,
+    _: Vec<u8>,
+    _: Vec<u8>,
+    _: audit::Audit,
+) -> anyhow::Result<Arc<service::Service>> {
+    anyhow::bail!(
+        "this rgpu-broker was built without etcd support: build it with \
+         `cargo build --release -p rgpu-pool-broker --features etcd` (needs protoc: Debian's protobuf-compiler)"
+    )
 }
 
 /// Runs a broker until SIGINT or SIGTERM.
@@ -86,7 +153,15 @@ pub fn run(config: config::Config) -> anyhow::Result<()> {
     // Give the signal thread a moment to install its handlers before the
     // line scripts wait for.
     std::thread::sleep(std::time::Duration::from_millis(20));
-    eprintln!("rgpu-broker listening on {addr} (data {})", config.data_dir.display());
-    rpc::serve(listener, service, config.threads, shutdown)?;
+    eprintln!("rgpu-broker listening on {addr} (data {}, store {})", config.data_dir.display(), store_name(&config.store));
+    rpc::serve(listener, service.clone(), config.threads, shutdown)?;
+    service.stop();
     Ok(())
+}
+
+fn store_name(s: &config::StoreUrl) -> String {
+    match s {
+        config::StoreUrl::Redb => "redb".into(),
+        config::StoreUrl::Etcd { endpoints, prefix } => format!("etcd://{}{prefix}", endpoints.join(",")),
+    }
 }

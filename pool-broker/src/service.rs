@@ -1,9 +1,13 @@
 //! Orchestration: lock the state, make one state-machine call, hand its
 //! changes to the store writer, and answer only once they are durable.
+//! With a replicated store only the leader serves: a follower refuses every
+//! call past `version` and `challenge` with `[not-leader]` and the leader's
+//! address, and its state is replaced by the store's at each election.
 
 use std::collections::HashMap;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rgpu_protocol::auth::Role;
@@ -15,7 +19,7 @@ use crate::identity::{Credentials, Identity};
 use crate::inventory::{Millis, ServerSpec};
 use crate::rate::RateLimits;
 use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
-use crate::store::{Job, StoreError};
+use crate::store::{Job, StoreError, Term};
 
 pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -26,6 +30,28 @@ pub fn now_ms() -> Millis {
 pub const FAILURES_PER_S: u32 = 5;
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Lease, BrokerError>>>>>;
+
+/// Whether this broker serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Serving {
+    Leader,
+    /// Another broker leads (at this address, when known).
+    Follower(Option<String>),
+}
+
+impl Serving {
+    fn refusal(&self) -> Option<BrokerError> {
+        match self {
+            Serving::Leader => None,
+            Serving::Follower(Some(addr)) => {
+                Some(BrokerError::NotLeader(format!("this broker follows; the leader is at {addr}")))
+            }
+            Serving::Follower(None) => {
+                Some(BrokerError::NotLeader("no broker leads yet (an election is under way); try again".into()))
+            }
+        }
+    }
+}
 
 pub struct Service {
     state: Mutex<State>,
@@ -39,8 +65,14 @@ pub struct Service {
     /// Failed logins and registrations per peer host.
     failures: Mutex<RateLimits>,
     waiters: Waiters,
+    serving: RwLock<Serving>,
+    /// The store term the state was loaded under (written with the state
+    /// lock held, so each commit reads the term of the state it commits).
+    term: AtomicU64,
     pub started: Millis,
     pub data_dir: String,
+    /// What stopping must do first (a replicated store: hand leadership on).
+    on_stop: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Service {
@@ -63,14 +95,70 @@ impl Service {
             rates: Mutex::default(),
             failures: Mutex::default(),
             waiters: Arc::default(),
+            serving: RwLock::new(Serving::Leader),
+            term: AtomicU64::new(0),
             started: now_ms(),
             data_dir,
+            on_stop: Mutex::new(None),
         })
     }
 
-    /// May `id` do what needs `need`? Its credential must still be valid,
-    /// and each call takes one from its tenant's rate.
+    /// Sets what [`Service::stop`] runs.
+    pub fn on_stop(&self, f: Box<dyn FnOnce() + Send>) {
+        *self.on_stop.lock().unwrap_or_else(|p| p.into_inner()) = Some(f);
+    }
+
+    /// The broker is stopping (SIGTERM): a leader of replicas resigns, so
+    /// that another takes over now rather than when its etcd lease lapses.
+    pub fn stop(&self) {
+        if let Some(f) = self.on_stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            f();
+        }
+    }
+
+    /// Refuses unless this broker leads.
+    pub fn serving(&self) -> Result<(), BrokerError> {
+        match self.serving.read().unwrap_or_else(|p| p.into_inner()).refusal() {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    pub fn leads(&self) -> bool {
+        self.serving().is_ok()
+    }
+
+    /// This broker leads from `term` on, with `state` (restored from the
+    /// store after the election) and the store's revocations.
+    pub fn lead(&self, state: State, term: Term, revoked: HashMap<String, u64>) {
+        let mut st = self.lock();
+        *st = state;
+        self.term.store(term, Ordering::SeqCst);
+        self.credentials.replace(revoked);
+        self.fail_waiters();
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Leader;
+    }
+
+    /// Another broker leads (or none yet): refuse from now on. What this
+    /// one had queued fails; its clients find the leader and ask again.
+    pub fn follow(&self, leader: Option<String>) {
+        let _st = self.lock();
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Follower(leader);
+        self.term.store(0, Ordering::SeqCst);
+        self.fail_waiters();
+    }
+
+    fn fail_waiters(&self) {
+        let refusal = BrokerError::NotLeader("this broker stopped leading; try again".into());
+        for (_, tx) in self.waiters.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            let _ = tx.send(Err(refusal.clone()));
+        }
+    }
+
+    /// May `id` do what needs `need`? This broker must lead, its credential
+    /// must still be valid, and each call takes one from its tenant's rate.
     pub fn authorize(&self, id: &Identity, need: Role) -> Result<(), BrokerError> {
+        self.serving()?;
         self.credentials.check(id)?;
         if id.role < need {
             return Err(BrokerError::Auth(format!("{} may not do this: it needs the {} role", id.actor(), need.name())));
@@ -108,6 +196,7 @@ impl Service {
         let (tx, rx) = oneshot::channel();
         let job = Job {
             changes: vec![Change::Revocation { tenant: tenant.to_string(), before }],
+            term: self.term.load(Ordering::SeqCst),
             then: Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -132,6 +221,7 @@ impl Service {
         let waiters = self.waiters.clone();
         let job = Job {
             changes,
+            term: self.term.load(Ordering::SeqCst),
             then: Box::new(move |r| {
                 deliver(&waiters, events, &r);
                 let _ = tx.send(r);
@@ -146,7 +236,7 @@ impl Service {
     async fn durable(rx: oneshot::Receiver<Result<(), StoreError>>) -> Result<(), BrokerError> {
         match rx.await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(BrokerError::Store(e.to_string())),
+            Ok(Err(e)) => Err(store_refusal(&e)),
             Err(_) => Err(BrokerError::Store("the store writer has stopped".into())),
         }
     }
@@ -180,6 +270,7 @@ impl Service {
         if spec.id.is_empty() {
             return Err(BrokerError::Invalid("a server registers with its address as id".into()));
         }
+        self.serving()?;
         let (rx, hb) = {
             let mut st = self.lock();
             st.register(spec, now_ms());
@@ -192,6 +283,9 @@ impl Service {
     /// The live leases (id, generation, deadline) on a registered server and the floor.
     pub fn heartbeat(&self, id: &str) -> Option<(Vec<(u64, u64, u64)>, u64)> {
         let mut st = self.lock();
+        if !self.leads() {
+            return None;
+        }
         let r = st
             .heartbeat(id, now_ms())
             .map(|(live, floor)| (live.iter().map(|l| (l.id, l.generation, l.deadline)).collect(), floor));
@@ -273,6 +367,7 @@ impl Service {
     }
 
     pub async fn drain(&self, id: &str, deadline: Option<Millis>, for_shutdown: bool) -> Result<(), BrokerError> {
+        self.serving()?;
         let (r, rx) = {
             let mut st = self.lock();
             let r = st.drain(id, deadline, for_shutdown, now_ms());
@@ -294,6 +389,9 @@ impl Service {
 
     /// Advances time: expiry, heartbeats missed, drain deadlines, queue.
     pub fn tick(&self) {
+        if !self.leads() {
+            return;
+        }
         let mut st = self.lock();
         st.tick(now_ms());
         let _ = self.commit(&mut st);
@@ -302,6 +400,16 @@ impl Service {
     /// Read-only access for listings.
     pub fn read<T>(&self, f: impl FnOnce(&State) -> T) -> T {
         f(&self.lock())
+    }
+}
+
+/// A write the store refused because this broker no longer leads is the
+/// leader's to make: the client is sent on (nothing was written).
+fn store_refusal(e: &StoreError) -> BrokerError {
+    if e.deposed() {
+        BrokerError::NotLeader(format!("this broker stopped leading; try again ({e})"))
+    } else {
+        BrokerError::Store(e.to_string())
     }
 }
 
@@ -316,7 +424,7 @@ fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError
                 if let Some(tx) = w.remove(&ticket) {
                     let r = match result {
                         Ok(()) => Ok(lease),
-                        Err(e) => Err(BrokerError::Store(e.to_string())),
+                        Err(e) => Err(store_refusal(e)),
                     };
                     let _ = tx.send(r);
                 }
@@ -362,6 +470,43 @@ mod tests {
         assert_eq!(passed, 4, "a burst of twice the tenant's rate");
         assert!(matches!(s.authorize(&slow, Role::User), Err(BrokerError::Rate(_))));
         assert!(s.authorize(&who("fast", Role::User), Role::User).is_ok(), "others are not slowed");
+    }
+
+    #[test]
+    fn a_follower_refuses_and_names_the_leader_and_a_leader_commits_under_its_term() {
+        let state = || State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        let (writer, jobs) = mpsc::channel();
+        let creds = Credentials::new(b"credential key".to_vec(), HashMap::new());
+        let s = Service::new(state(), writer, vec![1; 32], creds, Audit::in_memory(), String::new());
+        let alice = who("alice", Role::Admin);
+        s.follow(Some("10.0.0.2:7770".into()));
+        let e = s.authorize(&alice, Role::User).unwrap_err();
+        assert_eq!(e.to_string(), "[not-leader] this broker follows; the leader is at 10.0.0.2:7770");
+        assert!(s.heartbeat("x").is_none(), "no heartbeat answered by a follower");
+        s.follow(None);
+        assert!(matches!(s.authorize(&alice, Role::User), Err(BrokerError::NotLeader(_))));
+        // Elected at revision 42, with the store's revocations.
+        let mut revoked = HashMap::new();
+        revoked.insert("alice".to_string(), 5);
+        s.lead(state(), 42, revoked);
+        assert!(s.authorize(&alice, Role::User).is_err(), "alice's serial 1 is revoked in the store");
+        assert!(s.authorize(&who("bob", Role::User), Role::User).is_ok());
+        let spec = crate::inventory::ServerSpec {
+            id: "gpu1:7767".into(),
+            node: "n".into(),
+            leaf: "l".into(),
+            spine: "s".into(),
+            partitions: vec![],
+            gpus: vec![],
+            transports: vec![],
+        };
+        // Polled once: it commits, then would wait for the store.
+        assert!(futures::FutureExt::now_or_never(s.register(spec)).is_none());
+        let job = jobs.try_recv().expect("the registration is committed");
+        assert_eq!(job.term, 42, "under the term the state was loaded in");
+        s.follow(None);
+        s.tick();
+        assert!(jobs.try_recv().is_err(), "a follower does not tick");
     }
 
     #[test]

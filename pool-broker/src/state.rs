@@ -41,6 +41,10 @@ pub enum BrokerError {
     Rate(String),
     #[error("[store] {0}")]
     Store(String),
+    /// A replica that does not lead: the text names the leader's address
+    /// after "the leader is at " when it is known (clients go there).
+    #[error("[not-leader] {0}")]
+    NotLeader(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

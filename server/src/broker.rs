@@ -8,12 +8,19 @@
 //! capability that registration returns, so they speak for this server
 //! on this connection only.
 //!
+//! Replicated brokers: `broker` may list several addresses; the agent
+//! registers with the one that leads (a follower refuses with the leader's
+//! address, tried next) and, when its connection drops or its broker stops
+//! leading, finds the new leader at once, without backoff: a new leader
+//! counts every server as heard from at its election, and a server that
+//! does not heartbeat it within the usual allowance loses its leases.
+//!
 //! When the server is told to stop ([`Stopping::requested`]), the agent
 //! asks the broker to drain it (no new grants; what is left at the drain
 //! timeout is revoked) and fires [`Stopping::drained`] once a heartbeat
 //! lists no lease here.
 
-use std::cell::OnceCell;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +37,15 @@ use crate::config::Labels;
 use crate::service::Service;
 
 pub struct Agent {
+    /// One broker address, or several (replicas) comma-separated.
     pub broker: String,
+    addrs: Vec<String>,
+    /// The address to try next: the leader a follower named, else the
+    /// next of `addrs`.
+    redirect: RefCell<Option<String>>,
+    next: Cell<usize>,
+    /// The last session registered (so the next try needs no backoff).
+    registered: Cell<bool>,
     /// Our id at the broker: the address clients reach us on.
     pub server_id: String,
     pub labels: Labels,
@@ -53,7 +68,19 @@ pub struct Stopping {
 
 impl Agent {
     pub fn new(broker: String, server_id: String, labels: Labels, key: Option<Vec<u8>>, stopping: Stopping) -> Self {
-        Agent { broker, server_id, labels, key, stopping, drain_deadline: OnceCell::new() }
+        let addrs: Vec<String> = broker.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+        Agent {
+            broker,
+            addrs,
+            redirect: RefCell::new(None),
+            next: Cell::new(0),
+            registered: Cell::new(false),
+            server_id,
+            labels,
+            key,
+            stopping,
+            drain_deadline: OnceCell::new(),
+        }
     }
 
     /// Asks the broker to drain this server for its stop.
@@ -75,21 +102,44 @@ impl Agent {
                 _ = shutdown.cancelled() => return,
                 r = self.session(&service) => r,
             };
+            if self.registered.replace(false) {
+                backoff = Duration::from_millis(200);
+            }
+            let mut pause = backoff;
             if let Err(e) = r {
-                warn!(broker = %self.broker, "broker connection: {e}; retrying in {} ms", backoff.as_millis());
+                match leader_named(&e) {
+                    Some(l) => {
+                        debug!(leader = %l, "the broker follows; going to its leader");
+                        *self.redirect.borrow_mut() = Some(l);
+                        pause = Duration::from_millis(20);
+                    }
+                    None => {
+                        self.next.set((self.next.get() + 1) % self.addrs.len().max(1));
+                        if self.addrs.len() > 1 {
+                            pause = Duration::from_millis(50);
+                        }
+                    }
+                }
+                warn!(broker = %self.broker, "broker connection: {e}; retrying in {} ms", pause.as_millis());
             }
             // Sessions whose deadline passed while the broker is away.
             close(&service, service.leases.expired(now_ms()));
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(backoff) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            if pause == backoff {
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
         }
     }
 
     async fn session(&self, service: &Arc<Service>) -> Result<(), String> {
-        let conn = rpc::connect::<broker::Client>(&self.broker, CONNECT_TIMEOUT).await.map_err(|e| e.to_string())?;
+        let addr = match self.redirect.borrow_mut().take() {
+            Some(a) => a,
+            None => self.addrs.get(self.next.get()).cloned().unwrap_or_default(),
+        };
+        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.map_err(|e| format!("{addr}: {e}"))?;
         // Dropping `conn` on the way out closes the connection.
         self.talk(conn.client(), service).await
     }
@@ -141,6 +191,7 @@ impl Agent {
 
     async fn talk(&self, client: &broker::Client, service: &Arc<Service>) -> Result<(), String> {
         let (mut agent, hb) = self.register(client, service).await?;
+        self.registered.set(true);
         let mut every = Duration::from_millis(hb);
         // Registering ends a drain for shutdown: ask again on each (re)registration.
         let mut drain_asked = false;
@@ -180,6 +231,14 @@ impl Agent {
             }
         }
     }
+}
+
+/// The leader a `[not-leader]` refusal names.
+fn leader_named(e: &str) -> Option<String> {
+    if !e.contains("[not-leader]") {
+        return None;
+    }
+    e.split("the leader is at ").nth(1).and_then(|r| r.split_whitespace().next()).map(String::from)
 }
 
 fn close(service: &Service, sessions: Vec<u64>) {

@@ -136,8 +136,9 @@ rgpu_config::settings! {
         /// turns it off. The same variable sets the shim's [default: 50].
         #[setting(flag = "spin-us", env = "RGPU_SPIN_US", value_name = "US")]
         spin_us: u64 = rgpu_transport::tcp::DEFAULT_SPIN.as_micros() as u64,
-        /// Pool broker to register with and heartbeat (host:port); needs
-        /// --broker-key-file.
+        /// Pool broker to register with and heartbeat (host:port; replicated
+        /// brokers: all their addresses, comma-separated, and the server
+        /// finds the leader); needs --broker-key-file.
         #[setting(flag = "broker", env = "RGPU_SERVER_BROKER", value_name = "ADDR")]
         broker: Option<String> = None,
         /// The broker's key file: with it, sessions need a lease token the

@@ -94,6 +94,8 @@ fn renew_loop(addr: &str, cred: &Credential, id: u64, ttl_ms: u64, done: &Atomic
         let Some(c) = &client else { continue };
         match c.renew(id, ttl_ms) {
             Ok(_) => {}
+            // No leader within the client's failover wait: try again later.
+            Err(e) if matches!(e.kind(), Some("not-leader" | "store")) => tracing::warn!("renew failed: {e}; retrying"),
             Err(e) if e.kind().is_some() => {
                 eprintln!("rgpu: lease {id:016x} cannot be renewed: {e}");
                 return;

@@ -25,6 +25,9 @@ impl Agent {
 
 impl server_agent::Server for Agent {
     async fn heartbeat(self: Rc<Self>, _: server_agent::HeartbeatParams, mut results: server_agent::HeartbeatResults) -> Result<(), capnp::Error> {
+        // A deposed leader's picture of the leases is stale: the server
+        // must find the leader instead.
+        self.service.serving().map_err(fail)?;
         let mut out = results.get();
         match self.service.heartbeat(&self.server_id) {
             None => out.set_known(false),

@@ -148,6 +148,8 @@ impl broker::Server for Broker {
     async fn login(self: Rc<Self>, params: broker::LoginParams, mut results: broker::LoginResults) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let (tenant, role) = (text(p.get_tenant()), text(p.get_role()));
+        // A follower sends clients to the leader before they prove anything.
+        self.service.serving().map_err(fail)?;
         self.service.may_try(&self.host).map_err(fail)?;
         let r = self.take_nonce(p.get_nonce().unwrap_or_default()).and_then(|n| {
             self.service.credentials.login(&n, &tenant, &role, p.get_serial(), p.get_proof().unwrap_or_default(), now_ms())
@@ -166,6 +168,7 @@ impl broker::Server for Broker {
     async fn register(self: Rc<Self>, params: broker::RegisterParams, mut results: broker::RegisterResults) -> Result<(), capnp::Error> {
         let p = params.get()?;
         let s = p.get_server()?;
+        self.service.serving().map_err(fail)?;
         self.service.may_try(&self.host).map_err(fail)?;
         let spec = server_spec(s)?;
         let id = spec.id.clone();
