@@ -1,0 +1,115 @@
+//! The server's Prometheus metrics: a session's allocations, copies,
+//! launch and failed call show up in a scrape with the values they had.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::TestServer;
+
+fn scrape(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+    out
+}
+
+/// The value of the sample whose name and labels start with `series`
+/// (`name{a="b"` matches `name{a="b",c="d"} 1`).
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with([' ', ',', '}']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// One kernel: stores its second parameter through its first.
+const STORE_PTX: &str = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry store(.param .u64 p0, .param .u32 p1)
+{
+	.reg .b32 %r<2>;
+	.reg .b64 %rd<3>;
+	ld.param.u64 %rd1, [p0];
+	ld.param.u32 %r1, [p1];
+	cvta.to.global.u64 %rd2, %rd1;
+	st.global.u32 [%rd2], %r1;
+	ret;
+}
+"#;
+
+#[test]
+fn a_sessions_work_shows_in_a_scrape() {
+    let srv = TestServer::start_with_metrics(2, 64 << 20);
+    let m = srv.metrics.unwrap();
+    let before = scrape(m);
+    assert_eq!(value(&before, "rgpu_server_kernel_launches_total{device=\"1\""), Some(0.0), "{before}");
+    assert_eq!(value(&before, "rgpu_server_device_memory_limit_bytes{device=\"0\""), Some((64u64 << 20) as f64));
+    assert!(before.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF");
+
+    let mut c = srv.session();
+    let p = c.alloc_ok(1 << 20);
+    assert_eq!(c.htod(p, &[5u8; 4096]).result, 0);
+    assert_eq!(c.dtoh(p, 4096).bulk, vec![5u8; 4096]);
+    let r = c.call(STORE_PTX.as_bytes(), |r| {
+        let mut m = r.init_module_load();
+        m.set_handle(3);
+        m.set_device(0);
+    });
+    assert_eq!(r.result, 0, "module load");
+    let mut params = p.to_le_bytes().to_vec();
+    params.extend_from_slice(&9u32.to_le_bytes());
+    let launched = c
+        .call(&params, |r| {
+            let mut l = r.init_launch_kernel();
+            l.set_module(3);
+            l.set_function(0);
+            l.set_grid_x(4);
+            l.set_grid_y(1);
+            l.set_grid_z(1);
+            l.set_block_x(64);
+            l.set_block_y(1);
+            l.set_block_z(1);
+        })
+        .result;
+    assert_eq!(launched, 0);
+    assert_eq!(c.free(p + 1).result, 1, "an interior pointer is CUDA_ERROR_INVALID_VALUE");
+
+    let t = scrape(m);
+    assert_eq!(value(&t, "rgpu_server_sessions{state=\"active\""), Some(1.0), "{t}");
+    assert_eq!(value(&t, "rgpu_server_sessions_attached_total"), Some(1.0), "{t}");
+    assert_eq!(value(&t, "rgpu_server_device_memory_used_bytes{device=\"0\""), Some((1u64 << 20) as f64), "{t}");
+    assert_eq!(value(&t, "rgpu_server_device_memory_used_bytes{device=\"1\""), Some(0.0), "{t}");
+    assert_eq!(value(&t, "rgpu_server_kernel_launches_total{device=\"0\""), Some(1.0), "{t}");
+    assert!(value(&t, "rgpu_server_device_busy_seconds_total{device=\"0\"").unwrap() > 0.0, "{t}");
+    assert_eq!(value(&t, "rgpu_server_request_errors_total{code=\"CUDA_ERROR_INVALID_VALUE\""), Some(1.0), "{t}");
+    assert_eq!(value(&t, "rgpu_server_request_duration_seconds_count{call=\"memAlloc\""), Some(1.0), "{t}");
+    assert_eq!(value(&t, "rgpu_server_request_duration_seconds_count{call=\"launchKernel\""), Some(1.0), "{t}");
+    // Both payloads and the frames around them.
+    let bytes_in = value(&t, "rgpu_server_data_plane_bytes_total{transport=\"tcp\",direction=\"in\"").unwrap();
+    let bytes_out = value(&t, "rgpu_server_data_plane_bytes_total{transport=\"tcp\",direction=\"out\"").unwrap();
+    assert!(bytes_in > 4096.0 + STORE_PTX.len() as f64 && bytes_out > 4096.0, "{t}");
+
+    // The session's memory is given back with it.
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = scrape(m);
+        if value(&t, "rgpu_server_device_memory_used_bytes{device=\"0\"") == Some(0.0)
+            && value(&t, "rgpu_server_sessions{state=\"active\"") == Some(0.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "session end not seen: {t}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    srv.stop();
+}
