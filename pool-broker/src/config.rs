@@ -76,6 +76,10 @@ rgpu_config::settings! {
         /// memory, fewest free whole GPUs; the fastest) [default: fgd-pack].
         #[setting(flag = "placement", env = "RGPU_BROKER_PLACEMENT", value_name = "POLICY")]
         placement: Placement = Placement::FgdPack,
+        /// Serve Prometheus metrics over HTTP at http://ADDR/metrics
+        /// (docs/metrics.md); off unless set.
+        #[setting(flag = "metrics", env = "RGPU_BROKER_METRICS", value_name = "ADDR")]
+        metrics: Option<String> = None,
     }
 }
 
@@ -147,6 +151,8 @@ pub struct Config {
     pub threads: usize,
     pub placement: Placement,
     pub tenants: HashMap<String, TenantPolicy>,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<String>,
 }
 
 impl Config {
@@ -215,6 +221,7 @@ impl Config {
             threads: s.threads.max(1),
             placement: s.placement,
             tenants,
+            metrics: s.metrics,
         })
     }
 }
@@ -263,6 +270,7 @@ mod tests {
         ("default-max-rate", ["10", "20"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
+        ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
     ];
 
     #[test]

@@ -17,6 +17,7 @@
 pub mod audit;
 pub mod identity;
 pub mod inventory;
+pub mod metrics;
 pub mod placement;
 pub mod policies;
 pub mod rate;
@@ -70,6 +71,20 @@ pub fn run(config: config::Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
+    if let Some(a) = &config.metrics {
+        let l = std::net::TcpListener::bind(a).with_context(|| format!("cannot listen for metrics on {a}"))?;
+        l.set_nonblocking(true)?;
+        let (render, stop) = (metrics::renderer(service.clone()), shutdown.clone());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("rgpu-broker-metrics".into()).spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => rgpu_metrics::http::serve(l, render, stop).await,
+                    Err(e) => tracing::error!("cannot serve metrics: {e}"),
+                }
+            })
+        })?;
+    }
     let stop = shutdown.clone();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     std::thread::spawn(move || {

@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use crate::audit::Audit;
 use crate::identity::{Credentials, Identity};
 use crate::inventory::{Millis, ServerSpec};
+use crate::metrics::BrokerMetrics;
 use crate::rate::RateLimits;
 use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
 use crate::store::{Job, StoreError};
@@ -41,6 +42,8 @@ pub struct Service {
     waiters: Waiters,
     pub started: Millis,
     pub data_dir: String,
+    /// Counted as requests are served; served with `--metrics`.
+    pub metrics: Arc<BrokerMetrics>,
 }
 
 impl Service {
@@ -65,6 +68,7 @@ impl Service {
             waiters: Arc::default(),
             started: now_ms(),
             data_dir,
+            metrics: Arc::default(),
         })
     }
 
@@ -130,9 +134,14 @@ impl Service {
         let (changes, events) = st.take_output();
         let (tx, rx) = oneshot::channel();
         let waiters = self.waiters.clone();
+        let (metrics, queued) = (self.metrics.clone(), std::time::Instant::now());
+        let timed = !changes.is_empty();
         let job = Job {
             changes,
             then: Box::new(move |r| {
+                if timed {
+                    metrics.committed(queued.elapsed());
+                }
                 deliver(&waiters, events, &r);
                 let _ = tx.send(r);
             }),
@@ -201,7 +210,14 @@ impl Service {
     }
 
     /// A lease for `who`'s tenant: the request names no other.
-    pub async fn lease(&self, who: &Identity, mut req: LeaseRequest) -> Result<Lease, BrokerError> {
+    pub async fn lease(&self, who: &Identity, req: LeaseRequest) -> Result<Lease, BrokerError> {
+        let started = std::time::Instant::now();
+        let r = self.lease_unmetered(who, req).await;
+        self.metrics.answered(&r, started.elapsed());
+        r
+    }
+
+    async fn lease_unmetered(&self, who: &Identity, mut req: LeaseRequest) -> Result<Lease, BrokerError> {
         if !req.tenant.is_empty() && req.tenant != who.tenant {
             return Err(BrokerError::Auth(format!("{} may not lease for tenant {}", who.actor(), req.tenant)));
         }
@@ -212,7 +228,9 @@ impl Service {
         let wait = req.wait_ms;
         let (outcome, rx) = {
             let mut st = self.lock();
+            let placing = std::time::Instant::now();
             let outcome = st.request(req, id, now_ms());
+            self.metrics.placed(placing.elapsed());
             if let Ok(Outcome::Queued(t)) = &outcome {
                 let (tx, wrx) = oneshot::channel();
                 self.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(*t, tx);
