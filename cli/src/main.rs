@@ -36,6 +36,7 @@ enum Command {
     Status(commands::status::Args),
     Credential(commands::credential::Args),
     Audit(commands::audit::Args),
+    Usage(commands::usage::Args),
 }
 
 fn main() {
@@ -58,6 +59,7 @@ fn main() {
         Command::Smi(a) => commands::smi::exec(a),
         Command::Drain(a) => commands::drain::exec(a),
         Command::Undrain(a) => commands::undrain::exec(a),
+        Command::Usage(a) => commands::usage::exec(a),
         Command::Status(a) => commands::status::exec(a),
         Command::Credential(a) => commands::credential::exec(a),
         Command::Audit(a) => commands::audit::exec(a),

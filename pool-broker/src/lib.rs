@@ -26,6 +26,7 @@ pub mod config;
 pub mod rpc;
 pub mod service;
 pub mod store;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -61,7 +62,9 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
     tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
     let credentials = identity::Credentials::new(credential_key, loaded.revoked);
     let writer = store::spawn_writer(store).context("cannot start the store writer")?;
-    Ok(service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string()))
+    let service = service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string());
+    service.restore_records(loaded.usage);
+    Ok(service)
 }
 
 /// Runs a broker until SIGINT or SIGTERM.

@@ -3,8 +3,10 @@
 //! What is stored: each server's registration and drain (operator policy),
 //! each live lease (a grant the client was told about must survive), and
 //! the generation counter, and each tenant's credential revocation (the
-//! lowest credential serial still accepted). Not stored: reachability, heartbeat times, the
-//! queue (a queued client that loses the broker retries), usage (derived).
+//! lowest credential serial still accepted), and each ended lease's
+//! accounting record. Not stored: reachability, heartbeat times, the
+//! queue (a queued client that loses the broker retries), quota use
+//! (derived), live leases' metered use (servers report it again).
 //!
 //! One writer thread group-commits: it takes every job waiting, writes them
 //! in one transaction, commits (fsync), and only then runs each job's
@@ -25,6 +27,8 @@ const SERVERS: TableDefinition<&str, &[u8]> = TableDefinition::new("servers");
 const LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("leases");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const REVOKED: TableDefinition<&str, u64> = TableDefinition::new("revoked");
+/// Ended leases' accounting records, by lease id.
+const USAGE: TableDefinition<u64, &[u8]> = TableDefinition::new("usage");
 const GENERATION: &str = "generation";
 
 #[derive(Debug, Error, Clone)]
@@ -46,6 +50,8 @@ pub struct Loaded {
     pub generation: u64,
     /// Tenant -> the lowest credential serial still accepted.
     pub revoked: std::collections::HashMap<String, u64>,
+    /// Ended leases' accounting records, by lease id.
+    pub usage: Vec<crate::usage::Record>,
 }
 
 pub struct Store {
@@ -71,7 +77,7 @@ impl Store {
 
     pub fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: Default::default() };
+        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: Default::default(), usage: Vec::new() };
         let t = txn.open_table(SERVERS).map_err(|e| self.err(e))?;
         for row in t.iter().map_err(|e| self.err(e))? {
             let (_, v) = row.map_err(|e| self.err(e))?;
@@ -92,6 +98,11 @@ impl Store {
             let (k, v) = row.map_err(|e| self.err(e))?;
             out.revoked.insert(k.value().to_string(), v.value());
         }
+        let t = txn.open_table(USAGE).map_err(|e| self.err(e))?;
+        for row in t.iter().map_err(|e| self.err(e))? {
+            let (_, v) = row.map_err(|e| self.err(e))?;
+            out.usage.push(serde_json::from_slice(v.value()).map_err(|e| self.err(e))?);
+        }
         Ok(out)
     }
 
@@ -103,6 +114,7 @@ impl Store {
             let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             let mut revoked = txn.open_table(REVOKED).map_err(|e| self.err(e))?;
+            let mut usage = txn.open_table(USAGE).map_err(|e| self.err(e))?;
             for c in changes {
                 match c {
                     Change::Server { spec, drain } => {
@@ -122,6 +134,10 @@ impl Store {
                     }
                     Change::Revocation { tenant, before } => {
                         revoked.insert(tenant.as_str(), *before).map_err(|e| self.err(e))?;
+                    }
+                    Change::Usage(r) => {
+                        let v = serde_json::to_vec(r).map_err(|e| self.err(e))?;
+                        usage.insert(r.lease, v.as_slice()).map_err(|e| self.err(e))?;
                     }
                 }
             }

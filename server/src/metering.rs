@@ -179,6 +179,8 @@ struct MetersInner {
     live: HashMap<u64, Arc<SessionMeter>>,
     /// Lease -> what its ended sessions used (their memory now is 0).
     ended: HashMap<u64, Usage>,
+    /// What every ended session used, leased or not.
+    all_ended: Option<Usage>,
 }
 
 impl Meters {
@@ -194,11 +196,12 @@ impl Meters {
     pub fn remove(&self, session: u64) {
         let mut inner = self.lock();
         if let Some(m) = inner.live.remove(&session) {
+            let mut u = m.usage();
+            u.memory = 0;
             if let Some(lease) = m.lease {
-                let mut u = m.usage();
-                u.memory = 0;
                 inner.ended.entry(lease).or_insert_with(|| Usage::zero(m.timed)).add(&u);
             }
+            inner.all_ended.get_or_insert_with(|| Usage::zero(m.timed)).add(&u);
         }
     }
 
@@ -215,6 +218,17 @@ impl Meters {
             if let Some(l) = m.lease {
                 out.entry(l).or_insert_with(|| Usage::zero(m.timed)).add(&m.usage());
             }
+        }
+        out
+    }
+
+    /// What all sessions used since the server started; `timed`: whether
+    /// this server's backend times kernels.
+    pub fn total(&self, timed: bool) -> Usage {
+        let inner = self.lock();
+        let mut out = inner.all_ended.unwrap_or_else(|| Usage::zero(timed));
+        for m in inner.live.values() {
+            out.add(&m.usage());
         }
         out
     }
@@ -257,8 +271,12 @@ mod tests {
         let u = meters.by_lease()[&7];
         assert_eq!((u.kernels, u.kernel_ns, u.bytes_in, u.bytes_out), (2, Some(5_000_000), 10, 5));
         assert_eq!((u.memory, u.memory_peak), (30, 150));
+        let t = meters.total(true);
+        assert_eq!((t.kernels, t.bytes_in, t.memory), (2, 10, 30));
         meters.retain_leases(|_| false);
         assert_eq!(meters.by_lease()[&7].kernels, 1, "the live session still counts");
+        meters.remove(2);
+        assert_eq!(meters.total(true).kernels, 2, "the server's total keeps ended sessions");
     }
 
     #[test]

@@ -12,3 +12,4 @@ pub mod servers;
 pub mod smi;
 pub mod status;
 pub mod undrain;
+pub mod usage;
