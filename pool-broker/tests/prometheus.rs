@@ -154,6 +154,24 @@ fn prometheus_scrapes_the_pool_and_answers_promql() {
     ask("sum(rgpu_server_leases)", &|r| r.first().is_some_and(|s| s.1 == 1.0));
     ask("rgpu_broker_lease_requests_total{outcome=\"granted\"}", &|r| r.first().is_some_and(|s| s.1 == 1.0));
     ask("sum(rgpu_broker_store_commit_duration_seconds_count)", &|r| r.first().is_some_and(|s| s.1 >= 1.0));
+    // Every query of the Grafana dashboard in the repo parses and
+    // evaluates, and the pool's series it plots are there.
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/grafana/rgpu-pool.json");
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let exprs: Vec<String> = dash["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(String::from))
+        .collect();
+    assert!(exprs.len() >= 12, "{exprs:?}");
+    for e in &exprs {
+        let body = get(&prom, &format!("/api/v1/query?query={}", encode(e))).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        assert_eq!(v["status"], "success", "dashboard query {e}: {body}");
+    }
+    ask("rgpu_server_device_memory_used_bytes / rgpu_server_device_memory_limit_bytes", &|r| r.len() == 4);
     drop(prometheus);
 
     // What one scrape costs a server: many scrapes, the CPU time its

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::TestServer;
+use common::{Body, DataClient, TestServer};
 
 fn scrape(addr: SocketAddr) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
@@ -111,5 +111,93 @@ fn a_sessions_work_shows_in_a_scrape() {
         assert!(Instant::now() < deadline, "session end not seen: {t}");
         std::thread::sleep(Duration::from_millis(20));
     }
+    srv.stop();
+}
+
+/// A kernel that loops `n` times per thread: device time the sim spends.
+const SPIN_PTX: &str = r#"
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry spin(.param .u32 n)
+{
+	.reg .b32 %r<3>;
+	.reg .pred %p;
+	ld.param.u32 %r1, [n];
+	mov.u32 %r2, 0;
+LOOP:
+	add.u32 %r2, %r2, 1;
+	setp.lt.u32 %p, %r2, %r1;
+	@%p bra LOOP;
+	ret;
+}
+"#;
+
+fn call_event(c: &mut DataClient, build: impl FnOnce(rgpu_protocol::data_capnp::request::Builder<'_>)) -> common::Reply {
+    let r = c.call(&[], build);
+    assert_eq!(r.result, 0);
+    r
+}
+
+/// The issue's target: a session's metered device time within 2% of the
+/// sum of its kernels' event times (events recorded around each launch).
+#[test]
+fn metered_device_time_matches_event_times() {
+    let srv = TestServer::start_with_metrics(1, 64 << 20);
+    let m = srv.metrics.unwrap();
+    let mut c = srv.session();
+    let r = c.call(SPIN_PTX.as_bytes(), |r| {
+        let mut m = r.init_module_load();
+        m.set_handle(1);
+        m.set_device(0);
+    });
+    assert_eq!(r.result, 0, "module load");
+    for h in [10, 11] {
+        call_event(&mut c, |r| {
+            let mut e = r.init_event_create();
+            e.set_handle(h);
+            e.set_device(0);
+            e.set_flags(0);
+        });
+    }
+    let mut events_ms = 0.0f64;
+    for n in [20_000u32, 40_000, 60_000] {
+        // As a program does it: record, launch, record, all asynchronous
+        // (sent back to back), then ask for the elapsed time.
+        let record = |c: &mut DataClient, h| {
+            c.post(&[], |r| {
+                let mut e = r.init_event_record();
+                e.set_event(h);
+                e.set_stream(0);
+            })
+        };
+        record(&mut c, 10);
+        c.post(&n.to_le_bytes(), |r| {
+            let mut l = r.init_launch_kernel();
+            l.set_module(1);
+            l.set_function(0);
+            l.set_grid_x(2);
+            l.set_grid_y(1);
+            l.set_grid_z(1);
+            l.set_block_x(64);
+            l.set_block_y(1);
+            l.set_block_z(1);
+        });
+        record(&mut c, 11);
+        let e = call_event(&mut c, |r| {
+            let mut p = r.init_event_elapsed_time();
+            p.set_start(10);
+            p.set_end(11);
+        });
+        let Body::Elapsed(ms) = e.body else { panic!("no elapsed time") };
+        events_ms += ms as f64;
+    }
+    let t = scrape(m);
+    assert_eq!(value(&t, "rgpu_server_kernel_launches_total{device=\"0\""), Some(3.0), "{t}");
+    let metered_ms = value(&t, "rgpu_server_device_busy_seconds_total{device=\"0\"").unwrap() * 1e3;
+    let off = (metered_ms - events_ms).abs() / events_ms;
+    eprintln!("device time: metered {metered_ms:.3} ms, events {events_ms:.3} ms, off by {:.3}%", off * 100.0);
+    assert!(events_ms > 20.0, "kernels long enough to compare: {events_ms} ms");
+    assert!(off < 0.02, "metered {metered_ms} ms vs events {events_ms} ms");
     srv.stop();
 }
