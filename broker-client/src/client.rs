@@ -20,7 +20,10 @@ use thiserror::Error;
 
 use crate::credential::Credential;
 use crate::rpc::{self, Connection, CONNECT_TIMEOUT};
-use crate::views::{read_audit, read_lease, read_server, read_status, AuditView, LeaseSpec, LeaseView, ServerView, StatusView};
+use crate::views::{
+    read_audit, read_lease, read_server, read_status, read_usage_record, AuditView, LeaseSpec, LeaseView, ServerView,
+    StatusView, UsageRecordView,
+};
 
 #[derive(Debug, Error)]
 pub enum ClientError {
@@ -360,6 +363,23 @@ impl BrokerClient {
                 let reply = req.send().promise.await.map_err(from_capnp)?;
                 let list = reply.get().and_then(|r| r.get_records()).map_err(from_capnp)?;
                 Ok(list.iter().map(read_audit).collect())
+            }
+        })
+    }
+
+    /// Accounting: records of leases that ended at or after `since_ms`,
+    /// then live leases so far, the newest `limit` (0: the broker's
+    /// default). A user sees its own tenant's; an operator `tenant`'s ("" for all).
+    pub fn usage(&self, tenant: &str, since_ms: u64, limit: u32) -> Result<Vec<UsageRecordView>, ClientError> {
+        self.call(|c| {
+            let mut req = c.usage_request();
+            req.get().set_tenant(tenant);
+            req.get().set_since_ms(since_ms);
+            req.get().set_limit(limit);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let list = reply.get().and_then(|r| r.get_records()).map_err(from_capnp)?;
+                list.iter().map(|r| read_usage_record(r).map_err(from_capnp)).collect()
             }
         })
     }

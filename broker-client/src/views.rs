@@ -2,7 +2,9 @@
 //! with their capnp encoding and decoding. Plain values so the CLI can
 //! print them and serialize them (`--json`) without touching capnp.
 
-use rgpu_protocol::broker_capnp::{audit_record, broker_status, lease as lease_p, lease_request, server_status};
+use rgpu_protocol::broker_capnp::{
+    audit_record, broker_status, lease as lease_p, lease_request, server_status, usage, usage_record,
+};
 use rgpu_protocol::scope::Scope;
 use rgpu_protocol::token::to_hex;
 use serde::Serialize;
@@ -30,6 +32,37 @@ pub struct LeaseView {
     pub state: String,
     /// Hex; empty in listings and when the broker has no key.
     pub token: String,
+    /// What its sessions used so far, as its servers last reported.
+    pub usage: Option<UsageView>,
+}
+
+/// Metered use (cumulative), as GPU servers report it.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct UsageView {
+    pub kernels: u64,
+    /// Device time of the kernels, ns; None where the backend cannot time them.
+    pub kernel_ns: Option<u64>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub memory: u64,
+    pub memory_peak: u64,
+}
+
+/// An ended lease's accounting record, or a live lease's use so far
+/// (`why` "live", `ended_ms` 0).
+#[derive(Debug, Clone, Serialize)]
+pub struct UsageRecordView {
+    pub lease: String,
+    pub tenant: String,
+    pub gpus: u32,
+    pub servers: Vec<String>,
+    pub memory_limit: u64,
+    pub compute_milli: u32,
+    pub granted_ms: u64,
+    pub ended_ms: u64,
+    pub why: String,
+    /// None: no server reported use.
+    pub usage: Option<UsageView>,
 }
 
 impl LeaseView {
@@ -77,6 +110,8 @@ pub struct ServerView {
     pub memory_used: u64,
     pub leases: u32,
     pub last_heartbeat_ms: u64,
+    /// All its sessions since it started, as its last heartbeat reported.
+    pub usage: Option<UsageView>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -175,6 +210,33 @@ pub fn read_lease(l: lease_p::Reader<'_>) -> capnp::Result<LeaseView> {
         priority: l.get_priority(),
         state: text(l.get_state()),
         token: to_hex(l.get_token()?),
+        usage: if l.has_usage() { Some(read_usage(l.get_usage()?)) } else { None },
+    })
+}
+
+pub fn read_usage(u: usage::Reader<'_>) -> UsageView {
+    UsageView {
+        kernels: u.get_kernels(),
+        kernel_ns: u.get_kernel_timed().then(|| u.get_kernel_ns()),
+        bytes_in: u.get_bytes_in(),
+        bytes_out: u.get_bytes_out(),
+        memory: u.get_memory(),
+        memory_peak: u.get_memory_peak(),
+    }
+}
+
+pub fn read_usage_record(r: usage_record::Reader<'_>) -> capnp::Result<UsageRecordView> {
+    Ok(UsageRecordView {
+        lease: format_lease_id(r.get_lease()),
+        tenant: text(r.get_tenant()),
+        gpus: r.get_gpus(),
+        servers: texts(r.get_servers()),
+        memory_limit: r.get_memory_limit(),
+        compute_milli: r.get_compute_milli(),
+        granted_ms: r.get_granted_ms(),
+        ended_ms: r.get_ended_ms(),
+        why: text(r.get_why()),
+        usage: if r.get_reported() { Some(read_usage(r.get_usage()?)) } else { None },
     })
 }
 
@@ -196,6 +258,7 @@ pub fn read_server(s: server_status::Reader<'_>) -> ServerView {
         memory_used: s.get_memory_used(),
         leases: s.get_leases(),
         last_heartbeat_ms: s.get_last_heartbeat_ms(),
+        usage: if s.has_usage() { s.get_usage().ok().map(read_usage) } else { None },
     }
 }
 

@@ -10,6 +10,7 @@ mod frames;
 mod paths;
 mod pool;
 mod server_process;
+mod top;
 
 use clap::{Parser, Subcommand};
 
@@ -36,6 +37,8 @@ enum Command {
     Status(commands::status::Args),
     Credential(commands::credential::Args),
     Audit(commands::audit::Args),
+    Usage(commands::usage::Args),
+    Top(commands::top::Args),
 }
 
 fn main() {
@@ -58,6 +61,8 @@ fn main() {
         Command::Smi(a) => commands::smi::exec(a),
         Command::Drain(a) => commands::drain::exec(a),
         Command::Undrain(a) => commands::undrain::exec(a),
+        Command::Usage(a) => commands::usage::exec(a),
+        Command::Top(a) => commands::top::exec(a),
         Command::Status(a) => commands::status::exec(a),
         Command::Credential(a) => commands::credential::exec(a),
         Command::Audit(a) => commands::audit::exec(a),

@@ -7,7 +7,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
 use rgpu_broker_client::duration::parse_duration_ms;
-use rgpu_broker_client::{AuditView, BrokerClient, ClientError, Credential, LeaseSpec, LeaseView, Role, Scope, ServerView};
+use rgpu_broker_client::{
+    AuditView, BrokerClient, ClientError, Credential, LeaseSpec, LeaseView, Role, Scope, ServerView, UsageRecordView,
+    UsageView,
+};
 
 pub const DEFAULT_BROKER: &str = "127.0.0.1:7770";
 
@@ -186,26 +189,113 @@ pub fn lease_env(l: &LeaseView) -> Vec<(String, String)> {
 }
 
 pub fn lease_table(leases: &[LeaseView]) {
-    println!("{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  SERVERS", "LEASE", "TENANT", "GPUS", "STATE", "MEMORY", "EXPIRES");
+    println!(
+        "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  SERVERS",
+        "LEASE", "TENANT", "GPUS", "STATE", "MEMORY", "EXPIRES", "DEVICE", "KERNELS", "IN", "OUT"
+    );
     for l in leases {
         let mem = if l.memory_limit > 0 { gib(l.memory_limit) } else { "whole".into() };
+        let u = UseCells::of(l.usage.as_ref());
         println!(
-            "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {}",
+            "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  {}",
             l.id,
             l.tenant,
             l.gpus.len(),
             l.state,
             mem,
             relative(l.deadline_ms),
+            u.device,
+            u.kernels,
+            u.bytes_in,
+            u.bytes_out,
             l.servers().join(",")
+        );
+    }
+}
+
+/// Metered use as table cells: "-" where nothing was reported, or the
+/// backend cannot time kernels.
+pub struct UseCells {
+    pub device: String,
+    pub kernels: String,
+    pub bytes_in: String,
+    pub bytes_out: String,
+    pub peak: String,
+}
+
+impl UseCells {
+    pub fn of(u: Option<&UsageView>) -> UseCells {
+        let dash = || "-".to_string();
+        match u {
+            None => UseCells { device: dash(), kernels: dash(), bytes_in: dash(), bytes_out: dash(), peak: dash() },
+            Some(u) => UseCells {
+                device: u.kernel_ns.map_or_else(dash, seconds),
+                kernels: u.kernels.to_string(),
+                bytes_in: bytes(u.bytes_in),
+                bytes_out: bytes(u.bytes_out),
+                peak: bytes(u.memory_peak),
+            },
+        }
+    }
+}
+
+/// Nanoseconds as "1.234s", "12m03s".
+pub fn seconds(ns: u64) -> String {
+    let s = ns as f64 / 1e9;
+    if s < 60.0 {
+        format!("{s:.3}s")
+    } else {
+        let s = s as u64;
+        if s >= 3600 { format!("{}h{:02}m", s / 3600, s % 3600 / 60) } else { format!("{}m{:02}s", s / 60, s % 60) }
+    }
+}
+
+/// Bytes with a binary unit: "512B", "3.0MiB".
+pub fn bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if b < 1024 {
+        return format!("{b}B");
+    }
+    let mut v = b as f64 / 1024.0;
+    let mut i = 0;
+    while v >= 1024.0 && i < UNITS.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    format!("{v:.1}{}", UNITS[i])
+}
+
+pub fn usage_table(records: &[UsageRecordView]) {
+    println!(
+        "{:<16}  {:<10}  {:>4}  {:<8}  {:<10}  {:>9}  {:>10}  {:>8}  {:>9}  {:>9}  {:>9}  SERVERS",
+        "LEASE", "TENANT", "GPUS", "STATE", "ENDED", "HELD", "DEVICE", "KERNELS", "IN", "OUT", "MEM PEAK"
+    );
+    for r in records {
+        let u = UseCells::of(r.usage.as_ref());
+        let (ended, until) = if r.ended_ms == 0 { ("-".to_string(), now_ms()) } else { (relative(r.ended_ms), r.ended_ms) };
+        println!(
+            "{:<16}  {:<10}  {:>4}  {:<8}  {:<10}  {:>9}  {:>10}  {:>8}  {:>9}  {:>9}  {:>9}  {}",
+            r.lease,
+            r.tenant,
+            r.gpus,
+            r.why,
+            ended,
+            seconds(until.saturating_sub(r.granted_ms).saturating_mul(1_000_000)),
+            u.device,
+            u.kernels,
+            u.bytes_in,
+            u.bytes_out,
+            u.peak,
+            r.servers.join(",")
         );
     }
 }
 
 pub fn server_table(servers: &[ServerView]) {
     println!(
-        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  {:<10}  DRAIN",
-        "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS", "TRANSPORTS"
+        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  DRAIN",
+        "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS", "TRANSPORTS",
+        "DEVICE", "IN", "OUT"
     );
     for s in servers {
         let drain = if !s.draining {
@@ -215,8 +305,9 @@ pub fn server_table(servers: &[ServerView]) {
         } else {
             format!("draining, {} lease(s) left, deadline {}", s.leases, relative(s.drain_deadline_ms))
         };
+        let u = UseCells::of(s.usage.as_ref());
         println!(
-            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {:<10}  {}",
+            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  {}",
             s.id,
             s.node,
             s.leaf,
@@ -229,6 +320,9 @@ pub fn server_table(servers: &[ServerView]) {
             s.partitions.join(","),
             // A server that does not say serves TCP only.
             if s.transports.is_empty() { "tcp".to_string() } else { s.transports.join(",") },
+            u.device,
+            u.bytes_in,
+            u.bytes_out,
             drain
         );
     }

@@ -92,6 +92,10 @@ rgpu_config::settings! {
         /// after its last renewal [default: 2].
         #[setting(flag = "leader-ttl", env = "RGPU_BROKER_LEADER_TTL", value_name = "SECONDS")]
         leader_ttl: u64 = 2,
+        /// Serve Prometheus metrics over HTTP at http://ADDR/metrics
+        /// (docs/metrics.md); off unless set.
+        #[setting(flag = "metrics", env = "RGPU_BROKER_METRICS", value_name = "ADDR")]
+        metrics: Option<String> = None,
     }
 }
 
@@ -200,6 +204,8 @@ pub struct Config {
     /// Where clients reach this broker (the leader's address followers name).
     pub advertise: String,
     pub leader_ttl_s: u64,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<String>,
 }
 
 impl Config {
@@ -277,6 +283,7 @@ impl Config {
             listen: s.listen,
             store: s.store,
             leader_ttl_s: s.leader_ttl.max(1),
+            metrics: s.metrics,
         })
     }
 }
@@ -328,6 +335,7 @@ mod tests {
         ("store", ["etcd://a:1/p", "etcd://b:2,c:3"]),
         ("advertise", ["a:1", "b:2"]),
         ("leader-ttl", ["3", "4"]),
+        ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
     ];
 
     #[test]

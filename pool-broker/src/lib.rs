@@ -18,6 +18,7 @@
 pub mod audit;
 pub mod identity;
 pub mod inventory;
+pub mod metrics;
 pub mod placement;
 pub mod policies;
 pub mod rate;
@@ -26,6 +27,7 @@ pub mod config;
 pub mod rpc;
 pub mod service;
 pub mod store;
+pub mod usage;
 
 use std::sync::Arc;
 
@@ -68,7 +70,9 @@ pub fn open_service(config: &config::Config) -> anyhow::Result<Arc<service::Serv
             tracing::info!(servers, leases, generation = loaded.generation, dir = %config.data_dir.display(), placement = ?config.placement, "state restored");
             let credentials = identity::Credentials::new(credential_key, loaded.revoked);
             let writer = store::spawn_writer(Box::new(store)).context("cannot start the store writer")?;
-            Ok(service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string()))
+            let service = service::Service::new(state, writer, key, credentials, audit, config.data_dir.display().to_string());
+            service.restore_records(loaded.usage);
+            Ok(service)
         }
         config::StoreUrl::Etcd { endpoints, prefix } => replicated(config, endpoints, prefix, fresh, key, credential_key, audit),
     }
@@ -105,6 +109,7 @@ fn replicated(
                 // Generations grow across leaders: above every stored one and above the term.
                 let generation = loaded.generation.max(term);
                 state.restore(loaded.servers, loaded.leases, generation, service::now_ms());
+                svc.restore_records(loaded.usage);
                 svc.lead(state, term, loaded.revoked);
             }
             store::Leadership::Follower { leader } => svc.follow(leader),
@@ -137,6 +142,20 @@ pub fn run(config: config::Config) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let shutdown = CancellationToken::new();
+    if let Some(a) = &config.metrics {
+        let l = std::net::TcpListener::bind(a).with_context(|| format!("cannot listen for metrics on {a}"))?;
+        l.set_nonblocking(true)?;
+        let (render, stop) = (metrics::renderer(service.clone()), shutdown.clone());
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        std::thread::Builder::new().name("rgpu-broker-metrics".into()).spawn(move || {
+            rt.block_on(async move {
+                match tokio::net::TcpListener::from_std(l) {
+                    Ok(l) => rgpu_metrics::http::serve(l, render, stop).await,
+                    Err(e) => tracing::error!("cannot serve metrics: {e}"),
+                }
+            })
+        })?;
+    }
     let stop = shutdown.clone();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     std::thread::spawn(move || {

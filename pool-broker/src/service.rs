@@ -4,7 +4,7 @@
 //! call past `version` and `challenge` with `[not-leader]` and the leader's
 //! address, and its state is replaced by the store's at each election.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -17,9 +17,11 @@ use tokio::sync::oneshot;
 use crate::audit::Audit;
 use crate::identity::{Credentials, Identity};
 use crate::inventory::{Millis, ServerSpec};
+use crate::metrics::BrokerMetrics;
 use crate::rate::RateLimits;
 use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
 use crate::store::{Job, StoreError, Term};
+use crate::usage;
 
 pub fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
@@ -73,7 +75,17 @@ pub struct Service {
     pub data_dir: String,
     /// What stopping must do first (a replicated store: hand leadership on).
     on_stop: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Counted as requests are served; served with `--metrics`.
+    pub metrics: Arc<BrokerMetrics>,
+    /// The servers' last usage reports.
+    usage: Mutex<usage::Book>,
+    /// Ended leases' accounting records, oldest first (the last
+    /// [`RECORDS_KEPT`] in memory; the store keeps all).
+    records: Mutex<VecDeque<usage::Record>>,
 }
+
+/// Accounting records answered from memory.
+pub const RECORDS_KEPT: usize = 100_000;
 
 impl Service {
     /// `key` signs tokens and proves servers; `credential_key` (the admin
@@ -100,6 +112,9 @@ impl Service {
             started: now_ms(),
             data_dir,
             on_stop: Mutex::new(None),
+            metrics: Arc::default(),
+            usage: Mutex::default(),
+            records: Mutex::default(),
         })
     }
 
@@ -212,17 +227,89 @@ impl Service {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn book(&self) -> MutexGuard<'_, usage::Book> {
+        self.usage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kept(&self) -> MutexGuard<'_, VecDeque<usage::Record>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The accounting records the store loaded.
+    pub fn restore_records(&self, mut records: Vec<usage::Record>) {
+        records.sort_by_key(|r| (r.ended_ms, r.lease));
+        let skip = records.len().saturating_sub(RECORDS_KEPT);
+        self.kept().extend(records.into_iter().skip(skip));
+    }
+
+    /// A server's heartbeat report: what each lease used there, and it in
+    /// all. Only leases the broker placed on that server are kept.
+    pub fn report_usage(&self, server: &str, leases: Vec<(u64, usage::Usage)>, total: usage::Usage) {
+        let ours: std::collections::HashSet<u64> = self.read(|st| {
+            st.leases().filter(|l| l.gpus.iter().any(|g| g.server == server)).map(|l| l.id).collect()
+        });
+        self.book().report(server, leases, total, |l| ours.contains(&l));
+    }
+
+    pub fn lease_usage(&self, id: u64) -> Option<usage::Usage> {
+        self.book().lease(id)
+    }
+
+    pub fn server_usage(&self, id: &str) -> Option<usage::Usage> {
+        self.book().server(id)
+    }
+
+    /// Accounting for `who`: ended leases' records from `since_ms` on, then
+    /// live leases so far; a user's own tenant's only, an operator's
+    /// `tenant`'s (empty: all). The newest `limit`.
+    pub fn usage(&self, who: &Identity, tenant: &str, since_ms: u64, limit: usize) -> Result<Vec<usage::Record>, BrokerError> {
+        if who.role < Role::Operator && !tenant.is_empty() && tenant != who.tenant {
+            return Err(BrokerError::Auth(format!("{} may see only its own tenant's usage", who.actor())));
+        }
+        let tenant = if who.role >= Role::Operator { tenant.to_string() } else { who.tenant.clone() };
+        let mine = |t: &str| tenant.is_empty() || t == tenant;
+        let mut out: Vec<usage::Record> =
+            self.kept().iter().filter(|r| r.ended_ms >= since_ms && mine(&r.tenant)).cloned().collect();
+        let live: Vec<Lease> = self.read(|st| st.leases().filter(|l| mine(&l.tenant)).cloned().collect());
+        let book = self.book();
+        let mut live: Vec<usage::Record> =
+            live.iter().map(|l| record(l, 0, "live", book.lease(l.id))).collect();
+        drop(book);
+        live.sort_by_key(|r| (r.granted_ms, r.lease));
+        out.extend(live);
+        let skip = out.len().saturating_sub(limit);
+        Ok(out.split_off(skip))
+    }
+
     /// Queues the state's pending output for the writer (still under the
     /// lock, so the file sees changes in order); the receiver resolves once
     /// they are durable.
     fn commit(&self, st: &mut State) -> oneshot::Receiver<Result<(), StoreError>> {
-        let (changes, events) = st.take_output();
+        let (mut changes, events) = st.take_output();
+        // An ended lease's accounting record goes in the same transaction
+        // as its end.
+        for e in &events {
+            if let Event::Ended { id, why, lease } = e {
+                let r = record(lease, now_ms(), why.name(), self.book().take(*id));
+                changes.push(Change::Usage(r.clone()));
+                let mut kept = self.kept();
+                if kept.len() >= RECORDS_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(r);
+            }
+        }
         let (tx, rx) = oneshot::channel();
         let waiters = self.waiters.clone();
+        let (metrics, queued) = (self.metrics.clone(), std::time::Instant::now());
+        let timed = !changes.is_empty();
         let job = Job {
             changes,
             term: self.term.load(Ordering::SeqCst),
             then: Box::new(move |r| {
+                if timed {
+                    metrics.committed(queued.elapsed());
+                }
                 deliver(&waiters, events, &r);
                 let _ = tx.send(r);
             }),
@@ -295,7 +382,14 @@ impl Service {
     }
 
     /// A lease for `who`'s tenant: the request names no other.
-    pub async fn lease(&self, who: &Identity, mut req: LeaseRequest) -> Result<Lease, BrokerError> {
+    pub async fn lease(&self, who: &Identity, req: LeaseRequest) -> Result<Lease, BrokerError> {
+        let started = std::time::Instant::now();
+        let r = self.lease_unmetered(who, req).await;
+        self.metrics.answered(&r, started.elapsed());
+        r
+    }
+
+    async fn lease_unmetered(&self, who: &Identity, mut req: LeaseRequest) -> Result<Lease, BrokerError> {
         if !req.tenant.is_empty() && req.tenant != who.tenant {
             return Err(BrokerError::Auth(format!("{} may not lease for tenant {}", who.actor(), req.tenant)));
         }
@@ -306,7 +400,9 @@ impl Service {
         let wait = req.wait_ms;
         let (outcome, rx) = {
             let mut st = self.lock();
+            let placing = std::time::Instant::now();
             let outcome = st.request(req, id, now_ms());
+            self.metrics.placed(placing.elapsed());
             if let Ok(Outcome::Queued(t)) = &outcome {
                 let (tx, wrx) = oneshot::channel();
                 self.waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(*t, tx);
@@ -413,6 +509,23 @@ fn store_refusal(e: &StoreError) -> BrokerError {
     }
 }
 
+fn record(l: &Lease, ended_ms: u64, why: &str, usage: Option<usage::Usage>) -> usage::Record {
+    let mut servers: Vec<String> = l.gpus.iter().map(|g| g.server.clone()).collect();
+    servers.dedup();
+    usage::Record {
+        lease: l.id,
+        tenant: l.tenant.clone(),
+        gpus: l.gpus.len() as u32,
+        servers,
+        memory_limit: l.memory_limit,
+        compute_milli: l.compute_milli,
+        granted_ms: l.granted,
+        ended_ms,
+        why: why.to_string(),
+        usage,
+    }
+}
+
 fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError>) {
     if events.is_empty() {
         return;
@@ -434,7 +547,7 @@ fn deliver(waiters: &Waiters, events: Vec<Event>, result: &Result<(), StoreError
                     let _ = tx.send(Err(error));
                 }
             }
-            Event::Ended { id, why } => tracing::info!(lease = format_args!("{id:#x}"), ?why, "lease ended"),
+            Event::Ended { id, why, .. } => tracing::info!(lease = format_args!("{id:#x}"), ?why, "lease ended"),
         }
     }
 }

@@ -183,6 +183,9 @@ pub enum Change {
     /// Credentials of `tenant` with a serial below `before` are refused
     /// (made by the service, not the state machine: see `identity`).
     Revocation { tenant: String, before: u64 },
+    /// An ended lease's accounting record (made by the service, which
+    /// holds the servers' usage reports: see `usage`).
+    Usage(crate::usage::Record),
 }
 
 /// What to tell waiting clients once the changes before it are durable.
@@ -190,7 +193,8 @@ pub enum Change {
 pub enum Event {
     Granted { ticket: u64, lease: Lease },
     Failed { ticket: u64, error: BrokerError },
-    Ended { id: u64, why: EndReason },
+    /// `lease` as it was when it ended (for its accounting record).
+    Ended { id: u64, why: EndReason, lease: Box<Lease> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +205,14 @@ pub enum EndReason {
 }
 
 impl EndReason {
+    pub fn name(self) -> &'static str {
+        match self {
+            EndReason::Released => "released",
+            EndReason::Expired => "expired",
+            EndReason::Revoked => "revoked",
+        }
+    }
+
     fn text(self) -> &'static str {
         match self {
             EndReason::Released => "was released",
@@ -721,7 +733,7 @@ impl State {
                 self.keys.remove(&(l.tenant.clone(), l.key.clone()));
             }
             self.changes.push(Change::LeaseGone(id));
-            self.events.push(Event::Ended { id, why });
+            self.events.push(Event::Ended { id, why, lease: Box::new(l) });
             if self.ended.len() >= ENDED_KEPT {
                 self.ended.pop_front();
             }

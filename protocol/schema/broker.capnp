@@ -55,6 +55,10 @@ interface Session {
   # Refuses from now on every credential of `tenant` issued before
   # `beforeSerial` (at most now): what `rgpu credential rotate` does.
   revokeCredentials @10 (tenant :Text, beforeSerial :UInt64) -> (beforeSerial :UInt64);
+  # Accounting: records of leases that ended at or after sinceMs, then the
+  # live leases so far; a user sees its own tenant's only, an operator any
+  # (tenant "" for all), newest last, at most `limit` (0: 1000).
+  usage @11 (tenant :Text, sinceMs :UInt64, limit :UInt32) -> (records :List(UsageRecord));
 }
 
 # A registered GPU server, for as long as its connection lasts. Its
@@ -63,8 +67,10 @@ interface ServerAgent {
   # Every `heartbeatMs`; the reply lists the live leases on this server and
   # the generation floor: a lease with generation <= floor that is not in
   # the list has ended, and the server closes its sessions. known = false:
-  # the broker forgot the server; register again.
-  heartbeat @0 () -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
+  # the broker forgot the server; register again. `usage`: what each lease
+  # with sessions here used so far (cumulative); `total`: all sessions here
+  # since the server started, leased or not.
+  heartbeat @0 (usage :List(Usage), total :Usage) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
   # The server drains itself to stop (SIGTERM): no new grants; leases left
   # at deadlineMs are revoked; its next registration ends the drain.
   drainForShutdown @1 (deadlineMs :UInt64) -> (server :ServerStatus);
@@ -142,6 +148,35 @@ struct Lease {
   token @8 :Data;
   grantedMs @9 :UInt64;
   priority @10 :Int32;
+  usage @11 :Usage;           # summed over its servers' last reports
+}
+
+# The accounting record of an ended lease (or, for a live one, so far:
+# endedMs 0, why "live").
+struct UsageRecord {
+  lease @0 :UInt64;
+  tenant @1 :Text;
+  gpus @2 :UInt32;
+  servers @3 :List(Text);
+  memoryLimit @4 :UInt64;
+  computeMilli @5 :UInt32;
+  grantedMs @6 :UInt64;
+  endedMs @7 :UInt64;
+  why @8 :Text;               # released | expired | revoked | live
+  reported @9 :Bool;          # false: no server reported use
+  usage @10 :Usage;
+}
+
+# Metered use (server/src/metering.rs), cumulative.
+struct Usage {
+  lease @0 :UInt64;           # in a heartbeat's per-lease list; else 0
+  kernels @1 :UInt64;
+  kernelNs @2 :UInt64;        # device time of the kernels, when kernelTimed
+  kernelTimed @3 :Bool;       # false: the backend cannot time kernels
+  bytesIn @4 :UInt64;         # data plane, from clients
+  bytesOut @5 :UInt64;
+  memory @6 :UInt64;          # device memory held now
+  memoryPeak @7 :UInt64;      # its high-water mark
 }
 
 struct LeaseRef {
@@ -167,6 +202,7 @@ struct ServerStatus {
   lastHeartbeatMs @13 :UInt64;
   models @14 :List(Text);
   transports @15 :List(Text); # as the server registered them (empty: an older server, TCP)
+  usage @16 :Usage;           # its last heartbeat's total
 }
 
 struct BrokerStatus {

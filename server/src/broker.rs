@@ -34,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Labels;
+use crate::metering::Usage;
 use crate::service::Service;
 
 pub struct Agent {
@@ -200,7 +201,8 @@ impl Agent {
                 self.ask_drain(&agent).await?;
                 drain_asked = true;
             }
-            let req = agent.heartbeat_request();
+            let mut req = agent.heartbeat_request();
+            report_usage(service, req.get());
             let reply = tokio::time::timeout(every * 3, req.send().promise)
                 .await
                 .map_err(|_| "heartbeat unanswered".to_string())?
@@ -216,6 +218,7 @@ impl Agent {
             for l in r.get_leases().map_err(|e| e.to_string())?.iter() {
                 live.insert(l.get_id(), (l.get_generation(), l.get_deadline_ms()));
             }
+            service.meters.retain_leases(|l| live.contains_key(&l));
             let n = live.len();
             let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
             debug!(live = n, closing = closing.len(), "heartbeat");
@@ -239,6 +242,27 @@ fn leader_named(e: &str) -> Option<String> {
         return None;
     }
     e.split("the leader is at ").nth(1).and_then(|r| r.split_whitespace().next()).map(String::from)
+}
+
+/// What each lease with sessions here used, and this server in all, into
+/// a heartbeat.
+fn report_usage(service: &Service, mut hb: server_agent::heartbeat_params::Builder<'_>) {
+    let write = |mut w: rgpu_protocol::broker_capnp::usage::Builder<'_>, lease: u64, u: &Usage| {
+        w.set_lease(lease);
+        w.set_kernels(u.kernels);
+        w.set_kernel_timed(u.kernel_ns.is_some());
+        w.set_kernel_ns(u.kernel_ns.unwrap_or(0));
+        w.set_bytes_in(u.bytes_in);
+        w.set_bytes_out(u.bytes_out);
+        w.set_memory(u.memory);
+        w.set_memory_peak(u.memory_peak);
+    };
+    let by_lease = service.meters.by_lease();
+    let mut list = hb.reborrow().init_usage(by_lease.len() as u32);
+    for (i, (lease, u)) in by_lease.iter().enumerate() {
+        write(list.reborrow().get(i as u32), *lease, u);
+    }
+    write(hb.init_total(), 0, &service.meters.total(service.backend.launches_complete_on_return()));
 }
 
 fn close(service: &Service, sessions: Vec<u64>) {

@@ -167,6 +167,10 @@ rgpu_config::settings! {
         /// the file, a string or an array) [default: default].
         #[setting(flag = "partitions", env = "RGPU_SERVER_PARTITIONS", value_name = "PARTITIONS")]
         partitions: Vec<String> = Vec::new(),
+        /// Serve Prometheus metrics over HTTP at http://ADDR/metrics
+        /// (docs/metrics.md); off unless set.
+        #[setting(flag = "metrics", env = "RGPU_SERVER_METRICS", value_name = "ADDR")]
+        metrics: Option<String> = None,
     }
 }
 
@@ -184,6 +188,8 @@ pub struct Config {
     pub transport: TransportConfig,
     /// The pool broker, if any.
     pub pool: PoolConfig,
+    /// Where to serve Prometheus metrics, if anywhere.
+    pub metrics: Option<String>,
 }
 
 /// How data connections are carried (see [`crate::transport_select`]).
@@ -285,6 +291,7 @@ impl Config {
                 },
                 drain_timeout: Duration::from_secs(s.drain_timeout),
             },
+            metrics: s.metrics,
         })
     }
 }
@@ -349,6 +356,7 @@ mod tests {
         ("spine", ["s1", "s2"]),
         ("drain-timeout", ["0", "5"]),
         ("partitions", ["a,b", "c"]),
+        ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
     ];
 
     #[test]
@@ -402,6 +410,7 @@ mod tests {
         assert_eq!((c.pool.labels.leaf.as_str(), c.pool.labels.spine.as_str()), ("leaf0", "spine0"));
         assert!(c.pool.broker.is_none() && c.pool.labels.partitions.is_empty());
         assert_eq!(c.pool.drain_timeout, Duration::from_secs(DEFAULT_DRAIN_TIMEOUT_S));
+        assert!(c.metrics.is_none(), "metrics are off by default");
     }
 
     #[test]

@@ -195,6 +195,11 @@ impl Leases {
         close
     }
 
+    /// Leases the last heartbeat reply listed as live on this server.
+    pub fn live_count(&self) -> usize {
+        self.lock().live.len()
+    }
+
     /// Closes the sessions of every lease (this server drains for shutdown).
     pub fn sessions(&self) -> usize {
         self.lock().sessions.len()

@@ -20,6 +20,8 @@ pub mod control;
 pub mod lease;
 pub mod limits;
 pub mod listener;
+pub mod metering;
+pub mod metrics;
 pub mod quota;
 pub mod service;
 pub mod session;
@@ -62,15 +64,17 @@ pub async fn serve(
     config: &config::Config,
     shutdown: CancellationToken,
 ) {
-    serve_draining(listener, backend, data_plane, config, shutdown.clone(), shutdown).await
+    serve_draining(listener, None, backend, data_plane, config, shutdown.clone(), shutdown).await
 }
 
 /// As [`serve`], with a gentler stop: when `stop` fires and a broker is
 /// configured, the server first has the broker drain it and waits (up to
 /// the pool's drain timeout) for the leases on it to end, then stops as if
-/// `shutdown` fired. `shutdown` stops at once.
+/// `shutdown` fired. `shutdown` stops at once. With `metrics` (a listener
+/// bound to `--metrics`), Prometheus scrapes are served there too.
 pub async fn serve_draining(
     listener: TcpListener,
+    metrics: Option<TcpListener>,
     backend: Arc<dyn backend::Backend>,
     data_plane: transport_select::DataPlane,
     config: &config::Config,
@@ -111,6 +115,9 @@ pub async fn serve_draining(
         service = service.with_broker_key(key.clone());
     }
     let service = Arc::new(service);
+    if let Some(m) = metrics {
+        tokio::spawn(rgpu_metrics::http::serve(m, metrics::renderer(service.clone()), shutdown.clone()));
+    }
     if let Some(b) = &config.pool.broker {
         let id = config.pool.advertise.clone().unwrap_or_else(|| {
             listener.local_addr().map(|a| a.to_string()).unwrap_or_else(|_| config.listen.clone())

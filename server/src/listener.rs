@@ -206,19 +206,23 @@ async fn attach(
         }
     };
     let input = service.session_input(admission.as_ref());
-    let mut state = SessionState::new(backend, service.backend.devices().len() as u32).with_input(input);
+    let meter = service.meter(id, admission.as_ref().map(|a| a.lease));
+    let mut state =
+        SessionState::new(backend, service.backend.devices().len() as u32).with_input(input).with_meter(meter);
     if let Some(a) = admission {
         state = state.restrict(a.devices);
     }
     let mut std = std;
     if let Err(e) = std.write_all(&status_bytes(0)) {
         service.sessions.detach(id);
+        service.meters.remove(id);
         return debug!(%peer, "data connection lost during attach: {e}");
     }
     let transport = match TcpTransport::new(std) {
         Ok(t) => t,
         Err(e) => {
             service.sessions.detach(id);
+            service.meters.remove(id);
             return warn!(%peer, "cannot set up data connection: {e}");
         }
     };
@@ -253,11 +257,13 @@ async fn attach(
             }
             svc.sessions.detach(id);
             svc.leases.unbind(id);
+            svc.meters.remove(id);
             info!("session ended; its resources are freed");
         });
     if let Err(e) = spawned {
         // The closure (and with it the state, permit and guard) is dropped.
         span.in_scope(|| error!("cannot start session thread: {e}"));
         service.sessions.detach(id);
+        service.meters.remove(id);
     }
 }

@@ -50,6 +50,10 @@ fn run(settings: Settings) -> anyhow::Result<()> {
         // as the line appears must already mean "shut down".
         let signals = Signals::install().context("cannot install signal handlers")?;
         let listener = tokio::net::TcpListener::from_std(std_listener).context("cannot register the listener")?;
+        let metrics = match &config.metrics {
+            Some(a) => Some(rgpu_metrics::http::bind(a).await?),
+            None => None,
+        };
         let devices = backend.devices();
         // Not through tracing: scripts and tests wait for this exact line
         // whatever the log filter.
@@ -74,7 +78,7 @@ fn run(settings: Settings) -> anyhow::Result<()> {
             info!("second signal: stopping now");
             now.cancel();
         });
-        rgpu_server::serve_draining(listener, backend, data_plane, &config, stop, shutdown).await;
+        rgpu_server::serve_draining(listener, metrics, backend, data_plane, &config, stop, shutdown).await;
         Ok(())
     })
 }

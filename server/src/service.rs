@@ -7,6 +7,8 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::lease::{Admission, Leases};
 use crate::limits::{Limits, PerAddress, SessionInput};
+use crate::metering::{Meters, SessionMeter};
+use crate::metrics::ServerMetrics;
 use crate::quota::ByteQuota;
 use crate::session::registry::Registry;
 use crate::transport_select::DataPlane;
@@ -28,11 +30,18 @@ pub struct Service {
     pub per_address: Arc<PerAddress>,
     /// Input buffered now, all connections together.
     pub buffered: Arc<ByteQuota>,
+    /// What each session uses ([`crate::metering`]).
+    pub meters: Meters,
+    /// Server-wide counters the sessions feed; served with `--metrics`.
+    pub metrics: Arc<ServerMetrics>,
 }
 
 impl Service {
     pub fn new(backend: Arc<dyn Backend>, attach_timeout: Duration) -> Self {
+        let metrics = Arc::new(ServerMetrics::new(backend.devices()));
         Service {
+            meters: Meters::default(),
+            metrics,
             backend,
             sessions: Registry::default(),
             attach_timeout,
@@ -65,6 +74,17 @@ impl Service {
             },
             max_module_image: self.limits.max_module_image,
         }
+    }
+
+    /// A meter for session `id` (admitted by `lease`, if any), counted
+    /// among the live ones until [`Meters::remove`].
+    pub fn meter(&self, id: u64, lease: Option<u64>) -> Arc<SessionMeter> {
+        let devices = self.backend.devices().len();
+        let timed = self.backend.launches_complete_on_return();
+        let m = Arc::new(SessionMeter::new(self.metrics.clone(), devices, lease, timed));
+        self.meters.insert(id, m.clone());
+        self.metrics.session_attached();
+        m
     }
 
     /// Carries data connections as `data_plane` says.

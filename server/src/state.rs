@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
 use crate::limits::SessionInput;
+use crate::metering::SessionMeter;
 use crate::quota::Charge;
 use rgpu_cuda_types::{CuError, CuResult};
 
@@ -73,6 +74,8 @@ pub struct SessionState {
     pub input: SessionInput,
     /// Instantiated graphs (segments between host nodes), by the client's handle.
     pub graph_execs: HashMap<u64, crate::backend::graph::GraphExec>,
+    /// What the session uses, counted as it serves.
+    pub meter: Arc<SessionMeter>,
 }
 
 impl SessionState {
@@ -88,7 +91,14 @@ impl SessionState {
             vmm: crate::vmm::Vmm::default(),
             input: SessionInput::default(),
             graph_execs: HashMap::new(),
+            meter: Arc::new(SessionMeter::detached(device_count as usize)),
         }
+    }
+
+    /// Counts what the session uses into `meter`.
+    pub fn with_meter(mut self, meter: Arc<SessionMeter>) -> Self {
+        self.meter = meter;
+        self
     }
 
     /// Bounds what the session may make the server buffer and keep.

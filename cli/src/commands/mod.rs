@@ -11,4 +11,6 @@ pub mod run;
 pub mod servers;
 pub mod smi;
 pub mod status;
+pub mod top;
 pub mod undrain;
+pub mod usage;

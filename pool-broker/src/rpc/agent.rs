@@ -10,6 +10,7 @@ use rgpu_protocol::broker_capnp::server_agent;
 use super::encode::write_server;
 use super::{audit, fail};
 use crate::service::Service;
+use crate::usage::Usage;
 
 pub struct Agent {
     service: Arc<Service>,
@@ -24,10 +25,16 @@ impl Agent {
 }
 
 impl server_agent::Server for Agent {
-    async fn heartbeat(self: Rc<Self>, _: server_agent::HeartbeatParams, mut results: server_agent::HeartbeatResults) -> Result<(), capnp::Error> {
+    async fn heartbeat(self: Rc<Self>, params: server_agent::HeartbeatParams, mut results: server_agent::HeartbeatResults) -> Result<(), capnp::Error> {
         // A deposed leader's picture of the leases is stale: the server
         // must find the leader instead.
         self.service.serving().map_err(fail)?;
+        let p = params.get()?;
+        // A server that sends no report (an older one) leaves the last one.
+        if p.has_total() {
+            let leases = p.get_usage()?.iter().take(crate::usage::MAX_REPORTS).map(|u| (u.get_lease(), Usage::read(u))).collect();
+            self.service.report_usage(&self.server_id, leases, Usage::read(p.get_total()?));
+        }
         let mut out = results.get();
         match self.service.heartbeat(&self.server_id) {
             None => out.set_known(false),

@@ -130,7 +130,11 @@ impl session::Server for Session {
         let mut out = results.get().init_leases(leases.len() as u32);
         for (i, l) in leases.iter().enumerate() {
             // Listings carry no tokens: a token is for its holder only.
-            write_lease(out.reborrow().get(i as u32), l, &[]);
+            let mut b = out.reborrow().get(i as u32);
+            write_lease(b.reborrow(), l, &[]);
+            if let Some(u) = self.service.lease_usage(l.id) {
+                u.write(b.init_usage());
+            }
         }
         Ok(())
     }
@@ -140,7 +144,11 @@ impl session::Server for Session {
         self.service.read(|st| {
             let mut out = results.get().init_servers(st.servers.len() as u32);
             for (i, s) in st.servers.iter().enumerate() {
-                write_server(out.reborrow().get(i as u32), st, s);
+                let mut b = out.reborrow().get(i as u32);
+                write_server(b.reborrow(), st, s);
+                if let Some(u) = self.service.server_usage(&s.spec.id) {
+                    u.write(b.init_usage());
+                }
             }
         });
         Ok(())
@@ -195,6 +203,21 @@ impl session::Server for Session {
         let mut out = results.get().init_records(records.len() as u32);
         for (i, r) in records.iter().enumerate() {
             write_audit(out.reborrow().get(i as u32), r);
+        }
+        Ok(())
+    }
+
+    async fn usage(self: Rc<Self>, params: session::UsageParams, mut results: session::UsageResults) -> Result<(), capnp::Error> {
+        self.allow(Role::User)?;
+        let p = params.get()?;
+        let limit = match p.get_limit() {
+            0 => 1000,
+            n => (n as usize).min(crate::service::RECORDS_KEPT),
+        };
+        let records = self.service.usage(&self.id, &text(p.get_tenant()), p.get_since_ms(), limit).map_err(fail)?;
+        let mut out = results.get().init_records(records.len() as u32);
+        for (i, r) in records.iter().enumerate() {
+            r.write(out.reborrow().get(i as u32));
         }
         Ok(())
     }

@@ -28,8 +28,11 @@
 //! stays in each broker's data directory.
 //!
 //! Layout under PREFIX: `leader`, `generation`, `server/ID`,
-//! `lease/ID` (16 hex digits), `revoked/TENANT`; values are JSON or a
-//! decimal number.
+//! `lease/ID` (16 hex digits), `revoked/TENANT`, `usage/ID` (an ended
+//! lease's accounting record); values are JSON or a decimal number.
+//! Accounting records are never pruned here yet: a pool that ends millions
+//! of leases needs them moved out before etcd's space quota (2 GiB by
+//! default, about 300 bytes a record).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -94,6 +97,9 @@ impl Keys {
     fn revoked(&self, tenant: &str) -> String {
         format!("{}/revoked/{tenant}", self.prefix)
     }
+    fn usage(&self, lease: u64) -> String {
+        format!("{}/usage/{lease:016x}", self.prefix)
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -130,7 +136,7 @@ impl Shared {
             .await
             .map_err(|_| self.err("etcd did not answer the read of the state"))?
             .map_err(|e| self.err(e))?;
-        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: HashMap::new() };
+        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: HashMap::new(), usage: Vec::new() };
         for kv in r.kvs() {
             let key = kv.key_str().map_err(|e| self.err(e))?;
             let Some(rel) = key.strip_prefix(data.as_str()) else { continue };
@@ -145,6 +151,8 @@ impl Shared {
                 out.leases.push(serde_json::from_slice(value).map_err(|e| self.err(format!("{key}: {e}")))?);
             } else if let Some(tenant) = rel.strip_prefix("revoked/") {
                 out.revoked.insert(tenant.to_string(), number()?);
+            } else if rel.starts_with("usage/") {
+                out.usage.push(serde_json::from_slice(value).map_err(|e| self.err(format!("{key}: {e}")))?);
             } else if rel == "generation" {
                 out.generation = number()?;
             }
@@ -189,6 +197,7 @@ impl Shared {
             Change::LeaseGone(id) => (self.keys.lease(*id), None),
             Change::Generation(g) => (self.keys.generation(), Some(g.to_string().into_bytes())),
             Change::Revocation { tenant, before } => (self.keys.revoked(tenant), Some(before.to_string().into_bytes())),
+            Change::Usage(r) => (self.keys.usage(r.lease), Some(serde_json::to_vec(r).map_err(|e| self.err(e))?)),
         })
     }
 }

@@ -9,10 +9,12 @@
 //!
 //! What is stored: each server's registration and drain (operator policy),
 //! each live lease (a grant the client was told about must survive), the
-//! generation counter, and each tenant's credential revocation (the lowest
-//! credential serial still accepted). Not stored: reachability and
-//! heartbeat times, the queue (a queued client that loses the broker
-//! retries), usage (derived from the leases), request rates.
+//! generation counter, each tenant's credential revocation (the lowest
+//! credential serial still accepted), and each ended lease's accounting
+//! record. Not stored: reachability and heartbeat times, the queue (a
+//! queued client that loses the broker retries), quota use (derived from
+//! the leases), live leases' metered use (servers report it again),
+//! request rates.
 //!
 //! One writer thread group-commits: it takes every job waiting, writes them
 //! with one [`Store::apply`], and only then runs each job's continuation,
@@ -57,6 +59,8 @@ pub struct Loaded {
     pub generation: u64,
     /// Tenant -> the lowest credential serial still accepted.
     pub revoked: HashMap<String, u64>,
+    /// Ended leases' accounting records.
+    pub usage: Vec<crate::usage::Record>,
 }
 
 /// The leadership a write was decided under: the etcd revision at which

@@ -15,6 +15,8 @@ const SERVERS: TableDefinition<&str, &[u8]> = TableDefinition::new("servers");
 const LEASES: TableDefinition<u64, &[u8]> = TableDefinition::new("leases");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const REVOKED: TableDefinition<&str, u64> = TableDefinition::new("revoked");
+/// Ended leases' accounting records, by lease id.
+const USAGE: TableDefinition<u64, &[u8]> = TableDefinition::new("usage");
 const GENERATION: &str = "generation";
 
 #[derive(Serialize, Deserialize)]
@@ -48,7 +50,7 @@ impl RedbStore {
 impl Store for RedbStore {
     fn load(&self) -> Result<Loaded, StoreError> {
         let txn = self.db.begin_read().map_err(|e| self.err(e))?;
-        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: Default::default() };
+        let mut out = Loaded { servers: Vec::new(), leases: Vec::new(), generation: 0, revoked: Default::default(), usage: Vec::new() };
         let t = txn.open_table(SERVERS).map_err(|e| self.err(e))?;
         for row in t.iter().map_err(|e| self.err(e))? {
             let (_, v) = row.map_err(|e| self.err(e))?;
@@ -69,6 +71,11 @@ impl Store for RedbStore {
             let (k, v) = row.map_err(|e| self.err(e))?;
             out.revoked.insert(k.value().to_string(), v.value());
         }
+        let t = txn.open_table(USAGE).map_err(|e| self.err(e))?;
+        for row in t.iter().map_err(|e| self.err(e))? {
+            let (_, v) = row.map_err(|e| self.err(e))?;
+            out.usage.push(serde_json::from_slice(v.value()).map_err(|e| self.err(e))?);
+        }
         Ok(out)
     }
 
@@ -81,6 +88,7 @@ impl Store for RedbStore {
             let mut leases = txn.open_table(LEASES).map_err(|e| self.err(e))?;
             let mut meta = txn.open_table(META).map_err(|e| self.err(e))?;
             let mut revoked = txn.open_table(REVOKED).map_err(|e| self.err(e))?;
+            let mut usage = txn.open_table(USAGE).map_err(|e| self.err(e))?;
             for c in changes {
                 match c {
                     Change::Server { spec, drain } => {
@@ -100,6 +108,10 @@ impl Store for RedbStore {
                     }
                     Change::Revocation { tenant, before } => {
                         revoked.insert(tenant.as_str(), *before).map_err(|e| self.err(e))?;
+                    }
+                    Change::Usage(r) => {
+                        let v = serde_json::to_vec(r).map_err(|e| self.err(e))?;
+                        usage.insert(r.lease, v.as_slice()).map_err(|e| self.err(e))?;
                     }
                 }
             }

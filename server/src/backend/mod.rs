@@ -264,6 +264,14 @@ pub trait Backend: Send + Sync + 'static {
     /// (past it, `CUDA_ERROR_OUT_OF_MEMORY`), and `mem_get_info` reports
     /// the budget's remainder and limit.
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>>;
+    /// Whether `launch_kernel` returns only when the kernel has finished,
+    /// so that the call's wall time is the kernel's execution time (what
+    /// [`crate::metering`] counts as device time). A backend that queues
+    /// launches must answer false (the default): its kernel times are then
+    /// reported as unknown.
+    fn launches_complete_on_return(&self) -> bool {
+        false
+    }
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by

@@ -30,6 +30,7 @@ impl Handler for MemAlloc {
         }
         let ptr = s.backend.mem_alloc(self.device, self.size)?;
         s.allocs.insert(ptr, Alloc { device: self.device, size: self.size, owner: Owner::Client });
+        s.meter.alloc(self.device, self.size);
         Ok(MemAllocReply { ptr })
     }
 }
@@ -56,7 +57,9 @@ impl Handler for MemFree {
             _ => return Err(CuError::INVALID_VALUE.into()),
         }
         s.backend.mem_free(self.ptr)?;
-        s.allocs.remove(&self.ptr);
+        if let Some(a) = s.allocs.remove(&self.ptr) {
+            s.meter.free(a.device, a.size);
+        }
         Ok(())
     }
 }

@@ -112,6 +112,7 @@ impl<T: Transport + Pending> Session<T> {
     fn flush(&mut self) -> io::Result<()> {
         if !self.out.is_empty() {
             self.transport.send(&[&self.out])?;
+            self.state.meter.sent(self.out.len() as u64);
             self.out.clear();
         }
         Ok(())
@@ -175,12 +176,26 @@ impl<T: Transport + Pending> Session<T> {
         let name = cmd.name();
         let call = trace_span!("call", msg = name, seq = h.seq);
         let _in_call = call.enter();
+        // Metering: the whole frame counts as received once it is taken
+        // (its bulk is read or skipped by the command), and a launch's
+        // device is known before the command consumes it.
+        self.state.meter.received((HEADER_LEN + len) as u64 + h.bulk_len);
+        let launch_on = match &cmd {
+            Command::LaunchKernel(l) => self.state.modules.get(&l.module).map(|m| m.device),
+            _ => None,
+        };
+        let started = std::time::Instant::now();
         let mut bulk = Bulk::new(&mut self.transport, h.bulk_len, &mut self.scratch);
         let result = match cmd.apply(&mut self.state, &mut bulk) {
             Ok(body) => Ok(body),
             Err(Fail::Cuda(e)) => Err(e),
             Err(Fail::Io(e)) => return Err(End::Io(e)),
         };
+        let took = started.elapsed();
+        self.state.meter.request(name, took, code_of(&result));
+        if let (Some(device), Ok(_)) = (launch_on, &result) {
+            self.state.meter.kernel(device, took);
+        }
         trace!(result = code_of(&result), "applied");
         if let Err(e) = &result {
             debug!(seq = h.seq, "{name} failed: {e}");
@@ -216,14 +231,16 @@ impl<T: Transport + Pending> Session<T> {
         // Send everything queued, this reply's header and message, then the
         // bytes as the backend produces them.
         let mut sent = 0u64;
-        let (out, transport) = (&mut self.out, &mut self.transport);
+        let (out, transport, meter) = (&mut self.out, &mut self.transport, &self.state.meter);
         let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
             if sent == 0 {
                 transport.send(&[out, chunk])?;
+                meter.sent(out.len() as u64);
                 out.clear();
             } else {
                 transport.send(&[chunk])?;
             }
+            meter.sent(chunk.len() as u64);
             sent += chunk.len() as u64;
             Ok(())
         });
@@ -262,6 +279,7 @@ impl<T: Transport + Pending> Session<T> {
 /// Runs a session on the calling thread (inside the session's span, which
 /// names it) and logs how it ended.
 pub fn serve(transport: DataTransport, state: SessionState) {
+    state.meter.set_transport(transport.kind());
     match Session::new(transport, state).run() {
         e @ (End::Closed | End::Io(_)) => debug!("session {e}"),
         e @ End::OutOfSync(_) => warn!("closing data connection: {e}"),

@@ -22,6 +22,8 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub struct TestServer {
     pub addr: SocketAddr,
+    /// Where it serves Prometheus metrics (`start_with_metrics`).
+    pub metrics: Option<SocketAddr>,
     shutdown: CancellationToken,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -57,6 +59,22 @@ impl TestServer {
         pool: rgpu_server::config::PoolConfig,
         limits: rgpu_server::limits::Limits,
     ) -> TestServer {
+        Self::start_inner(devices, memory, attach_timeout, pool, limits, false)
+    }
+
+    /// As `start_with`, serving Prometheus metrics on a loopback port too.
+    pub fn start_with_metrics(devices: u32, memory: u64) -> TestServer {
+        Self::start_inner(devices, memory, Duration::from_secs(30), Default::default(), Default::default(), true)
+    }
+
+    fn start_inner(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+        limits: rgpu_server::limits::Limits,
+        metrics: bool,
+    ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
             backend: BackendKind::Sim,
@@ -72,23 +90,32 @@ impl TestServer {
             limits,
             transport: Default::default(),
             pool,
+            metrics: None,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         std_listener.set_nonblocking(true).unwrap();
         let addr = std_listener.local_addr().unwrap();
+        let metrics_listener = metrics.then(|| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.set_nonblocking(true).unwrap();
+            l
+        });
+        let metrics = metrics_listener.as_ref().map(|l| l.local_addr().unwrap());
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+                let metrics = metrics_listener.map(|l| tokio::net::TcpListener::from_std(l).unwrap());
                 let data_plane = rgpu_server::transport_select::DataPlane::tcp_only();
-                rgpu_server::serve(listener, backend, data_plane, &config, token).await;
+                rgpu_server::serve_draining(listener, metrics, backend, data_plane, &config, token.clone(), token)
+                    .await;
             });
         });
-        TestServer { addr, shutdown, thread: Some(thread) }
+        TestServer { addr, metrics, shutdown, thread: Some(thread) }
     }
 
     /// Says hello, lists devices and opens a session.
