@@ -246,6 +246,8 @@ pub struct State {
     changes: Vec<Change>,
     events: Vec<Event>,
     policy: Box<dyn Policy>,
+    /// Servers' placement scores between grants (see `ScoreCache`).
+    scores: placement::ScoreCache,
 }
 
 const DEFAULT_PARTITION: &str = "default";
@@ -268,6 +270,7 @@ impl State {
             changes: Vec::new(),
             events: Vec::new(),
             policy,
+            scores: placement::ScoreCache::new(),
         }
     }
 
@@ -605,7 +608,13 @@ impl State {
         self.check_quota_now(&req.tenant, self.demand_share(req))?;
         let parts = self.partitions_of(&req.tenant);
         let eligible = |s: &Server| s.serves_any(&parts);
-        let slots = match placement::place(&self.servers, &req.demand, &eligible, self.policy.as_ref()) {
+        let slots = match placement::place_cached(
+            &self.servers,
+            &req.demand,
+            &eligible,
+            self.policy.as_ref(),
+            &mut self.scores,
+        ) {
             Ok(s) => s,
             Err(NoPlace::Busy) => {
                 return Err(BrokerError::Unavailable(format!(
