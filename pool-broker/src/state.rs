@@ -933,6 +933,47 @@ mod tests {
         }
     }
 
+    /// A gang (GPUs across the servers of one leaf) with the broker's
+    /// default policy and its score cache: granted whole within one leaf,
+    /// or refused with nothing taken; a release lets the next one in.
+    #[test]
+    fn gangs_within_a_leaf_are_granted_whole_or_not_at_all() {
+        let mut limits = Limits::default();
+        limits.default_max_gpus = 64;
+        let mut s = State::new(limits, HashMap::new(), Box::new(crate::policies::Fgd::learning()));
+        for (id, leaf) in [("a", "l1"), ("b", "l1"), ("c", "l2"), ("d", "l2")] {
+            let mut sp = spec(id, 4, &[]);
+            sp.leaf = leaf.into();
+            s.register(sp, 0);
+        }
+        let gang = |n| LeaseRequest {
+            demand: Demand { gpus: n, scope: Scope::Leaf, scope_required: true, ..Demand::default() },
+            ..req("bob", n)
+        };
+        let leaf_of = |l: &Lease, s: &State| {
+            let leaves: std::collections::HashSet<String> =
+                l.gpus.iter().map(|g| s.server(&g.server).unwrap().spec.leaf.clone()).collect();
+            assert_eq!(leaves.len(), 1, "one leaf: {l:?}");
+            leaves.into_iter().next().unwrap()
+        };
+        let g1 = granted(s.request(gang(6), 1, 0));
+        assert_eq!(g1.gpus.len(), 6);
+        let servers: std::collections::HashSet<&str> = g1.gpus.iter().map(|g| g.server.as_str()).collect();
+        assert_eq!(servers.len(), 2, "across two servers");
+        let g2 = granted(s.request(gang(6), 2, 0));
+        assert_ne!(leaf_of(&g1, &s), leaf_of(&g2, &s));
+        // 2 + 2 GPUs free, one leaf each: a gang of 3 cannot be had now,
+        // and nothing of it is taken.
+        let free = |s: &State| s.servers.iter().map(|x| x.free_whole).sum::<u32>();
+        assert_eq!(free(&s), 4);
+        assert!(matches!(s.request(gang(3), 3, 0), Err(BrokerError::Unavailable(_))));
+        assert_eq!(free(&s), 4);
+        assert!(matches!(s.request(gang(9), 4, 0), Err(BrokerError::Invalid(_))), "larger than any leaf");
+        assert!(s.release(g1.id, 1));
+        let g3 = granted(s.request(gang(3), 5, 1));
+        assert_eq!(leaf_of(&g3, &s), leaf_of(&g1, &s));
+    }
+
     #[test]
     fn grant_renew_release_expire_and_generations() {
         let mut s = state();
