@@ -61,6 +61,16 @@ pub fn run(
             let r = run_dynamic_in(Cluster::with(&g, &c, mode), &replay, pol.as_ref(), 50);
             d[m] = 100.0 * r.mean_ratio;
             u[m] = r.abandoned;
+            eprintln!(
+                "  pooling {name} replay, {}: started {} of {} GPU pods, waited {}, rejected {}, gave up {} ({:.0} GPUs)",
+                mode.label(),
+                r.started,
+                r.gpu_pods,
+                r.delayed,
+                r.rejected,
+                r.abandoned,
+                r.abandoned_gpu_milli as f64 / 1000.0
+            );
         }
         dynamic_pct = Some(d);
         gave_up = Some(u);
