@@ -9,6 +9,7 @@
 //! tightest fit so large free units stay whole.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -287,6 +288,28 @@ impl CacheKey {
     }
 }
 
+/// Grouping servers into units by label runs over every server on each
+/// multi-server placement (a gang): a cheap hash instead of SipHash, whose
+/// flood resistance buys nothing for labels registered servers chose
+/// (a label is bounded and a collision costs time, never a wrong answer).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        mix64(self.0)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0 ^ 0xcbf2_9ce4_8422_2325;
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
 /// A unit's members as a cache key: their indices and versions (a version
 /// is unique across servers, so two states never share one).
 fn members_print(servers: &[Server], members: &[usize]) -> u64 {
@@ -497,7 +520,7 @@ fn place_whole(
     // Per eligible server: (index, free, all).
     let mut cand: Vec<(usize, u32, u32)> = Vec::new();
     let mut total = 0u32;
-    let mut biggest = HashMap::<(Scope, &str), u32>::new();
+    let mut biggest = FastMap::<(Scope, &str), u32>::default();
     for (si, s) in servers.iter().enumerate() {
         if !eligible(s) {
             continue;
@@ -553,7 +576,7 @@ fn place_whole(
             best.map(|(_, si)| vec![si])
         } else {
             let mut units: Vec<(&str, Unit, Vec<usize>)> = Vec::new();
-            let mut at: HashMap<&str, usize> = HashMap::new();
+            let mut at: FastMap<&str, usize> = FastMap::default();
             for &(si, free, all) in &cand {
                 let key = servers[si].unit_key(level);
                 let i = *at.entry(key).or_insert_with(|| {
