@@ -296,7 +296,8 @@ impl Cluster {
         let gpu_freed = freed.slots.iter().any(|&(si, _)| self.gpus_fit(pod, si));
         let whole = pod.num_gpu > 1 && self.pooling == Pooling::Pooled;
         let gpu_ok = if whole {
-            !freed.slots.is_empty()
+            // GPUs were freed, or CPU (it may have waited for that).
+            (!freed.slots.is_empty() || self.hosts[freed.server].holds(&need))
                 && self.servers.iter().map(|s| s.gpus.iter().filter(|g| g.model_allowed(&pod.models) && g.is_free()).count()).sum::<usize>()
                     >= pod.num_gpu as usize
         } else if gpu_freed {
