@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 
+use rgpu_placement_sim::pooling;
 use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
 use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
@@ -52,6 +53,14 @@ struct Args {
     /// replay cluster's GPUs.
     #[arg(long, default_value_t = 1.5)]
     dyn_load: f64,
+    /// Run the pooling experiment instead (GPUs on the pod's node against
+    /// GPUs leased from any node; rgpu's policy; writes pooling.md).
+    #[arg(long)]
+    pooling: bool,
+    /// Pooling: the node list with the CPU-only nodes (default:
+    /// <traces>/openb_node_list_all_node.csv; nodes with 0 GPUs are used).
+    #[arg(long)]
+    all_nodes: Option<PathBuf>,
 }
 
 fn parse_seeds(s: &str) -> Result<Vec<u64>> {
@@ -109,6 +118,33 @@ fn main() -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let gpus: u64 = nodes.iter().map(|n| n.gpus as u64).sum();
     eprintln!("{} nodes, {gpus} GPUs; {} workloads; {} policies; seeds {:?}; {} jobs", nodes.len(), loaded.len(), kinds.len(), seeds, a.jobs);
+
+    if a.pooling {
+        let all = read_nodes(&a.all_nodes.clone().unwrap_or_else(|| a.traces.join("openb_node_list_all_node.csv")))?;
+        let cpu_nodes: Vec<_> = all.into_iter().filter(|n| n.gpus == 0).collect();
+        if a.dyn_every == 0 {
+            bail!("--dyn-every must be positive");
+        }
+        let rows = par(a.jobs, (0..loaded.len()).collect(), |&w| {
+            pooling::run(&loaded[w].0, &loaded[w].1, &nodes, &cpu_nodes, &seeds, a.max_pct, a.dyn_every, a.dyn_load)
+        });
+        let mut md = String::from("# The pooling benefit (rgpu's policy)\n\n");
+        let _ = writeln!(
+            md,
+            "{} GPU nodes ({gpus} GPUs) and {} CPU-only nodes; static: seeds {:?}, mean; dynamic replay: every {}th node of each, load {:.2}, seed {}. (a) a GPU pod's GPUs and CPU part on one GPU node, CPU-only pods on any node (CPU-only nodes first); (a') the CPU part on any node with room, the GPUs on one GPU node; (b) the CPU part on any node, GPUs from any GPU nodes.\n",
+            nodes.len(),
+            cpu_nodes.len(),
+            seeds,
+            a.dyn_every,
+            a.dyn_load,
+            seeds[0]
+        );
+        md.push_str(&pooling::table(&rows, a.max_pct));
+        let _ = writeln!(md, "\nTook {:.0} s with {} job(s) on {}.", started.elapsed().as_secs_f64(), a.jobs, machine());
+        std::fs::write(a.out.join("pooling.md"), &md)?;
+        print!("{md}");
+        return Ok(());
+    }
 
     // ---- static: the published experiment ----
     let t_static = Instant::now();

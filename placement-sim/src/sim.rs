@@ -109,16 +109,52 @@ pub struct Placed {
     pub slots: Vec<Slot>,
 }
 
-/// Servers (one per GPU node) and their free host resources.
+/// Where a pod's parts may run (the pooling experiment, `docs/placement.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// As the trace ran: a GPU pod's GPUs and its CPU part on one GPU node
+    /// (CPU-only pods on any node).
+    Node,
+    /// The CPU part on any node with CPU and memory, CPU-only nodes
+    /// included; the GPUs still all on one GPU node (which needs no CPU).
+    HostAnywhere,
+    /// rgpu: the CPU part on any node; GPUs leased from any GPU nodes (a
+    /// multi-GPU pod preferably within one node, else one leaf, else any).
+    Pooled,
+}
+
+impl Pooling {
+    pub const ALL: [Pooling; 3] = [Pooling::Node, Pooling::HostAnywhere, Pooling::Pooled];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Pooling::Node => "as the trace ran (GPUs on the pod's node)",
+            Pooling::HostAnywhere => "CPU part on any node, GPUs on one node",
+            Pooling::Pooled => "rgpu: CPU part on any node, GPUs from any node",
+        }
+    }
+}
+
+/// Servers (one per GPU node) and their free host resources: `hosts[i]`
+/// for `servers[i]`, then the CPU-only nodes.
 pub struct Cluster {
     pub servers: Vec<Server>,
     pub hosts: Vec<Host>,
     pub capacity_milli: u64,
     pub used_milli: u64,
+    pub pooling: Pooling,
+    /// Each node's host resources when empty.
+    empty: Vec<Host>,
 }
 
 impl Cluster {
+    /// GPU nodes only, as the paper's experiment runs.
     pub fn new(nodes: &[Node]) -> Cluster {
+        Cluster::with(nodes, &[], Pooling::Node)
+    }
+
+    /// `nodes` with GPUs (servers) and `cpu_nodes` without, under `pooling`.
+    pub fn with(nodes: &[Node], cpu_nodes: &[Node], pooling: Pooling) -> Cluster {
         let servers: Vec<Server> = nodes
             .iter()
             .enumerate()
@@ -142,9 +178,26 @@ impl Cluster {
                 Server::new(spec, 0)
             })
             .collect();
-        let hosts = nodes.iter().map(|n| Host { cpu_milli: n.cpu_milli, memory: n.memory_mib << 20 }).collect();
+        let hosts: Vec<Host> = nodes.iter().chain(cpu_nodes).map(|n| Host { cpu_milli: n.cpu_milli, memory: n.memory_mib << 20 }).collect();
         let capacity_milli = nodes.iter().map(|n| n.gpus as u64 * 1000).sum();
-        Cluster { servers, hosts, capacity_milli, used_milli: 0 }
+        Cluster { servers, empty: hosts.clone(), hosts, capacity_milli, used_milli: 0, pooling }
+    }
+
+    /// The node left with the least CPU (then memory) that holds `need`,
+    /// among `range` of `hosts`; the first of equals.
+    fn best_host(&self, need: &Host, range: std::ops::Range<usize>) -> Option<usize> {
+        let mut best: Option<((u64, u64), usize)> = None;
+        for i in range {
+            let h = &self.hosts[i];
+            if !h.holds(need) {
+                continue;
+            }
+            let left = (h.cpu_milli - need.cpu_milli, h.memory - need.memory);
+            if best.is_none_or(|(b, _)| left < b) {
+                best = Some((left, i));
+            }
+        }
+        best.map(|(_, i)| i)
     }
 
     pub fn allocation_ratio(&self) -> f64 {
@@ -159,14 +212,37 @@ impl Cluster {
     pub fn place(&mut self, pod: &Pod, id: u64, policy: &dyn Policy) -> Result<Placed, NoPlace> {
         let need = need_of(pod);
         let d = demand_of(pod);
-        let placed = {
-            let cx = Context { hosts: &self.hosts, need };
-            if pod.num_gpu == 0 {
-                place_host_only(&self.servers, &d, policy, &cx)?
-            } else {
-                let slots = place_in(&self.servers, &d, &|_| true, policy, &cx)?;
-                let server = slots.first().map(|s| s.0).ok_or(NoPlace::Busy)?;
-                Placed { server, slots }
+        let n = self.servers.len();
+        let placed = match self.pooling {
+            Pooling::Node => {
+                let cx = Context { hosts: &self.hosts, need };
+                if pod.num_gpu == 0 {
+                    // A CPU-only node strands no GPU: first choice.
+                    match self.best_host(&need, n..self.hosts.len()) {
+                        Some(h) => Placed { server: h, slots: Vec::new() },
+                        None => place_host_only(&self.servers, &d, policy, &cx)?,
+                    }
+                } else {
+                    let slots = place_in(&self.servers, &d, &|_| true, policy, &cx)?;
+                    let server = slots.first().map(|s| s.0).ok_or(NoPlace::Busy)?;
+                    Placed { server, slots }
+                }
+            }
+            Pooling::HostAnywhere | Pooling::Pooled => {
+                let host = self.best_host(&need, 0..self.hosts.len()).ok_or(NoPlace::Busy)?;
+                let slots = if pod.num_gpu == 0 {
+                    Vec::new()
+                } else {
+                    let mut d = d.clone();
+                    if self.pooling == Pooling::Pooled && !d.is_fraction() {
+                        // One node preferred, else one leaf, else anywhere.
+                        d.scope_required = false;
+                    }
+                    // The broker's view: GPUs only, no host beside them.
+                    let cx = Context { hosts: &[], need };
+                    place_in(&self.servers, &d, &|_| true, policy, &cx)?
+                };
+                Placed { server: host, slots }
             }
         };
         self.apply(pod, id, &placed, &d, true);
@@ -206,11 +282,58 @@ impl Cluster {
         self.apply(pod, id, placed, &demand_of(pod), false);
     }
 
-    /// Could `pod` fit on server `si` now (host and GPUs)?
-    pub fn fits_on(&self, pod: &Pod, si: usize) -> bool {
-        if !self.hosts[si].holds(&need_of(pod)) {
-            return false;
+    /// Could `pod` fit now, given that `freed` was just released? A cheap
+    /// necessary test before a real placement (the dynamic replay's
+    /// backfill).
+    pub fn may_fit_after(&self, pod: &Pod, freed: &Placed) -> bool {
+        let need = need_of(pod);
+        if self.pooling == Pooling::Node {
+            return self.fits_on(pod, freed.server);
         }
+        if pod.num_gpu == 0 {
+            return self.hosts[freed.server].holds(&need);
+        }
+        let gpu_freed = freed.slots.iter().any(|&(si, _)| self.gpus_fit(pod, si));
+        let whole = pod.num_gpu > 1 && self.pooling == Pooling::Pooled;
+        let gpu_ok = if whole {
+            // GPUs were freed, or CPU (it may have waited for that).
+            (!freed.slots.is_empty() || self.hosts[freed.server].holds(&need))
+                && self.servers.iter().map(|s| s.gpus.iter().filter(|g| g.model_allowed(&pod.models) && g.is_free()).count()).sum::<usize>()
+                    >= pod.num_gpu as usize
+        } else if gpu_freed {
+            true
+        } else {
+            // It may have waited for CPU: only then look at every server.
+            self.hosts[freed.server].holds(&need) && (0..self.servers.len()).any(|si| self.gpus_fit(pod, si))
+        };
+        gpu_ok && self.hosts.iter().any(|h| h.holds(&need))
+    }
+
+    /// Could `pod` fit in the empty cluster?
+    pub fn could_ever(&self, pod: &Pod) -> bool {
+        let need = need_of(pod);
+        let n = self.servers.len();
+        let ok = |g: &rgpu_pool_broker::inventory::Gpu| g.model_allowed(&pod.models);
+        let on_one = |si: usize| self.servers[si].gpus.iter().filter(|g| ok(g)).count() as u32 >= pod.num_gpu.max(1);
+        match self.pooling {
+            Pooling::Node => (0..self.empty.len()).any(|i| {
+                self.empty[i].holds(&need) && (pod.num_gpu == 0 || (i < n && on_one(i)))
+            }),
+            _ => {
+                let gpus = match (pod.num_gpu, self.pooling) {
+                    (0, _) => true,
+                    (k, Pooling::Pooled) if k > 1 => {
+                        self.servers.iter().map(|s| s.gpus.iter().filter(|g| ok(g)).count() as u32).sum::<u32>() >= k
+                    }
+                    _ => (0..n).any(on_one),
+                };
+                gpus && self.empty.iter().any(|h| h.holds(&need))
+            }
+        }
+    }
+
+    /// Could `pod`'s GPUs (all of them) come from server `si` now?
+    fn gpus_fit(&self, pod: &Pod, si: usize) -> bool {
         let s = &self.servers[si];
         let ok = |g: &rgpu_pool_broker::inventory::Gpu| g.model_allowed(&pod.models);
         match pod.num_gpu {
@@ -218,6 +341,18 @@ impl Cluster {
             1 if pod.gpu_milli < 1000 => s.gpus.iter().any(|g| ok(g) && g.free_milli() >= pod.gpu_milli),
             n => s.gpus.iter().filter(|g| ok(g) && g.is_free()).count() as u32 >= n,
         }
+    }
+
+    /// Could `pod` fit on node `si` now (host and GPUs)?
+    pub fn fits_on(&self, pod: &Pod, si: usize) -> bool {
+        if !self.hosts[si].holds(&need_of(pod)) {
+            return false;
+        }
+        if si >= self.servers.len() {
+            // A CPU-only node.
+            return pod.num_gpu == 0;
+        }
+        self.gpus_fit(pod, si)
     }
 }
 
@@ -313,7 +448,11 @@ pub struct StaticRun {
 }
 
 pub fn run_static(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, seed: u64, max_pct: u32) -> StaticRun {
-    let mut c = Cluster::new(nodes);
+    run_static_in(Cluster::new(nodes), pods, policy, seed, max_pct)
+}
+
+/// [`run_static`] on a given cluster (the pooling experiment's).
+pub fn run_static_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, seed: u64, max_pct: u32) -> StaticRun {
     let order = sample(pods, c.capacity_milli, max_pct as f64 / 100.0, seed);
     let mut ratio_at = vec![0.0; max_pct as usize + 1];
     let mut next_pct = 1usize;
@@ -392,7 +531,11 @@ enum Ev {
 /// its traced duration once started; one that waits past its traced deletion
 /// time gives up. `points` timeline samples.
 pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: usize) -> DynamicRun {
-    let mut c = Cluster::new(nodes);
+    run_dynamic_in(Cluster::new(nodes), pods, policy, points)
+}
+
+/// [`run_dynamic`] on a given cluster (the pooling experiment's).
+pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points: usize) -> DynamicRun {
     let t0 = pods.iter().map(|p| p.creation).min().unwrap_or(0);
     let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(t0);
     let mut heap: BinaryHeap<Reverse<(u64, Ev)>> = pods.iter().enumerate().map(|(i, p)| Reverse((p.creation, Ev::Arrive(i)))).collect();
@@ -431,7 +574,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
                 }
                 Err(NoPlace::Impossible(_)) => r.rejected += 1,
                 Err(NoPlace::Busy) => {
-                    if nodes.iter().any(|n| fits_empty(n, &pods[i])) {
+                    if c.could_ever(&pods[i]) {
                         queue.push_back(i);
                     } else {
                         r.rejected += 1;
@@ -441,8 +584,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
             Ev::End(i) => {
                 let Some(pl) = placed.remove(&i) else { continue };
                 c.release(&pods[i], i as u64, &pl);
-                let freed = pl.server;
-                // Only the freed node can take a waiting pod now.
+                // Only what was freed can let a waiting pod in now.
                 let mut k = 0;
                 while k < queue.len() {
                     let q = queue[k];
@@ -451,7 +593,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
                         r.give_up(&pods[q]);
                         continue;
                     }
-                    if c.fits_on(&pods[q], freed) && start(&mut c, q, now, &mut heap, &mut placed).is_ok() {
+                    if c.may_fit_after(&pods[q], &pl) && start(&mut c, q, now, &mut heap, &mut placed).is_ok() {
                         queue.remove(k);
                         if pods[q].num_gpu > 0 {
                             r.started += 1;

@@ -147,3 +147,45 @@ fn openb_trace_parses_and_a_slice_runs() {
     let r = run_static(&nodes[..100], &pods, Kind::Ours.policy(&w, 42).as_ref(), 42, 130);
     assert!(r.ratio_at[130] > 0.5);
 }
+
+/// GPU nodes whose CPU the pods use up strand GPUs when a pod's GPUs must
+/// sit beside its CPU part; with the CPU part on any node (a CPU-only node
+/// here) they do not, and an 8-GPU pod that no node can hold alone runs
+/// on GPUs leased from two nodes only when GPUs pool across nodes.
+#[test]
+fn pooling_removes_cpu_stranding_and_lets_gpus_come_from_several_nodes() {
+    use rgpu_placement_sim::sim::{run_dynamic_in, run_static_in, Cluster, Pooling};
+    // Two 4-GPU nodes with 8 cores each, one CPU-only node with 64.
+    let gpu = |n: &str| Node { cpu_milli: 8_000, ..node(n, 4) };
+    let nodes = vec![gpu("g0"), gpu("g1")];
+    let cpu = vec![Node { gpus: 0, model: String::new(), ..node("c0", 0) }];
+    // Whole-GPU pods with 4 cores each: two per node by CPU, so half the
+    // GPUs strand when CPU must sit beside them.
+    let pods: Vec<Pod> = (0..8).map(|i| Pod { cpu_milli: 4_000, ..pod(i, 1, 1000) }).collect();
+    let w = workload_of(&pods);
+    let at = |mode: Pooling, pods: &[Pod]| {
+        let p = Kind::Ours.policy(&w, 42);
+        run_static_in(Cluster::with(&nodes, &cpu, mode), pods, p.as_ref(), 42, 100).ratio_at[100]
+    };
+    assert!((at(Pooling::Node, &pods) - 0.5).abs() < 1e-9, "{}", at(Pooling::Node, &pods));
+    assert!((at(Pooling::HostAnywhere, &pods) - 1.0).abs() < 1e-9);
+    assert!((at(Pooling::Pooled, &pods) - 1.0).abs() < 1e-9);
+    // One 8-GPU pod (1 core): no 8-GPU node, so only pooled GPUs hold it.
+    let big = vec![Pod { cpu_milli: 1_000, ..pod(0, 8, 1000) }];
+    assert_eq!(at(Pooling::HostAnywhere, &big), 0.0);
+    assert!((at(Pooling::Pooled, &big) - 1.0).abs() < 1e-9);
+    // In the dynamic replay the 8-GPU pod is rejected (it can never fit)
+    // unless GPUs pool; the CPU-stranded pods wait and start later.
+    let p = Kind::Ours.policy(&w, 42);
+    let r = run_dynamic_in(Cluster::with(&nodes, &cpu, Pooling::Node), &big, p.as_ref(), 10);
+    assert_eq!((r.rejected, r.started), (1, 0));
+    let r = run_dynamic_in(Cluster::with(&nodes, &cpu, Pooling::Pooled), &big, p.as_ref(), 10);
+    assert_eq!((r.rejected, r.started), (0, 1));
+    let burst: Vec<Pod> = pods.iter().cloned().map(|mut q| { q.creation = 0; q.scheduled = Some(0); q.deletion = Some(1000); q }).collect();
+    let r = run_dynamic_in(Cluster::with(&nodes, &cpu, Pooling::Node), &burst, p.as_ref(), 10);
+    assert_eq!((r.started, r.delayed), (8, 4), "{r:?}");
+    assert!((r.mean_ratio - 0.5).abs() < 1e-9);
+    let r = run_dynamic_in(Cluster::with(&nodes, &cpu, Pooling::Pooled), &burst, p.as_ref(), 10);
+    assert_eq!((r.started, r.delayed), (8, 0), "{r:?}");
+    assert!((r.mean_ratio - 1.0).abs() < 1e-9);
+}

@@ -9,6 +9,9 @@
 //! `RGPU_BROKER_STORE=etcd://HOST:PORT/PREFIX` (with `--features etcd`)
 //! runs it on an etcd store, the broker the only replica (it waits to be
 //! elected first); `RGPU_BROKER_PLACEMENT` picks the policy.
+//! `RGPU_BENCH_GANG=N`: each client asks for N whole GPUs within one leaf
+//! switch (8 servers, 80 GPUs), granted together or not at all, instead of
+//! one GPU; the latency is then a gang's time to grant.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,6 +31,10 @@ fn main() {
     let argv: Vec<String> = std::env::args().filter(|a| !a.starts_with("--")).collect();
     let secs: u64 = argv.get(1).and_then(|s| s.parse().ok()).unwrap_or(10);
     let conns: usize = argv.get(2).and_then(|s| s.parse().ok()).unwrap_or(64);
+    let gang: u32 = match std::env::var("RGPU_BENCH_GANG") {
+        Ok(v) => v.parse().ok().filter(|&n| (1..=80).contains(&n)).expect("RGPU_BENCH_GANG: 1..=80 GPUs"),
+        Err(_) => 0,
+    };
     let dir = std::env::temp_dir().join(format!("rgpu-broker-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let placement = match std::env::var("RGPU_BROKER_PLACEMENT") {
@@ -48,6 +55,8 @@ fn main() {
         store,
         // The clients lease and release as fast as they can: no rate limit.
         default_max_rate: u32::MAX / 4,
+        // A gang is one tenant's lease of many GPUs: no GPU quota in the way.
+        default_max_gpus: 80,
         ..Settings::default()
     })
     .expect("config");
@@ -87,7 +96,7 @@ fn main() {
     for t in 0..2 {
         let (a, k) = (addr.clone(), key.clone());
         let n = conns / 2 + if t == 0 { conns % 2 } else { 0 };
-        threads.push(std::thread::spawn(move || run_local(clients(a, k, t * conns, n, deadline))));
+        threads.push(std::thread::spawn(move || run_local(clients(a, k, t * conns, n, deadline, gang))));
     }
     let mut lat: Vec<f64> = Vec::new();
     let mut errors = 0u64;
@@ -99,8 +108,9 @@ fn main() {
     stop.cancel();
     lat.sort_by(|a, b| a.total_cmp(b));
     let pct = |p: f64| lat.get(((lat.len() as f64 * p) as usize).min(lat.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    let what = if gang > 0 { format!(", gangs of {gang} GPUs within one leaf") } else { String::new() };
     println!(
-        "scale: {SERVERS} servers, {} GPUs, {conns} client connections, {secs} s: {} grants ({:.0} grants/s, each also released), p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, errors {errors}",
+        "scale: {SERVERS} servers, {} GPUs, {conns} client connections{what}, {secs} s: {} grants ({:.0} grants/s, each also released), p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms, errors {errors}",
         SERVERS * GPUS,
         lat.len(),
         lat.len() as f64 / secs as f64,
@@ -181,7 +191,7 @@ async fn heartbeats(agents: Vec<server_agent::Client>, stop: CancellationToken) 
 
 /// `n` clients, tenants `bench{first}`..., each logged in with its own
 /// credential (issued with the token key: the bench's broker has no admin key).
-async fn clients(addr: String, key: Vec<u8>, first: usize, n: usize, deadline: Instant) -> (Vec<f64>, u64) {
+async fn clients(addr: String, key: Vec<u8>, first: usize, n: usize, deadline: Instant, gang: u32) -> (Vec<f64>, u64) {
     let mut tasks = Vec::new();
     for i in first..first + n {
         let (addr, key) = (addr.clone(), key.clone());
@@ -195,8 +205,12 @@ async fn clients(addr: String, key: Vec<u8>, first: usize, n: usize, deadline: I
                 let mut req = c.lease_request();
                 {
                     let mut r = req.get().init_request();
-                    r.set_gpus(1);
+                    r.set_gpus(gang.max(1));
                     r.set_ttl_ms(60_000);
+                    if gang > 0 {
+                        r.set_scope(rgpu_protocol::broker_capnp::Scope::Leaf);
+                        r.set_scope_required(true);
+                    }
                 }
                 let t = Instant::now();
                 let reply = req.send().promise.await;

@@ -2,6 +2,8 @@
 //! the fabric (node, leaf switch, spine), the partitions they serve, and how
 //! much of each GPU is leased. Pure data; the state machine keeps it current.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use serde::{Deserialize, Serialize};
 
 /// Where a server sits in the fabric is named per [`Scope`]; placement
@@ -102,18 +104,32 @@ pub struct Server {
     pub drain: Option<Drain>,
     /// Healthy GPUs with nothing leased on them (kept current).
     pub free_whole: u32,
+    /// Healthy GPUs (kept current).
+    pub healthy: u32,
+    /// Changes whenever [`Server::recount`] runs, unique across all servers
+    /// of the process: placement keeps a server's score while its version
+    /// stays the same ([`crate::placement::ScoreCache`]). Whoever changes a
+    /// GPU (its lease, health, model) calls `recount` after, as for
+    /// `free_whole`.
+    pub version: u64,
 }
+
+/// Source of [`Server::version`]s; 0 is never one.
+static VERSIONS: AtomicU64 = AtomicU64::new(1);
 
 impl Server {
     pub fn new(spec: ServerSpec, now: Millis) -> Self {
         let gpus: Vec<Gpu> = spec.gpus.iter().cloned().map(Gpu::new).collect();
-        let mut s = Server { spec, gpus, reachable: true, last_heartbeat: now, drain: None, free_whole: 0 };
+        let mut s =
+            Server { spec, gpus, reachable: true, last_heartbeat: now, drain: None, free_whole: 0, healthy: 0, version: 0 };
         s.recount();
         s
     }
 
     pub fn recount(&mut self) {
         self.free_whole = self.gpus.iter().filter(|g| g.spec.healthy && g.is_free()).count() as u32;
+        self.healthy = self.gpus.iter().filter(|g| g.spec.healthy).count() as u32;
+        self.version = VERSIONS.fetch_add(1, Ordering::Relaxed);
     }
 
     /// May new leases land here?

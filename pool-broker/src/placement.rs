@@ -9,6 +9,7 @@
 //! tightest fit so large free units stay whole.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +102,14 @@ pub trait Policy: Send + Sync {
     fn equal_gpus_score_equal(&self) -> bool {
         false
     }
+    /// `Some(e)`: while this stays `e`, a server's scores are a function of
+    /// the server's state, the demand and the context only, so a
+    /// [`ScoreCache`] may keep them until the server changes. `None` (the
+    /// default): scores may change between calls (a random policy), nothing
+    /// is kept. Read after [`Policy::observe`].
+    fn score_epoch(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Host resources (CPU, memory) beside the GPUs.
@@ -159,6 +168,173 @@ impl Policy for FragmentationAware {
     fn score_unit(&self, unit: &Unit, demand: &Demand) -> i64 {
         -((unit.free_whole - demand.gpus) as i64)
     }
+
+    fn score_epoch(&self) -> Option<u64> {
+        Some(0)
+    }
+}
+
+/// Servers' scores kept between placements, for [`place_cached`]: a server
+/// is scored again only when it changed ([`Server::version`]) or its
+/// policy's scores did ([`Policy::score_epoch`]), so a grant rescores the
+/// one or two servers the last grants and releases touched instead of all
+/// of them (FGD's measure costs a pass over the workload's shapes per GPU
+/// state). One cache serves one policy and one list of servers. Not used
+/// when the context tracks hosts (their CPU changes without a version).
+#[derive(Debug, Default)]
+pub struct ScoreCache {
+    epoch: Option<u64>,
+    by_demand: HashMap<CacheKey, Vec<Cached>>,
+    /// Multi-server units (gangs): score by [`members_print`].
+    by_unit: HashMap<CacheKey, HashMap<u64, i64>>,
+}
+
+/// Unit scores kept per demand; past this (units that changed leave stale
+/// entries behind) that demand's start over.
+const CACHE_UNITS: usize = 1 << 14;
+
+/// Distinct demands kept at once (each holds one entry per server); a
+/// tenant may send any demand, so past this the cache starts over.
+const CACHE_DEMANDS: usize = 32;
+
+/// What a server's score depends on beyond the server: the demand (its host
+/// needs are not tracked here) and, for whole GPUs, the unit level.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    gpus: u32,
+    memory: u64,
+    compute_milli: u32,
+    models: Vec<String>,
+    scope: u8,
+    scope_required: bool,
+    level: u8,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Cached {
+    /// The server's version when scored; 0: nothing kept.
+    version: u64,
+    score: i64,
+    /// Fractions: the best GPU; `NO_GPU` when none fits now.
+    gi: usize,
+    /// Fractions: some GPU of the server could ever hold the demand.
+    could_ever: bool,
+}
+
+const NO_GPU: usize = usize::MAX;
+
+impl ScoreCache {
+    pub fn new() -> ScoreCache {
+        ScoreCache::default()
+    }
+
+    /// Empties the cache when the policy's scores changed; false when they
+    /// may not be kept at all.
+    fn current(&mut self, policy: &dyn Policy) -> bool {
+        let Some(epoch) = policy.score_epoch() else { return false };
+        if self.epoch != Some(epoch) {
+            self.by_demand.clear();
+            self.by_unit.clear();
+            self.epoch = Some(epoch);
+        }
+        true
+    }
+
+    /// Unit scores for `d` at `level`.
+    fn units(&mut self, policy: &dyn Policy, d: &Demand, level: u8) -> Option<&mut HashMap<u64, i64>> {
+        if !self.current(policy) {
+            return None;
+        }
+        let key = CacheKey::of(d, level);
+        if !self.by_unit.contains_key(&key) && self.by_unit.len() >= CACHE_DEMANDS {
+            self.by_unit.clear();
+        }
+        let m = self.by_unit.entry(key).or_default();
+        if m.len() >= CACHE_UNITS {
+            m.clear();
+        }
+        Some(m)
+    }
+
+    /// The entries for `d` at `level`, sized for `n` servers; None when the
+    /// policy's scores may not be kept.
+    fn entries(&mut self, policy: &dyn Policy, d: &Demand, level: u8, n: usize) -> Option<&mut Vec<Cached>> {
+        if !self.current(policy) {
+            return None;
+        }
+        let key = CacheKey::of(d, level);
+        if !self.by_demand.contains_key(&key) && self.by_demand.len() >= CACHE_DEMANDS {
+            self.by_demand.clear();
+        }
+        let v = self.by_demand.entry(key).or_default();
+        if v.len() < n {
+            v.resize(n, Cached::default());
+        }
+        Some(v)
+    }
+}
+
+impl CacheKey {
+    fn of(d: &Demand, level: u8) -> CacheKey {
+        CacheKey {
+            gpus: d.gpus,
+            memory: d.memory,
+            compute_milli: d.compute_milli,
+            models: d.models.clone(),
+            scope: level_code(d.scope),
+            scope_required: d.scope_required,
+            level,
+        }
+    }
+}
+
+/// Grouping servers into units by label runs over every server on each
+/// multi-server placement (a gang): a cheap hash instead of SipHash, whose
+/// flood resistance buys nothing for labels registered servers chose
+/// (a label is bounded and a collision costs time, never a wrong answer).
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<Fnv>>;
+
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        mix64(self.0)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = self.0 ^ 0xcbf2_9ce4_8422_2325;
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// A unit's members as a cache key: their indices and versions (a version
+/// is unique across servers, so two states never share one).
+fn members_print(servers: &[Server], members: &[usize]) -> u64 {
+    let mut h = 0x6a09_e667_f3bc_c908u64 ^ members.len() as u64;
+    for &si in members {
+        h = mix64(h ^ servers[si].version);
+        h = mix64(h ^ si as u64);
+    }
+    h
+}
+
+fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn level_code(level: Scope) -> u8 {
+    match level {
+        Scope::Node => 0,
+        Scope::Leaf => 1,
+        Scope::Spine => 2,
+        Scope::Any => 3,
+    }
 }
 
 /// Why nothing could be placed.
@@ -189,11 +365,37 @@ pub fn place_in(
     policy: &dyn Policy,
     cx: &Context,
 ) -> Result<Vec<Slot>, NoPlace> {
+    place_with(servers, demand, eligible, policy, cx, None)
+}
+
+/// [`place`] keeping servers' scores in `cache` between calls: the same
+/// answer as `place`, computed only for servers that changed since (see
+/// [`ScoreCache`]). The broker's path.
+pub fn place_cached(
+    servers: &[Server],
+    demand: &Demand,
+    eligible: &dyn Fn(&Server) -> bool,
+    policy: &dyn Policy,
+    cache: &mut ScoreCache,
+) -> Result<Vec<Slot>, NoPlace> {
+    place_with(servers, demand, eligible, policy, &Context::default(), Some(cache))
+}
+
+fn place_with(
+    servers: &[Server],
+    demand: &Demand,
+    eligible: &dyn Fn(&Server) -> bool,
+    policy: &dyn Policy,
+    cx: &Context,
+    cache: Option<&mut ScoreCache>,
+) -> Result<Vec<Slot>, NoPlace> {
     policy.observe(demand, cx);
+    // Host resources change without a server version: keep nothing.
+    let cache = if cx.hosts.is_empty() { cache } else { None };
     if demand.is_fraction() {
-        place_fraction(servers, demand, eligible, policy, cx)
+        place_fraction(servers, demand, eligible, policy, cx, cache)
     } else {
-        place_whole(servers, demand, eligible, policy, cx)
+        place_whole(servers, demand, eligible, policy, cx, cache)
     }
 }
 
@@ -207,31 +409,31 @@ fn place_fraction(
     eligible: &dyn Fn(&Server) -> bool,
     policy: &dyn Policy,
     cx: &Context,
+    cache: Option<&mut ScoreCache>,
 ) -> Result<Vec<Slot>, NoPlace> {
+    let mut entries = cache.and_then(|c| c.entries(policy, d, u8::MAX, servers.len()));
     let mut best: Option<(i64, Slot)> = None;
     let mut could_ever = false;
     for (si, s) in servers.iter().enumerate() {
         if !eligible(s) {
             continue;
         }
-        let dedupe = policy.equal_gpus_score_equal();
-        for (gi, g) in s.gpus.iter().enumerate() {
-            if !gpu_ok(g, d) || g.spec.memory < d.memory {
-                continue;
+        let e = match entries.as_deref_mut() {
+            Some(v) if v[si].version == s.version => v[si],
+            Some(v) => {
+                v[si] = best_gpu(si, s, d, policy, cx);
+                v[si]
             }
-            could_ever = true;
-            if !s.schedulable() || !g.fits_fraction(d.memory, d.compute_milli) || !cx.host_fits(si) {
-                continue;
-            }
-            // An earlier GPU of this server in the same state scored the
-            // same and wins ties: skip (FGD's measure costs a pass per GPU).
-            if dedupe && s.gpus[..gi].iter().any(|h| same_state(g, h) && gpu_ok(h, d)) {
-                continue;
-            }
-            let score = policy.score_gpu_in(cx, si, s, gi, d);
-            if best.is_none_or(|(b, _)| score > b) {
-                best = Some((score, (si, gi)));
-            }
+            None => best_gpu(si, s, d, policy, cx),
+        };
+        could_ever |= e.could_ever;
+        // Whether new leases may land (reachable, drained) and host room are
+        // not part of the server's version: checked every time.
+        if e.gi == NO_GPU || !s.schedulable() || !cx.host_fits(si) {
+            continue;
+        }
+        if best.is_none_or(|(b, _)| e.score > b) {
+            best = Some((e.score, (si, e.gi)));
         }
     }
     match best {
@@ -243,6 +445,33 @@ fn place_fraction(
             d.memory >> 20
         ))),
     }
+}
+
+/// The best GPU of server `si` for the fraction `d` (the first of equals),
+/// whatever the server's schedulability and host room.
+fn best_gpu(si: usize, s: &Server, d: &Demand, policy: &dyn Policy, cx: &Context) -> Cached {
+    let mut out = Cached { version: s.version, score: i64::MIN, gi: NO_GPU, could_ever: false };
+    let dedupe = policy.equal_gpus_score_equal();
+    for (gi, g) in s.gpus.iter().enumerate() {
+        if !gpu_ok(g, d) || g.spec.memory < d.memory {
+            continue;
+        }
+        out.could_ever = true;
+        if !g.fits_fraction(d.memory, d.compute_milli) {
+            continue;
+        }
+        // An earlier GPU of this server in the same state scored the
+        // same and wins ties: skip (FGD's measure costs a pass per GPU).
+        if dedupe && s.gpus[..gi].iter().any(|h| same_state(g, h) && gpu_ok(h, d)) {
+            continue;
+        }
+        let score = policy.score_gpu_in(cx, si, s, gi, d);
+        if out.gi == NO_GPU || score > out.score {
+            out.score = score;
+            out.gi = gi;
+        }
+    }
+    out
 }
 
 fn same_state(a: &Gpu, b: &Gpu) -> bool {
@@ -264,8 +493,7 @@ fn models_note(d: &Demand) -> String {
 /// Eligible free whole GPUs of a server and its eligible GPUs.
 fn counts(s: &Server, d: &Demand) -> (u32, u32) {
     if d.models.is_empty() {
-        let healthy = s.gpus.iter().filter(|g| g.spec.healthy).count() as u32;
-        return (if s.schedulable() { s.free_whole } else { 0 }, healthy);
+        return (if s.schedulable() { s.free_whole } else { 0 }, s.healthy);
     }
     let mut free = 0;
     let mut all = 0;
@@ -286,12 +514,13 @@ fn place_whole(
     eligible: &dyn Fn(&Server) -> bool,
     policy: &dyn Policy,
     cx: &Context,
+    mut cache: Option<&mut ScoreCache>,
 ) -> Result<Vec<Slot>, NoPlace> {
     let n = d.gpus;
     // Per eligible server: (index, free, all).
     let mut cand: Vec<(usize, u32, u32)> = Vec::new();
     let mut total = 0u32;
-    let mut biggest = HashMap::<(Scope, &str), u32>::new();
+    let mut biggest = FastMap::<(Scope, &str), u32>::default();
     for (si, s) in servers.iter().enumerate() {
         if !eligible(s) {
             continue;
@@ -320,14 +549,26 @@ fn place_whole(
     }
     for &level in levels(d.scope, d.scope_required) {
         let chosen: Option<Vec<usize>> = if n == 1 || (level == Scope::Node && single_server_nodes(servers, &cand)) {
-            // Each server is its own unit.
+            // Each server is its own unit; its score depends on the server
+            // alone (a candidate is schedulable, so `free` is its state's).
+            let mut entries =
+                cache.as_deref_mut().and_then(|c| c.entries(policy, d, level_code(level), servers.len()));
             let mut best: Option<(i64, usize)> = None;
             for &(si, free, all) in &cand {
                 if free < n {
                     continue;
                 }
                 let u = Unit { scope: level, free_whole: free, gpus: all, servers: 1 };
-                let score = policy.score_unit_in(cx, servers, &[si], &u, d);
+                let version = servers[si].version;
+                let score = match entries.as_deref_mut() {
+                    Some(v) if v[si].version == version => v[si].score,
+                    Some(v) => {
+                        let score = policy.score_unit_in(cx, servers, &[si], &u, d);
+                        v[si] = Cached { version, score, gi: NO_GPU, could_ever: true };
+                        score
+                    }
+                    None => policy.score_unit_in(cx, servers, &[si], &u, d),
+                };
                 if best.is_none_or(|(b, _)| score > b) {
                     best = Some((score, si));
                 }
@@ -335,7 +576,7 @@ fn place_whole(
             best.map(|(_, si)| vec![si])
         } else {
             let mut units: Vec<(&str, Unit, Vec<usize>)> = Vec::new();
-            let mut at: HashMap<&str, usize> = HashMap::new();
+            let mut at: FastMap<&str, usize> = FastMap::default();
             for &(si, free, all) in &cand {
                 let key = servers[si].unit_key(level);
                 let i = *at.entry(key).or_insert_with(|| {
@@ -348,12 +589,29 @@ fn place_whole(
                 u.1.servers += 1;
                 u.2.push(si);
             }
+            // A unit's score depends on its candidate members' states: kept
+            // under their (index, version) list (a gang rescored only when
+            // one of its unit's servers changed).
+            let mut kept = cache.as_deref_mut().and_then(|c| c.units(policy, d, level_code(level)));
             let mut best: Option<(i64, usize)> = None;
             for (i, (_, u, members)) in units.iter().enumerate() {
                 if u.free_whole < n {
                     continue;
                 }
-                let score = policy.score_unit_in(cx, servers, members, u, d);
+                let score = match kept.as_deref_mut() {
+                    Some(m) => {
+                        let print = members_print(servers, members);
+                        match m.get(&print) {
+                            Some(&score) => score,
+                            None => {
+                                let score = policy.score_unit_in(cx, servers, members, u, d);
+                                m.insert(print, score);
+                                score
+                            }
+                        }
+                    }
+                    None => policy.score_unit_in(cx, servers, members, u, d),
+                };
                 if best.is_none_or(|(b, _)| score > b) {
                     best = Some((score, i));
                 }
@@ -511,5 +769,159 @@ mod tests {
         assert_eq!(place(&s, &d, &all, &FragmentationAware), Err(NoPlace::Busy));
         let only_b = |x: &Server| x.spec.id == "b";
         assert!(matches!(place(&s, &d, &only_b, &FragmentationAware), Err(NoPlace::Impossible(_))));
+    }
+
+    /// Counts scoring calls (to see what the cache spares).
+    struct Counting<P>(P, std::sync::atomic::AtomicUsize);
+
+    impl<P: Policy> Policy for Counting<P> {
+        fn name(&self) -> &'static str {
+            self.0.name()
+        }
+        fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
+            self.0.score_gpu(server, gpu, demand)
+        }
+        fn score_unit(&self, unit: &Unit, demand: &Demand) -> i64 {
+            self.0.score_unit(unit, demand)
+        }
+        fn observe(&self, demand: &Demand, cx: &Context) {
+            self.0.observe(demand, cx)
+        }
+        fn score_gpu_in(&self, cx: &Context, si: usize, server: &Server, gi: usize, demand: &Demand) -> i64 {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.score_gpu_in(cx, si, server, gi, demand)
+        }
+        fn score_unit_in(&self, cx: &Context, servers: &[Server], members: &[usize], unit: &Unit, demand: &Demand) -> i64 {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.score_unit_in(cx, servers, members, unit, demand)
+        }
+        fn equal_gpus_score_equal(&self) -> bool {
+            self.0.equal_gpus_score_equal()
+        }
+        fn score_epoch(&self) -> Option<u64> {
+            self.0.score_epoch()
+        }
+    }
+
+    fn release(s: &mut [Server], slots: &[Slot], d: &Demand, id: u64) {
+        for &(si, gi) in slots {
+            let g = &mut s[si].gpus[gi];
+            let (m, c) = d.take_from(g);
+            g.used_memory -= m;
+            g.used_milli -= c;
+            g.holders.retain(|&h| h != id);
+            s[si].recount();
+        }
+    }
+
+    fn rng(x: &mut u64) -> u64 {
+        *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = *x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Cached and uncached placement agree step for step over a random mix
+    /// of fractions, whole GPUs, model limits, drains and releases, for every
+    /// policy that allows caching (the learning ones change their workload,
+    /// and so their scores, as they go).
+    #[test]
+    fn cached_placement_is_the_same_placement() {
+        use crate::policies::{BestFit, Fgd};
+        let make: [fn() -> Box<dyn Policy>; 4] = [
+            || Box::new(Fgd::learning()),
+            || Box::new(Fgd::learning_first()),
+            || Box::new(BestFit::new()),
+            || Box::new(FragmentationAware),
+        ];
+        for (pi, mk) in make.iter().enumerate() {
+            let (plain, cached) = (mk(), mk());
+            let mut s: Vec<Server> =
+                // Over 64 servers: node units are grouped too (see
+                // `single_server_nodes`).
+                (0..72).map(|i| server(&format!("s{i}"), &format!("n{i}"), &format!("l{}", i / 4), 2 + i % 7)).collect();
+            for (i, x) in s.iter_mut().enumerate() {
+                if i % 5 == 0 {
+                    for g in &mut x.gpus {
+                        g.spec.model = "A100".into();
+                    }
+                    x.recount();
+                }
+            }
+            let mut cache = ScoreCache::new();
+            let mut live: Vec<(Vec<Slot>, Demand, u64)> = Vec::new();
+            let mut seed = 42 + pi as u64;
+            let (mut granted, mut busy) = (0, 0);
+            for step in 0..4000u64 {
+                let r = rng(&mut seed);
+                if r % 3 == 0 && !live.is_empty() {
+                    let (slots, d, id) = live.swap_remove((r / 3) as usize % live.len());
+                    release(&mut s, &slots, &d, id);
+                    continue;
+                }
+                if r % 97 == 1 {
+                    let i = (r / 97) as usize % s.len();
+                    s[i].drain = if s[i].drain.is_some() {
+                        None
+                    } else {
+                        Some(crate::inventory::Drain { since: 0, deadline: None, for_shutdown: false })
+                    };
+                }
+                let kind = (r >> 8) % 11;
+                let d = match kind {
+                    0..=4 => {
+                        let gb = [8u64, 20, 40, 60][(r >> 16) as usize % 4];
+                        Demand { memory: gb << 30, compute_milli: (gb * 12) as u32, ..Demand::default() }
+                    }
+                    5..=7 => Demand { gpus: 1, ..Demand::default() },
+                    8 => Demand { gpus: 2 + (r >> 20) as u32 % 3, scope: Scope::Node, scope_required: true, ..Demand::default() },
+                    // A gang across the servers of one leaf.
+                    9 => Demand { gpus: 6 + (r >> 20) as u32 % 8, scope: Scope::Leaf, scope_required: true, ..Demand::default() },
+                    _ => Demand { gpus: 1, models: vec!["a100".into()], ..Demand::default() },
+                };
+                let want = place(&s, &d, &all, plain.as_ref());
+                let got = place_cached(&s, &d, &all, cached.as_ref(), &mut cache);
+                assert_eq!(got, want, "policy {} step {step}, {d:?}", plain.name());
+                if let Ok(slots) = want {
+                    take(&mut s, &slots, &d, step + 1);
+                    live.push((slots, d, step + 1));
+                    granted += 1;
+                } else {
+                    busy += 1;
+                }
+            }
+            // The mix kept the pool full enough to be refused at times.
+            assert!(granted > 500 && busy > 50, "{granted} granted, {busy} refused");
+        }
+    }
+
+    /// After the first grant, a grant scores only the servers that changed.
+    #[test]
+    fn a_grant_rescores_only_the_servers_that_changed() {
+        let p = Counting(crate::policies::Fgd::learning(), std::sync::atomic::AtomicUsize::new(0));
+        let calls = || p.1.swap(0, std::sync::atomic::Ordering::Relaxed);
+        let mut s: Vec<Server> = (0..100).map(|i| server(&format!("s{i}"), &format!("n{i}"), "l", 8)).collect();
+        let mut cache = ScoreCache::new();
+        let d = Demand { gpus: 1, ..Demand::default() };
+        let a = place_cached(&s, &d, &all, &p, &mut cache).unwrap();
+        assert_eq!(calls(), 100, "every server scored once");
+        take(&mut s, &a, &d, 1);
+        let b = place_cached(&s, &d, &all, &p, &mut cache).unwrap();
+        assert_eq!(calls(), 1, "only the server the grant changed");
+        take(&mut s, &b, &d, 2);
+        release(&mut s, &a, &d, 1);
+        place_cached(&s, &d, &all, &p, &mut cache).unwrap();
+        assert!(calls() <= 2, "the granted and the released server");
+        // Fractions: per server, its distinct GPU states.
+        let f = Demand { memory: 10 << 30, compute_milli: 100, ..Demand::default() };
+        place_cached(&s, &f, &all, &p, &mut cache).unwrap();
+        let first = calls();
+        assert!((100..=110).contains(&first), "{first}");
+        place_cached(&s, &f, &all, &p, &mut cache).unwrap();
+        assert_eq!(calls(), 0, "nothing changed, nothing scored");
+        // Uncached: everything, every time.
+        place(&s, &f, &all, &p).unwrap();
+        assert!(calls() >= 100);
     }
 }

@@ -319,6 +319,9 @@ pub struct Fgd {
     /// Fractions are under a third of the workload's GPU demand: rgpu's tie
     /// rule weighs CPU (see [`Fgd::score`]).
     cpu_aware: AtomicBool,
+    /// Changes when the workload does, and scores with it
+    /// ([`Policy::score_epoch`]).
+    epoch: AtomicU64,
 }
 
 #[derive(Default)]
@@ -370,6 +373,7 @@ impl Fgd {
             memo: Mutex::new(Memo::default()),
             tie,
             learn: None,
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -558,9 +562,17 @@ impl Fgd {
             k.1 /= cum;
         }
         let w = Workload { shapes: kept };
+        let mut t = self.tables.write().unwrap_or_else(|e| e.into_inner());
+        if t.w.shapes == w.shapes {
+            // Scores stay as they are: cached ones too (a steady mix of
+            // one shape, the usual case between bursts, costs nothing).
+            return;
+        }
         self.cpu_aware.store(cpu_aware(&w), Ordering::Relaxed);
-        *self.tables.write().unwrap_or_else(|e| e.into_inner()) = Tables::new(w);
+        *t = Tables::new(w);
+        drop(t);
         self.memo.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -610,6 +622,10 @@ impl Policy for Fgd {
 
     fn equal_gpus_score_equal(&self) -> bool {
         true
+    }
+
+    fn score_epoch(&self) -> Option<u64> {
+        Some(self.epoch.load(Ordering::Relaxed))
     }
 
     fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
@@ -713,6 +729,9 @@ impl Policy for BestFit {
     }
     fn equal_gpus_score_equal(&self) -> bool {
         true
+    }
+    fn score_epoch(&self) -> Option<u64> {
+        Some(0)
     }
     fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
         let gi = server.gpus.iter().position(|g| std::ptr::eq(g, gpu)).unwrap_or(0);

@@ -262,6 +262,8 @@ pub struct State {
     changes: Vec<Change>,
     events: Vec<Event>,
     policy: Box<dyn Policy>,
+    /// Servers' placement scores between grants (see `ScoreCache`).
+    scores: placement::ScoreCache,
 }
 
 const DEFAULT_PARTITION: &str = "default";
@@ -284,6 +286,7 @@ impl State {
             changes: Vec::new(),
             events: Vec::new(),
             policy,
+            scores: placement::ScoreCache::new(),
         }
     }
 
@@ -621,7 +624,13 @@ impl State {
         self.check_quota_now(&req.tenant, self.demand_share(req))?;
         let parts = self.partitions_of(&req.tenant);
         let eligible = |s: &Server| s.serves_any(&parts);
-        let slots = match placement::place(&self.servers, &req.demand, &eligible, self.policy.as_ref()) {
+        let slots = match placement::place_cached(
+            &self.servers,
+            &req.demand,
+            &eligible,
+            self.policy.as_ref(),
+            &mut self.scores,
+        ) {
             Ok(s) => s,
             Err(NoPlace::Busy) => {
                 return Err(BrokerError::Unavailable(format!(
@@ -938,6 +947,47 @@ mod tests {
             Ok(Outcome::Queued(t)) => panic!("queued as {t}"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// A gang (GPUs across the servers of one leaf) with the broker's
+    /// default policy and its score cache: granted whole within one leaf,
+    /// or refused with nothing taken; a release lets the next one in.
+    #[test]
+    fn gangs_within_a_leaf_are_granted_whole_or_not_at_all() {
+        let mut limits = Limits::default();
+        limits.default_max_gpus = 64;
+        let mut s = State::new(limits, HashMap::new(), Box::new(crate::policies::Fgd::learning()));
+        for (id, leaf) in [("a", "l1"), ("b", "l1"), ("c", "l2"), ("d", "l2")] {
+            let mut sp = spec(id, 4, &[]);
+            sp.leaf = leaf.into();
+            s.register(sp, 0);
+        }
+        let gang = |n| LeaseRequest {
+            demand: Demand { gpus: n, scope: Scope::Leaf, scope_required: true, ..Demand::default() },
+            ..req("bob", n)
+        };
+        let leaf_of = |l: &Lease, s: &State| {
+            let leaves: std::collections::HashSet<String> =
+                l.gpus.iter().map(|g| s.server(&g.server).unwrap().spec.leaf.clone()).collect();
+            assert_eq!(leaves.len(), 1, "one leaf: {l:?}");
+            leaves.into_iter().next().unwrap()
+        };
+        let g1 = granted(s.request(gang(6), 1, 0));
+        assert_eq!(g1.gpus.len(), 6);
+        let servers: std::collections::HashSet<&str> = g1.gpus.iter().map(|g| g.server.as_str()).collect();
+        assert_eq!(servers.len(), 2, "across two servers");
+        let g2 = granted(s.request(gang(6), 2, 0));
+        assert_ne!(leaf_of(&g1, &s), leaf_of(&g2, &s));
+        // 2 + 2 GPUs free, one leaf each: a gang of 3 cannot be had now,
+        // and nothing of it is taken.
+        let free = |s: &State| s.servers.iter().map(|x| x.free_whole).sum::<u32>();
+        assert_eq!(free(&s), 4);
+        assert!(matches!(s.request(gang(3), 3, 0), Err(BrokerError::Unavailable(_))));
+        assert_eq!(free(&s), 4);
+        assert!(matches!(s.request(gang(9), 4, 0), Err(BrokerError::Invalid(_))), "larger than any leaf");
+        assert!(s.release(g1.id, 1));
+        let g3 = granted(s.request(gang(3), 5, 1));
+        assert_eq!(leaf_of(&g3, &s), leaf_of(&g1, &s));
     }
 
     #[test]
