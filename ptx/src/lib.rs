@@ -22,7 +22,7 @@ mod lower;
 pub mod parse;
 mod printf;
 
-pub use exec::{launch, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
+pub use exec::{launch, launch_cancellable, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
 pub use ir::Program;
 
 use std::sync::atomic::AtomicU64;

@@ -180,5 +180,9 @@ fn launch_error(e: &ExecError, time_limit: Duration) -> CuError {
             CuError::NOT_SUPPORTED
         }
         Fault::Aborted => CuError::LAUNCH_FAILED,
+        Fault::Cancelled => {
+            debug!("launch stopped: {at}: its session ended");
+            CuError::LAUNCH_FAILED
+        }
     }
 }
