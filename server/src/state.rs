@@ -9,9 +9,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
+use crate::backend::launch_limits::{KernelNeeds, LaunchLimits};
+use crate::backend::{BackendSession, DeviceInfo, EventToken, LaunchDims, ModuleToken, StreamRef, StreamToken};
 use crate::limits::SessionInput;
 use crate::quota::Charge;
 use rgpu_cuda_types::{CuError, CuResult};
@@ -51,6 +53,8 @@ pub struct Module {
     pub device: u32,
     /// Parameter buffer length of each function, by index.
     pub param_lens: Vec<u64>,
+    /// What each function's launches need (`.maxntid`, static shared memory), by index.
+    pub needs: Vec<KernelNeeds>,
     /// Device pointers of its globals (entries of `allocs`).
     pub globals: Vec<u64>,
     /// Its image's bytes, held against the lease's module quota while it is loaded.
@@ -73,10 +77,22 @@ pub struct SessionState {
     pub input: SessionInput,
     /// Instantiated graphs (segments between host nodes), by the client's handle.
     pub graph_execs: HashMap<u64, crate::backend::graph::GraphExec>,
+    /// Each device's launch limits, by ordinal.
+    pub launch_limits: Vec<LaunchLimits>,
+    /// Raised when the session ends (connection closed or dropped, server
+    /// stopping): the backend stops the session's running work, and the
+    /// session loop takes no further request.
+    pub ended: Arc<AtomicBool>,
+    /// The error that has left the session's device unusable, as a GPU's
+    /// context is after a kernel timeout: every later request but those
+    /// that release objects fails with it.
+    pub sticky: Option<CuError>,
 }
 
 impl SessionState {
-    pub fn new(backend: Box<dyn BackendSession>, device_count: u32) -> Self {
+    pub fn new(mut backend: Box<dyn BackendSession>, device_count: u32) -> Self {
+        let ended = Arc::new(AtomicBool::new(false));
+        backend.set_cancel(ended.clone());
         SessionState {
             backend,
             device_count,
@@ -88,7 +104,32 @@ impl SessionState {
             vmm: crate::vmm::Vmm::default(),
             input: SessionInput::default(),
             graph_execs: HashMap::new(),
+            launch_limits: vec![LaunchLimits::default(); device_count as usize],
+            ended,
+            sticky: None,
         }
+    }
+
+    /// Takes each device's launch limits from its attributes.
+    pub fn with_devices(mut self, devices: &[DeviceInfo]) -> Self {
+        self.launch_limits = devices.iter().map(LaunchLimits::of).collect();
+        self
+    }
+
+    /// Checks a launch of `function` of module `handle` with a parameter
+    /// buffer of `param_bytes` against the kernel's layout and the device's
+    /// limits, before the backend builds anything for it; returns the
+    /// module's backend token and device.
+    pub fn check_launch(&self, handle: u64, function: u32, dims: &LaunchDims, param_bytes: u64) -> CuResult<(ModuleToken, u32)> {
+        let m = self.module(handle)?;
+        let want = *m.param_lens.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
+        if param_bytes != want {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let needs = m.needs.get(function as usize).copied().unwrap_or_default();
+        let limits = self.launch_limits.get(m.device as usize).copied().unwrap_or_default();
+        limits.check(dims, &needs, want)?;
+        Ok((m.token, m.device))
     }
 
     /// Bounds what the session may make the server buffer and keep.

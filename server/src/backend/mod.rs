@@ -25,10 +25,11 @@
 
 pub mod cuda;
 pub mod graph;
+pub mod launch_limits;
 pub mod sim;
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_cuda_types::CuResult;
@@ -368,6 +369,12 @@ pub trait BackendSession: Send {
     fn module_host_bytes(&self, _module: ModuleToken) -> u64 {
         0
     }
+    /// The flag raised when the session ends (its connection closed or
+    /// dropped, or the server stopping): work running for the session stops
+    /// soon after. The default ignores it (a real GPU's kernels cannot be
+    /// stopped; its context goes with the session).
+    fn set_cancel(&mut self, _cancel: Arc<AtomicBool>) {}
+
     /// Launches function `function` of `module`; `params` is the packed
     /// kernelParams buffer, already checked against the function's layout.
     fn launch_kernel(

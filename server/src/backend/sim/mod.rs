@@ -15,6 +15,7 @@ pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,6 +137,7 @@ impl Backend for SimBackend {
             next_token: 1,
             output: Vec::new(),
             vmm: SimVmm::default(),
+            cancel: Arc::new(AtomicBool::new(false)),
         }))
     }
 }
@@ -174,6 +176,8 @@ struct SimSession {
     output: Vec<u8>,
     /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
     vmm: SimVmm,
+    /// Raised when the session ends: its running launch stops.
+    cancel: Arc<AtomicBool>,
 }
 
 impl SimSession {
@@ -652,6 +656,10 @@ impl BackendSession for SimSession {
         })
     }
 
+    fn set_cancel(&mut self, cancel: Arc<AtomicBool>) {
+        self.cancel = cancel;
+    }
+
     fn launch_kernel(
         &mut self,
         module: ModuleToken,
@@ -685,7 +693,7 @@ impl BackendSession for SimSession {
                 r
             }
         };
-        kernels::run(&prog, dims, params, &regions, &mut self.output, self.shared.kernel_time_limit)
+        kernels::run(&prog, dims, params, &regions, &mut self.output, self.shared.kernel_time_limit, &self.cancel)
     }
 
     fn take_output(&mut self) -> Vec<u8> {
