@@ -386,6 +386,12 @@ pub trait BackendSession: Send {
         params: &[u8],
     ) -> CuResult;
 
+    /// The first error of asynchronous work (a kernel) that failed since
+    /// the last call, for the next reply to carry as its deferred error.
+    fn take_async_error(&mut self) -> Option<rgpu_cuda_types::CuError> {
+        None
+    }
+
     /// Text kernels printed (device `printf`) since the last call, for the
     /// next reply to carry to the client.
     fn take_output(&mut self) -> Vec<u8> {

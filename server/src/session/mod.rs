@@ -215,7 +215,10 @@ impl<T: Transport + Pending> Session<T> {
                 Err(Fail::Io(e)) => return Err(End::Io(e)),
             },
         };
-        if let Err(e) = &result {
+        // Asynchronous work that failed since the last request: its error is
+        // the next reply's deferred error, as a launch's own is.
+        let late = self.state.backend.take_async_error();
+        for e in result.as_ref().err().into_iter().chain(late.as_ref()) {
             if is_sticky(*e) && self.state.sticky.is_none() {
                 warn!("{name} failed with {e}: the session's device is unusable from now on, as a GPU's context is");
                 self.state.sticky = Some(*e);
@@ -228,6 +231,9 @@ impl<T: Transport + Pending> Session<T> {
         trace!(result = code_of(&result), "applied");
         if let Err(e) = &result {
             debug!(seq = h.seq, "{name} failed: {e}");
+        }
+        if let Some(e) = late {
+            self.deferred.get_or_insert(e);
         }
         if !h.wants_reply() {
             if let Err(e) = result {

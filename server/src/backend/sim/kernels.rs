@@ -5,8 +5,9 @@
 //! module globals' device addresses resolved; a kernel that cannot be
 //! decoded keeps the reason, which the client gets as the kernel's launch
 //! note (so its launches fail with `CUDA_ERROR_NOT_SUPPORTED` naming the
-//! instruction). A launch runs the grid to completion on the session's
-//! thread (blocks spread over the host's cores), which keeps stream order.
+//! instruction). A launch runs the grid on one of the session's executor
+//! threads (blocks spread over the host's cores); the executor keeps stream
+//! order.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -131,8 +132,9 @@ pub struct SessionMemory {
 
 // SAFETY: the regions point into the devices' mappings, which outlive every
 // session. They are the launching session's own allocations, which cannot
-// be freed while its thread runs the launch; the interpreter accesses them
-// atomically only.
+// be freed while the launch runs (a free, unmap or unload first waits for the
+// session's executor to be idle, and the session's end joins it before
+// freeing); the interpreter accesses them atomically only.
 unsafe impl Send for SessionMemory {}
 unsafe impl Sync for SessionMemory {}
 

@@ -1,14 +1,15 @@
 //! The sim backend: devices that exist only in this process.
 //!
-//! Memory is real (see [`memory`]); everything else is executed inline, in
-//! arrival order, on the session's thread, which already satisfies every
-//! CUDA ordering rule: streams are bookkeeping, events are timestamps taken
-//! when the record is processed. Kernels run on the PTX interpreter
-//! (`rgpu-ptx`, see [`kernels`]): modules are decoded at load time, a launch
-//! runs the whole grid before the next request is taken, over this session's
-//! allocations in [`memory::DeviceMemory`].
+//! Memory is real (see [`memory`]). Kernels run on the PTX interpreter
+//! (`rgpu-ptx`, see [`kernels`]) over this session's allocations in
+//! [`memory::DeviceMemory`]; modules are decoded at load time. Launches,
+//! event records and stream waits are queued on the session's
+//! [`executor`], which runs them off the session thread in CUDA's stream
+//! order; every other operation waits for the executor to be idle first, so
+//! memory is never copied, freed or remapped under a running kernel.
 
 pub mod attributes;
+pub mod executor;
 pub mod kernels;
 pub mod memory;
 pub mod vmm;
@@ -16,7 +17,7 @@ pub mod vmm;
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -30,6 +31,9 @@ use super::{
 };
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronise with the legacy default stream.
+pub const STREAM_NON_BLOCKING: u32 = 0x1;
 
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
@@ -125,6 +129,7 @@ impl Backend for SimBackend {
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
+        let cancel = Arc::new(AtomicBool::new(false));
         Ok(Box::new(SimSession {
             shared: self.shared.clone(),
             account: MemoryAccount::new(budget),
@@ -137,14 +142,19 @@ impl Backend for SimBackend {
             next_token: 1,
             output: Vec::new(),
             vmm: SimVmm::default(),
-            cancel: Arc::new(AtomicBool::new(false)),
+            cancel: cancel.clone(),
+            exec: executor::Executor::new(cancel),
         }))
     }
 }
 
 struct SimEvent {
     flags: u32,
-    recorded: Option<Instant>,
+    /// When the stream reached the event's last record; set by the
+    /// executor when the record was queued behind work.
+    recorded: Arc<Mutex<Option<Instant>>>,
+    /// The executor item of a record still queued.
+    item: Option<u64>,
 }
 
 struct SimModule {
@@ -168,7 +178,8 @@ struct SimSession {
     /// What kernels may touch: `allocs` as memory regions, rebuilt after an
     /// allocation or a free rather than at every launch.
     launch_memory: Option<Arc<kernels::SessionMemory>>,
-    streams: HashMap<u64, u32>,
+    /// Each created stream's device and whether it is blocking.
+    streams: HashMap<u64, (u32, bool)>,
     events: HashMap<u64, SimEvent>,
     modules: HashMap<u64, SimModule>,
     next_token: u64,
@@ -178,6 +189,8 @@ struct SimSession {
     vmm: SimVmm,
     /// Raised when the session ends: its running launch stops.
     cancel: Arc<AtomicBool>,
+    /// Runs the session's kernels and event records off its thread.
+    exec: executor::Executor,
 }
 
 impl SimSession {
@@ -194,6 +207,18 @@ impl SimSession {
                 self.streams.get(&t.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
             }
         }
+    }
+
+    /// The executor's view of a stream.
+    fn lane(&self, s: StreamRef) -> CuResult<executor::Lane> {
+        self.check_stream(s)?;
+        Ok(match s {
+            StreamRef::Default { device } => executor::Lane::Default(device),
+            StreamRef::Created(t) => {
+                let &(device, blocking) = self.streams.get(&t.0).ok_or(CuError::INVALID_HANDLE)?;
+                executor::Lane::Created { token: t.0, device, blocking }
+            }
+        })
     }
 
     fn event(&mut self, e: EventToken) -> CuResult<&mut SimEvent> {
@@ -309,6 +334,7 @@ impl BackendSession for SimSession {
     }
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
+        self.exec.wait_idle();
         self.free_owned(ptr)?;
         if let Some(size) = self.client_bytes.remove(&ptr) {
             self.account.give(size);
@@ -329,6 +355,7 @@ impl BackendSession for SimSession {
         len: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if SimVmm::owns(dst) {
             for (p, n) in self.vmm.pieces(dst, len)? {
@@ -348,6 +375,7 @@ impl BackendSession for SimSession {
         len: u64,
         sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if SimVmm::owns(src) {
             for (p, n) in self.vmm.pieces(src, len)? {
@@ -361,6 +389,7 @@ impl BackendSession for SimSession {
     }
 
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if len == 0 {
             return Ok(());
@@ -378,6 +407,7 @@ impl BackendSession for SimSession {
     }
 
     fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         let span = op.span().ok_or(CuError::INVALID_VALUE)?;
         if SimVmm::owns(op.dst) {
@@ -421,6 +451,7 @@ impl BackendSession for SimSession {
     }
 
     fn mem_release(&mut self, phys: PhysicalToken) -> CuResult {
+        self.exec.wait_idle();
         let size = self.vmm.release(&self.shared.memory, phys.0)?;
         self.account.give(size);
         Ok(())
@@ -431,19 +462,23 @@ impl BackendSession for SimSession {
     }
 
     fn mem_address_free(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.exec.wait_idle();
         self.vmm.address_free(ptr, size)
     }
 
     fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, phys: PhysicalToken) -> CuResult {
+        self.exec.wait_idle();
         self.vmm.map(&self.shared.memory, ptr, size, offset, phys.0)
     }
 
     fn mem_unmap(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.exec.wait_idle();
         self.launch_memory = None;
         self.vmm.unmap(ptr, size)
     }
 
     fn mem_set_access(&mut self, ptr: u64, size: u64, device: u32, flags: u32) -> CuResult {
+        self.exec.wait_idle();
         self.shared.device(device)?;
         let accessible = match flags {
             crate::vmm::ACCESS_NONE => false,
@@ -458,34 +493,47 @@ impl BackendSession for SimSession {
         self.vmm.set_access(ptr, size, accessible)
     }
 
-    fn stream_create(&mut self, device: u32, _flags: u32, _priority: i32) -> CuResult<StreamToken> {
+    fn stream_create(&mut self, device: u32, flags: u32, _priority: i32) -> CuResult<StreamToken> {
         self.shared.device(device)?;
         let t = self.token();
-        self.streams.insert(t, device);
+        self.streams.insert(t, (device, flags & STREAM_NON_BLOCKING == 0));
         Ok(StreamToken(t))
     }
 
     fn stream_destroy(&mut self, stream: StreamToken) -> CuResult {
+        let lane = self.lane(StreamRef::Created(stream))?;
+        // Work already queued on it still runs, as in CUDA.
+        self.exec.forget(lane);
         self.streams.remove(&stream.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
     }
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)
+        self.check_stream(stream)?;
+        self.exec.wait_idle();
+        Ok(())
     }
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)
+        let lane = self.lane(stream)?;
+        if self.exec.lane_busy(lane) {
+            return Err(CuError::NOT_READY);
+        }
+        Ok(())
     }
 
     fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, _flags: u32) -> CuResult {
-        self.check_stream(stream)?;
-        self.event(event).map(|_| ())
+        let lane = self.lane(stream)?;
+        let item = self.event(event)?.item;
+        if let Some(id) = item.filter(|&id| self.exec.pending(id)) {
+            self.exec.enqueue(lane, Some(id), executor::Work::Wait)?;
+        }
+        Ok(())
     }
 
     fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken> {
         self.shared.device(device)?;
         let t = self.token();
-        self.events.insert(t, SimEvent { flags, recorded: None });
+        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(None)), item: None });
         Ok(EventToken(t))
     }
 
@@ -494,18 +542,31 @@ impl BackendSession for SimSession {
     }
 
     fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)?;
+        let lane = self.lane(stream)?;
+        self.event(event)?;
+        // A fresh stamp per record: a query of the event asks about its last record only.
+        let stamp = Arc::new(Mutex::new(None));
+        // Queued even on an idle stream: what it must follow depends on the
+        // other streams too (the legacy default stream's rules).
+        let item = Some(self.exec.enqueue(lane, None, executor::Work::Record(stamp.clone()))?);
         let ev = self.event(event)?;
-        ev.recorded = Some(Instant::now());
+        ev.recorded = stamp;
+        ev.item = item;
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: EventToken) -> CuResult {
-        self.event(event).map(|_| ())
+        self.event(event)?;
+        self.exec.wait_idle();
+        Ok(())
     }
 
     fn event_query(&mut self, event: EventToken) -> CuResult {
-        self.event(event).map(|_| ())
+        let item = self.event(event)?.item;
+        if item.is_some_and(|id| self.exec.pending(id)) {
+            return Err(CuError::NOT_READY);
+        }
+        Ok(())
     }
 
     fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
@@ -514,7 +575,11 @@ impl BackendSession for SimSession {
             if ev.flags & EVENT_DISABLE_TIMING != 0 {
                 return Err(CuError::INVALID_HANDLE);
             }
-            ev.recorded.ok_or(CuError::INVALID_HANDLE)
+            if ev.item.is_some_and(|id| s.exec.pending(id)) {
+                return Err(CuError::NOT_READY);
+            }
+            let at = *ev.recorded.lock().unwrap_or_else(|p| p.into_inner());
+            at.ok_or(CuError::INVALID_HANDLE)
         };
         let (a, b) = (stamp(self, start)?, stamp(self, end)?);
         // CUDA reports a negative time when `end` was recorded before `start`.
@@ -527,6 +592,7 @@ impl BackendSession for SimSession {
     }
 
     fn ctx_synchronize(&mut self, device: u32) -> CuResult {
+        self.exec.wait_idle();
         self.shared.device(device).map(|_| ())
     }
 
@@ -642,6 +708,7 @@ impl BackendSession for SimSession {
     }
 
     fn module_unload(&mut self, module: ModuleToken) -> CuResult {
+        self.exec.wait_idle();
         let m = self.modules.remove(&module.0).ok_or(CuError::INVALID_HANDLE)?;
         for p in m.globals {
             let _ = self.free_owned(p);
@@ -657,6 +724,7 @@ impl BackendSession for SimSession {
     }
 
     fn set_cancel(&mut self, cancel: Arc<AtomicBool>) {
+        self.exec = executor::Executor::new(cancel.clone());
         self.cancel = cancel;
     }
 
@@ -693,16 +761,28 @@ impl BackendSession for SimSession {
                 r
             }
         };
-        kernels::run(&prog, dims, params, &regions, &mut self.output, self.shared.kernel_time_limit, &self.cancel)
+        let lane = self.lane(stream)?;
+        let (dims, params, limit, cancel) = (*dims, params.to_vec(), self.shared.kernel_time_limit, self.cancel.clone());
+        let run = move |out: &mut Vec<u8>| kernels::run(&prog, &dims, &params, &regions, out, limit, &cancel);
+        self.exec.enqueue(lane, None, executor::Work::Kernel(Box::new(run)))?;
+        Ok(())
+    }
+
+    fn take_async_error(&mut self) -> Option<CuError> {
+        self.exec.take_error()
     }
 
     fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.output)
+        let mut out = std::mem::take(&mut self.output);
+        out.extend_from_slice(&self.exec.take_output());
+        out
     }
 }
 
 impl Drop for SimSession {
     fn drop(&mut self) {
+        // Stops and joins the executor before the memory its kernels use is freed.
+        self.exec = executor::Executor::new(Arc::new(AtomicBool::new(true)));
         self.vmm.release_all(&self.shared.memory);
         let ptrs: Vec<u64> = self.allocs.keys().copied().collect();
         for p in ptrs {
