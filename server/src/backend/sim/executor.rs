@@ -95,6 +95,20 @@ impl Inner {
         s.shutdown || self.cancel.load(Ordering::Relaxed)
     }
 
+    /// Drops the items not started yet (the session ended); running ones
+    /// stay listed until they return, so nobody frees memory under them.
+    fn drop_queued(&self, s: &mut State) {
+        let State { items, live, .. } = s;
+        items.retain(|it| {
+            let queued = it.work.is_some();
+            if queued {
+                live.remove(&it.id);
+            }
+            !queued
+        });
+        self.changed.notify_all();
+    }
+
     /// Waits for a change, waking now and then to see a cancel raised
     /// from outside (the connection's watcher does not notify).
     fn wait<'a>(&self, g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
@@ -189,10 +203,18 @@ impl Executor {
         self.inner.lock().last.remove(&lane);
     }
 
-    /// Waits until every queued item is done (or the session ended).
+    /// Waits until every queued item is done; once the session ended, until
+    /// the running ones returned (they stop soon: they poll the same flag)
+    /// and the rest are dropped.
     pub fn wait_idle(&self) {
         let mut s = self.inner.lock();
-        while !s.live.is_empty() && !self.inner.stopped(&s) {
+        while !s.live.is_empty() {
+            if self.inner.stopped(&s) {
+                self.inner.drop_queued(&mut s);
+                if s.live.is_empty() {
+                    break;
+                }
+            }
             s = self.inner.wait(s);
         }
     }
@@ -224,18 +246,17 @@ fn work(inner: &Inner) {
     loop {
         if inner.stopped(&s) {
             // The session ended: what is queued never runs.
-            s.items.clear();
-            s.live.clear();
-            inner.changed.notify_all();
+            inner.drop_queued(&mut s);
             if s.shutdown {
                 return;
             }
-            s = inner.wait(s);
-            continue;
         }
         let ready = s.items.iter().position(|it| it.work.is_some() && it.deps.iter().all(|d| !s.live.contains(d)));
         let Some(i) = ready else {
-            s = inner.wait(s);
+            // Every change that can make an item ready (an enqueue, a
+            // completion, the shutdown) notifies, so an idle worker sleeps
+            // untimed.
+            s = inner.changed.wait(s).unwrap_or_else(|p| p.into_inner());
             continue;
         };
         let (id, job) = {
@@ -344,11 +365,15 @@ mod tests {
         let cancel = Arc::new(AtomicBool::new(false));
         let mut x = Executor::new(cancel.clone());
         let ran = Arc::new(AtomicU32::new(0));
-        for _ in 0..100 {
-            let r = ran.clone();
-            x.enqueue(Lane::Default(0), None, Work::Kernel(Box::new(move |_| {
+        let running = Arc::new(AtomicU32::new(0));
+        for i in 0..100 {
+            let (r, on) = (ran.clone(), running.clone());
+            let lane = Lane::Created { token: i % 4, device: 0, blocking: false };
+            x.enqueue(lane, None, Work::Kernel(Box::new(move |_| {
+                on.fetch_add(1, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(20));
                 r.fetch_add(1, Ordering::Relaxed);
+                on.fetch_sub(1, Ordering::SeqCst);
                 Ok(())
             })))
             .unwrap();
@@ -357,8 +382,10 @@ mod tests {
         cancel.store(true, Ordering::Relaxed);
         let t = Instant::now();
         x.wait_idle();
+        // Idle means no kernel still touches the session's memory.
+        assert_eq!(running.load(Ordering::SeqCst), 0);
         drop(x);
         assert!(t.elapsed() < Duration::from_millis(200));
-        assert!(ran.load(Ordering::Relaxed) < 10);
+        assert!(ran.load(Ordering::Relaxed) < 30, "queued kernels ran after the cancel");
     }
 }
