@@ -112,4 +112,5 @@ runtime_tests! {
     kernels => kernels;
     errors => plain;
     backpressure => plain;
+    async_device => plain;
 }

@@ -107,14 +107,46 @@ struct Shared<'a> {
     mem: &'a dyn GlobalMemory,
     deadline: Instant,
     abort: AtomicBool,
+    /// Raised by the caller to stop the launch (its session ended).
+    cancel: &'a AtomicBool,
     start: Instant,
+}
+
+impl Shared<'_> {
+    /// Why the launch must stop now, if it must: checked between blocks and
+    /// at every barrier round, so neither many short blocks nor a block
+    /// looping over barriers outlives the time limit or a cancel.
+    fn stop_now(&self) -> Option<Fault> {
+        if self.cancel.load(Ordering::Relaxed) {
+            Some(Fault::Cancelled)
+        } else if self.abort.load(Ordering::Relaxed) {
+            Some(Fault::Aborted)
+        } else if Instant::now() > self.deadline {
+            Some(Fault::Timeout)
+        } else {
+            None
+        }
+    }
 }
 
 /// Runs `prog` over the grid. `params` is the packed parameter buffer.
 pub fn launch(prog: &Program, cfg: &LaunchConfig, params: &[u8], mem: &dyn GlobalMemory) -> Result<LaunchOutput, ExecError> {
+    launch_cancellable(prog, cfg, params, mem, &AtomicBool::new(false))
+}
+
+/// As [`launch`], stopping with [`Fault::Cancelled`] soon after `cancel`
+/// is raised (between blocks, at barriers, and every few thousand
+/// instructions of a warp).
+pub fn launch_cancellable(
+    prog: &Program,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    mem: &dyn GlobalMemory,
+    cancel: &AtomicBool,
+) -> Result<LaunchOutput, ExecError> {
     let nblocks = cfg.grid.iter().map(|&g| g as u64).product::<u64>();
     let start = Instant::now();
-    let sh = Shared { prog, cfg, params, mem, deadline: start + cfg.time_limit, abort: AtomicBool::new(false), start };
+    let sh = Shared { prog, cfg, params, mem, deadline: start + cfg.time_limit, abort: AtomicBool::new(false), cancel, start };
     let next = AtomicUsize::new(0);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
     let first_err: Mutex<Option<ExecError>> = Mutex::new(None);
@@ -130,7 +162,11 @@ pub fn launch(prog: &Program, cfg: &LaunchConfig, params: &[u8], mem: &dyn Globa
             let g = cfg.grid;
             let ctaid = [(b % g[0] as u64) as u32, (b / g[0] as u64 % g[1] as u64) as u32, (b / (g[0] as u64 * g[1] as u64)) as u32];
             let mut out = Vec::new();
-            match blk.run(ctaid, &mut out) {
+            let ran = match sh.stop_now() {
+                Some(fault) => Err(ExecError { kernel: prog.name.clone(), block: ctaid, thread: [0; 3], line: 0, fault }),
+                None => blk.run(ctaid, &mut out),
+            };
+            match ran {
                 Ok(n) => {
                     count.fetch_add(n, Ordering::Relaxed);
                     if !out.is_empty() {
@@ -270,6 +306,12 @@ impl<'a> BlockRunner<'a> {
             if !live {
                 return Ok(count);
             }
+            if let Some(fault) = self.sh.stop_now() {
+                let w = self.warps.iter().find(|w| w.alive != 0).unwrap_or(&self.warps[0]);
+                let lane = w.alive.trailing_zeros() as usize % LANES;
+                let line = self.sh.prog.insts.get(w.pcs[lane] as usize).map_or(0, |i| i.line);
+                return Err(self.err(w, lane, line, ctaid, fault));
+            }
             // Every live warp waits at a barrier: release them all.
             let (mut pop, mut all, mut any) = (0u32, true, false);
             for w in &self.warps {
@@ -310,9 +352,10 @@ impl<'a> BlockRunner<'a> {
         let mut steps: u32 = 0;
         loop {
             steps = steps.wrapping_add(1);
-            if steps & 0x3fff == 0 && (Instant::now() > self.sh.deadline || self.sh.abort.load(Ordering::Relaxed)) {
-                let f = if self.sh.abort.load(Ordering::Relaxed) { Fault::Aborted } else { Fault::Timeout };
-                return Err(self.err(w, mask.trailing_zeros() as usize, insts.get(pc as usize).map_or(0, |i| i.line), ctaid, f));
+            if steps & 0x3fff == 0 {
+                if let Some(f) = self.sh.stop_now() {
+                    return Err(self.err(w, mask.trailing_zeros() as usize, insts.get(pc as usize).map_or(0, |i| i.line), ctaid, f));
+                }
             }
             if self.sh.prog.joins.get(pc as usize).copied().unwrap_or(false) && !w.conv.is_empty() {
                 mask = arrive(w, pc, mask);

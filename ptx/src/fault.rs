@@ -12,6 +12,8 @@ pub enum Fault {
     Unsupported(String),
     /// Another block failed first; this one stopped.
     Aborted,
+    /// The caller's cancel flag was raised (the session ended): the launch stopped.
+    Cancelled,
 }
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

@@ -262,7 +262,7 @@ fn report_usage(service: &Service, mut hb: server_agent::heartbeat_params::Build
     for (i, (lease, u)) in by_lease.iter().enumerate() {
         write(list.reborrow().get(i as u32), *lease, u);
     }
-    write(hb.init_total(), 0, &service.meters.total(service.backend.launches_complete_on_return()));
+    write(hb.init_total(), 0, &service.meters.total(service.backend.kernel_times_known()));
 }
 
 fn close(service: &Service, sessions: Vec<u64>) {

@@ -207,11 +207,21 @@ async fn attach(
     };
     let input = service.session_input(admission.as_ref());
     let meter = service.meter(id, admission.as_ref().map(|a| a.lease));
-    let mut state =
-        SessionState::new(backend, service.backend.devices().len() as u32).with_input(input).with_meter(meter);
+    let mut state = SessionState::new(backend, service.backend.devices().len() as u32)
+        .with_devices(service.backend.devices())
+        .with_input(input)
+        .with_meter(meter);
     if let Some(a) = admission {
         state = state.restrict(a.devices);
     }
+    let watched = match std.try_clone() {
+        Ok(c) => c,
+        Err(e) => {
+            service.sessions.detach(id);
+            return refuse(std, CuError::UNKNOWN, &format!("cannot clone socket: {e}"));
+        }
+    };
+    let ended = state.ended.clone();
     let mut std = std;
     if let Err(e) = std.write_all(&status_bytes(0)) {
         service.sessions.detach(id);
@@ -244,6 +254,14 @@ async fn attach(
             let span = thread_span;
             let _in_session = span.enter();
             let _held = (held, guard);
+            // The session's work stops soon after its connection ends, even mid-kernel.
+            let _watch = match crate::session::hangup::Watch::start(watched, ended) {
+                Ok(w) => Some(w),
+                Err(e) => {
+                    warn!("cannot watch the connection for its end: {e}; running work finishes before the session ends");
+                    None
+                }
+            };
             if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
                 // A bug reachable from input must cost this session, never the

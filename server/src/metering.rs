@@ -6,12 +6,13 @@
 //! ([`crate::metrics::ServerMetrics`]) are fed at the same points, and the
 //! scrape and the broker agent read the live meters through [`Meters`].
 //!
-//! Kernel time is the wall time of the backend's launch call, which equals
-//! the kernel's execution only on a backend whose launches return when the
-//! kernel is done ([`crate::backend::Backend::launches_complete_on_return`]:
-//! the sim). Elsewhere (the cuda backend queues launches) the time is not
-//! known here, and it is reported as unknown rather than as the time to
-//! queue.
+//! Kernel time is each kernel's execution time as the backend reports it
+//! when the kernel ends ([`crate::backend::BackendSession::time_kernels`]:
+//! the sim's executor, from its worker threads). Where the backend cannot
+//! ([`crate::backend::Backend::kernel_times_known`] false: the cuda backend
+//! queues launches and nothing times them yet), kernels are counted as they
+//! are launched and their time is reported as unknown, never as the time a
+//! launch took to queue.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

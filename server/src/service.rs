@@ -80,7 +80,7 @@ impl Service {
     /// among the live ones until [`Meters::remove`].
     pub fn meter(&self, id: u64, lease: Option<u64>) -> Arc<SessionMeter> {
         let devices = self.backend.devices().len();
-        let timed = self.backend.launches_complete_on_return();
+        let timed = self.backend.kernel_times_known();
         let m = Arc::new(SessionMeter::new(self.metrics.clone(), devices, lease, timed));
         self.meters.insert(id, m.clone());
         self.metrics.session_attached();

@@ -9,9 +9,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use crate::backend::{BackendSession, EventToken, ModuleToken, StreamRef, StreamToken};
+use crate::backend::launch_limits::{KernelNeeds, LaunchLimits};
+use crate::backend::{BackendSession, DeviceInfo, EventToken, LaunchDims, ModuleToken, StreamRef, StreamToken};
 use crate::limits::SessionInput;
 use crate::metering::SessionMeter;
 use crate::quota::Charge;
@@ -52,6 +54,8 @@ pub struct Module {
     pub device: u32,
     /// Parameter buffer length of each function, by index.
     pub param_lens: Vec<u64>,
+    /// What each function's launches need (`.maxntid`, static shared memory), by index.
+    pub needs: Vec<KernelNeeds>,
     /// Device pointers of its globals (entries of `allocs`).
     pub globals: Vec<u64>,
     /// Its image's bytes, held against the lease's module quota while it is loaded.
@@ -76,10 +80,25 @@ pub struct SessionState {
     pub graph_execs: HashMap<u64, crate::backend::graph::GraphExec>,
     /// What the session uses, counted as it serves.
     pub meter: Arc<SessionMeter>,
+    /// The backend reports each kernel to `meter` as it ends (with its run
+    /// time), so launches are not counted when they are queued.
+    pub backend_times_kernels: bool,
+    /// Each device's launch limits, by ordinal.
+    pub launch_limits: Vec<LaunchLimits>,
+    /// Raised when the session ends (connection closed or dropped, server
+    /// stopping): the backend stops the session's running work, and the
+    /// session loop takes no further request.
+    pub ended: Arc<AtomicBool>,
+    /// The error that has left the session's device unusable, as a GPU's
+    /// context is after a kernel timeout: every later request but those
+    /// that release objects fails with it.
+    pub sticky: Option<CuError>,
 }
 
 impl SessionState {
-    pub fn new(backend: Box<dyn BackendSession>, device_count: u32) -> Self {
+    pub fn new(mut backend: Box<dyn BackendSession>, device_count: u32) -> Self {
+        let ended = Arc::new(AtomicBool::new(false));
+        backend.set_cancel(ended.clone());
         SessionState {
             backend,
             device_count,
@@ -92,13 +111,43 @@ impl SessionState {
             input: SessionInput::default(),
             graph_execs: HashMap::new(),
             meter: Arc::new(SessionMeter::detached(device_count as usize)),
+            backend_times_kernels: false,
+
+            launch_limits: vec![LaunchLimits::default(); device_count as usize],
+            ended,
+            sticky: None,
         }
     }
 
-    /// Counts what the session uses into `meter`.
+    /// Counts what the session uses into `meter`; a backend that runs kernels
+    /// behind the session's back (the sim's executor) times each one itself.
     pub fn with_meter(mut self, meter: Arc<SessionMeter>) -> Self {
+        let m = meter.clone();
+        self.backend_times_kernels = self.backend.time_kernels(Arc::new(move |device, took| m.kernel(device, took)));
         self.meter = meter;
         self
+    }
+
+    /// Takes each device's launch limits from its attributes.
+    pub fn with_devices(mut self, devices: &[DeviceInfo]) -> Self {
+        self.launch_limits = devices.iter().map(LaunchLimits::of).collect();
+        self
+    }
+
+    /// Checks a launch of `function` of module `handle` with a parameter
+    /// buffer of `param_bytes` against the kernel's layout and the device's
+    /// limits, before the backend builds anything for it; returns the
+    /// module's backend token and device.
+    pub fn check_launch(&self, handle: u64, function: u32, dims: &LaunchDims, param_bytes: u64) -> CuResult<(ModuleToken, u32)> {
+        let m = self.module(handle)?;
+        let want = *m.param_lens.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
+        if param_bytes != want {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let needs = m.needs.get(function as usize).copied().unwrap_or_default();
+        let limits = self.launch_limits.get(m.device as usize).copied().unwrap_or_default();
+        limits.check(dims, &needs, want)?;
+        Ok((m.token, m.device))
     }
 
     /// Bounds what the session may make the server buffer and keep.

@@ -184,6 +184,9 @@ fn metered_device_time_matches_event_times() {
             l.set_block_z(1);
         });
         record(&mut c, 11);
+        // The device runs asynchronously: the elapsed time is known once the
+        // end event has completed (NOT_READY before, as on a GPU).
+        call_event(&mut c, |r| r.init_event_synchronize().set_handle(11));
         let e = call_event(&mut c, |r| {
             let mut p = r.init_event_elapsed_time();
             p.set_start(10);

@@ -25,10 +25,11 @@
 
 pub mod cuda;
 pub mod graph;
+pub mod launch_limits;
 pub mod sim;
 
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use rgpu_cuda_types::CuResult;
@@ -264,18 +265,21 @@ pub trait Backend: Send + Sync + 'static {
     /// (past it, `CUDA_ERROR_OUT_OF_MEMORY`), and `mem_get_info` reports
     /// the budget's remainder and limit.
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>>;
-    /// Whether `launch_kernel` returns only when the kernel has finished,
-    /// so that the call's wall time is the kernel's execution time (what
-    /// [`crate::metering`] counts as device time). A backend that queues
-    /// launches must answer false (the default): its kernel times are then
-    /// reported as unknown.
-    fn launches_complete_on_return(&self) -> bool {
+    /// Whether its sessions report each kernel's execution time
+    /// ([`BackendSession::time_kernels`]: what [`crate::metering`] counts as
+    /// device time). A backend that cannot must answer false (the default):
+    /// its kernel times are then reported as unknown, never as the time a
+    /// launch took to queue.
+    fn kernel_times_known(&self) -> bool {
         false
     }
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by
 /// one thread, in arrival order. Dropping it frees everything it still holds.
+/// Called with (device, execution time) as each kernel of a session ends.
+pub type KernelTimer = Arc<dyn Fn(u32, std::time::Duration) + Send + Sync>;
+
 pub trait BackendSession: Send {
     // --- memory -----------------------------------------------------------
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64>;
@@ -376,6 +380,12 @@ pub trait BackendSession: Send {
     fn module_host_bytes(&self, _module: ModuleToken) -> u64 {
         0
     }
+    /// The flag raised when the session ends (its connection closed or
+    /// dropped, or the server stopping): work running for the session stops
+    /// soon after. The default ignores it (a real GPU's kernels cannot be
+    /// stopped; its context goes with the session).
+    fn set_cancel(&mut self, _cancel: Arc<AtomicBool>) {}
+
     /// Launches function `function` of `module`; `params` is the packed
     /// kernelParams buffer, already checked against the function's layout.
     fn launch_kernel(
@@ -386,6 +396,19 @@ pub trait BackendSession: Send {
         stream: StreamRef,
         params: &[u8],
     ) -> CuResult;
+
+    /// The first error of asynchronous work (a kernel) that failed since
+    /// the last call, for the next reply to carry as its deferred error.
+    fn take_async_error(&mut self) -> Option<rgpu_cuda_types::CuError> {
+        None
+    }
+
+    /// Has the session report each kernel it runs, with its device and
+    /// execution time, through `timer` when the kernel ends; false where it
+    /// cannot time its kernels (the caller then counts launches itself).
+    fn time_kernels(&mut self, _timer: KernelTimer) -> bool {
+        false
+    }
 
     /// Text kernels printed (device `printf`) since the last call, for the
     /// next reply to carry to the client.

@@ -237,11 +237,10 @@ fn replay(s: &mut SessionState, exec: &GraphExec, stream: u64, bulk: &mut Bulk<'
     for op in &exec.ops {
         match op {
             GraphOp::Kernel { module, function, dims, params } => {
-                let m = s.module(*module)?;
-                if m.device != device {
+                let (token, on) = s.check_launch(*module, *function, dims, params.len() as u64)?;
+                if on != device {
                     return Err(CuError::INVALID_HANDLE.into());
                 }
-                let token = m.token;
                 s.backend.launch_kernel(token, *function, dims, stream, &exec.params[params.clone()])?;
             }
             GraphOp::HtoD { dst, size } => {

@@ -6,10 +6,6 @@ use rgpu_protocol::data_capnp::launch_kernel;
 use super::{Bulk, BulkHandler, Fail};
 use crate::backend::LaunchDims;
 use crate::state::SessionState;
-use rgpu_cuda_types::CuError;
-
-/// Parameter buffers above this are refused unread (CUDA's own limit is 32 KiB).
-const MAX_PARAMS_LEN: u64 = 1 << 20;
 
 #[derive(Debug)]
 pub struct LaunchKernel {
@@ -37,16 +33,10 @@ impl LaunchKernel {
 impl BulkHandler for LaunchKernel {
     type Reply = ();
     fn apply(self, s: &mut SessionState, bulk: &mut Bulk<'_>) -> Result<(), Fail> {
-        let m = s.module(self.module)?;
-        let (token, device) = (m.token, m.device);
-        let want = *m.param_lens.get(self.function as usize).ok_or(CuError::INVALID_HANDLE)?;
+        // Refused unread when past the device's limits (the parameter
+        // buffer is at most MAX_PARAM_BYTES by then).
+        let (token, device) = s.check_launch(self.module, self.function, &self.dims, bulk.remaining())?;
         let stream = s.stream(self.stream, device)?;
-        if bulk.remaining() != want || want > MAX_PARAMS_LEN {
-            return Err(CuError::INVALID_VALUE.into());
-        }
-        if self.dims.grid.contains(&0) || self.dims.block.contains(&0) {
-            return Err(CuError::INVALID_VALUE.into());
-        }
         let params = bulk.read_to_vec()?;
         s.backend.launch_kernel(token, self.function, &self.dims, stream, &params)?;
         Ok(())

@@ -127,6 +127,14 @@ impl BulkHandler for ModuleLoad {
                 token,
                 device: self.device,
                 param_lens: loaded.functions.iter().map(|f| f.param_buffer_len()).collect(),
+                needs: loaded
+                    .functions
+                    .iter()
+                    .map(|f| crate::backend::launch_limits::KernelNeeds {
+                        max_threads_per_block: u32::try_from(f.max_threads_per_block).unwrap_or(0),
+                        static_shared: u32::try_from(f.shared_size_bytes).unwrap_or(u32::MAX),
+                    })
+                    .collect(),
                 globals: loaded.globals.iter().map(|g| g.ptr).collect(),
                 image: Some(std::sync::Arc::new(held)),
             },

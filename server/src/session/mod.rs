@@ -20,9 +20,11 @@
 //! is out of sync and nothing after it can be trusted. Whatever the reason
 //! the session ends, dropping its [`SessionState`] frees everything it held.
 
+pub mod hangup;
 pub mod registry;
 
 use std::io;
+use std::sync::atomic::Ordering;
 
 use rgpu_protocol::data_capnp::request;
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
@@ -30,7 +32,7 @@ use rgpu_protocol::message::{Encoder, RecvBuf};
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp::TcpTransport;
 use rgpu_transport::Transport;
-use tracing::{debug, trace, trace_span, warn};
+use tracing::{debug, info, trace, trace_span, warn};
 
 use crate::backend::TransferError;
 use crate::command::{Bulk, Command, DeviceBytes, EncodeReply, Fail, Reply};
@@ -68,6 +70,29 @@ pub enum End {
     /// The client sent something that is not a valid frame.
     #[error("stream out of sync: {0}")]
     OutOfSync(String),
+    /// The connection ended (or the server is stopping) while requests were
+    /// still queued: they were dropped and the running one stopped.
+    #[error("connection ended; its queued and running work was stopped")]
+    Stopped,
+}
+
+/// Requests still served once the session's device is in a sticky error:
+/// those that only release what the session holds.
+const RELEASES: &[&str] = &[
+    "memFree",
+    "streamDestroy",
+    "eventDestroy",
+    "moduleUnload",
+    "memRelease",
+    "memUnmap",
+    "memAddressFree",
+    "graphExecDestroy",
+];
+
+/// Whether `e` leaves the device unusable for the rest of the session, as
+/// a GPU's context is left after a kernel ran past the watchdog.
+fn is_sticky(e: CuError) -> bool {
+    e == CuError::LAUNCH_TIMEOUT
 }
 
 pub struct Session<T> {
@@ -119,6 +144,9 @@ impl<T: Transport + Pending> Session<T> {
     }
 
     fn step(&mut self) -> Result<(), End> {
+        if self.state.ended.load(Ordering::Relaxed) {
+            return Err(End::Stopped);
+        }
         if self.transport.pending_input() < HEADER_LEN {
             self.flush().map_err(End::Io)?;
         }
@@ -186,19 +214,41 @@ impl<T: Transport + Pending> Session<T> {
         };
         let started = std::time::Instant::now();
         let mut bulk = Bulk::new(&mut self.transport, h.bulk_len, &mut self.scratch);
-        let result = match cmd.apply(&mut self.state, &mut bulk) {
-            Ok(body) => Ok(body),
-            Err(Fail::Cuda(e)) => Err(e),
-            Err(Fail::Io(e)) => return Err(End::Io(e)),
+        let result = match self.state.sticky {
+            Some(e) if !RELEASES.contains(&name) => {
+                bulk.discard().map_err(End::Io)?;
+                Err(e)
+            }
+            _ => match cmd.apply(&mut self.state, &mut bulk) {
+                Ok(body) => Ok(body),
+                Err(Fail::Cuda(e)) => Err(e),
+                Err(Fail::Io(e)) => return Err(End::Io(e)),
+            },
         };
         let took = started.elapsed();
         self.state.meter.request(name, took, code_of(&result));
-        if let (Some(device), Ok(_)) = (launch_on, &result) {
+        if let (Some(device), Ok(_), false) = (launch_on, &result, self.state.backend_times_kernels) {
             self.state.meter.kernel(device, took);
+        }
+        // Asynchronous work that failed since the last request: its error is
+        // the next reply's deferred error, as a launch's own is.
+        let late = self.state.backend.take_async_error();
+        for e in result.as_ref().err().into_iter().chain(late.as_ref()) {
+            if is_sticky(*e) && self.state.sticky.is_none() {
+                warn!("{name} failed with {e}: the session's device is unusable from now on, as a GPU's context is");
+                self.state.sticky = Some(*e);
+            }
+        }
+        // A launch stopped because the session ended is no error of the client's.
+        if self.state.ended.load(Ordering::Relaxed) {
+            return Err(End::Stopped);
         }
         trace!(result = code_of(&result), "applied");
         if let Err(e) = &result {
             debug!(seq = h.seq, "{name} failed: {e}");
+        }
+        if let Some(e) = late {
+            self.deferred.get_or_insert(e);
         }
         if !h.wants_reply() {
             if let Err(e) = result {
@@ -282,6 +332,7 @@ pub fn serve(transport: DataTransport, state: SessionState) {
     state.meter.set_transport(transport.kind());
     match Session::new(transport, state).run() {
         e @ (End::Closed | End::Io(_)) => debug!("session {e}"),
+        e @ End::Stopped => info!("session {e}"),
         e @ End::OutOfSync(_) => warn!("closing data connection: {e}"),
     }
 }

@@ -2,6 +2,8 @@
 //! through capnp-rpc, the data plane as raw frames on a `TcpTransport`.
 #![allow(dead_code)]
 
+pub mod kernels;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,20 +61,27 @@ impl TestServer {
         pool: rgpu_server::config::PoolConfig,
         limits: rgpu_server::limits::Limits,
     ) -> TestServer {
-        Self::start_inner(devices, memory, attach_timeout, pool, limits, false)
+        Self::start_configured(devices, memory, attach_timeout, pool, limits, rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false)
     }
 
     /// As `start_with`, serving Prometheus metrics on a loopback port too.
     pub fn start_with_metrics(devices: u32, memory: u64) -> TestServer {
-        Self::start_inner(devices, memory, Duration::from_secs(30), Default::default(), Default::default(), true)
+        let limit = rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT;
+        Self::start_configured(devices, memory, Duration::from_secs(30), Default::default(), Default::default(), limit, true)
     }
 
-    fn start_inner(
+    /// As `start`, with this kernel time limit.
+    pub fn start_with_kernel_limit(limit: Duration) -> TestServer {
+        Self::start_configured(1, 256 << 20, Duration::from_secs(30), Default::default(), Default::default(), limit, false)
+    }
+
+    fn start_configured(
         devices: u32,
         memory: u64,
         attach_timeout: Duration,
         pool: rgpu_server::config::PoolConfig,
         limits: rgpu_server::limits::Limits,
+        kernel_time_limit: Duration,
         metrics: bool,
     ) -> TestServer {
         let config = Config {
@@ -83,7 +92,7 @@ impl TestServer {
                 memory,
                 compute_capability: (9, 0),
                 seed: None,
-                kernel_time_limit: rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT,
+                kernel_time_limit,
             },
             attach_timeout,
             max_connections: 64,
@@ -466,6 +475,44 @@ impl DataClient {
             m.set_handle(handle);
             m.set_device(0);
         })
+    }
+
+    /// launchKernel of `function` of module `module` on the default
+    /// stream; `wants_reply` false posts it (its error is deferred).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch(
+        &mut self,
+        wants_reply: bool,
+        module: u64,
+        function: u32,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared: u32,
+        params: &[u8],
+    ) -> Option<Reply> {
+        let build = |r: request::Builder<'_>| {
+            let mut l = r.init_launch_kernel();
+            l.set_module(module);
+            l.set_function(function);
+            l.set_grid_x(grid[0]);
+            l.set_grid_y(grid[1]);
+            l.set_grid_z(grid[2]);
+            l.set_block_x(block[0]);
+            l.set_block_y(block[1]);
+            l.set_block_z(block[2]);
+            l.set_shared_mem_bytes(shared);
+        };
+        if wants_reply {
+            Some(self.call(params, build))
+        } else {
+            self.post(params, build);
+            None
+        }
+    }
+
+    /// ctxSynchronize on device 0.
+    pub fn sync(&mut self) -> Reply {
+        self.call(&[], |r| r.init_ctx_synchronize().set_device(0))
     }
 
     pub fn unload_module(&mut self, handle: u64) -> Reply {

@@ -5,9 +5,11 @@
 //! module globals' device addresses resolved; a kernel that cannot be
 //! decoded keeps the reason, which the client gets as the kernel's launch
 //! note (so its launches fail with `CUDA_ERROR_NOT_SUPPORTED` naming the
-//! instruction). A launch runs the grid to completion on the session's
-//! thread (blocks spread over the host's cores), which keeps stream order.
+//! instruction). A launch runs the grid on one of the session's executor
+//! threads (blocks spread over the host's cores); the executor keeps stream
+//! order.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +32,45 @@ const PRINTF_LIMIT: usize = 1 << 20;
 /// Below this many threads a grid runs on one host thread: starting
 /// workers would cost more than the kernel.
 const PARALLEL_THRESHOLD: u64 = 4096;
+
+/// Most host memory the interpreter's state of one block may take
+/// (registers and local memory of every thread, shared memory): past it a
+/// launch is `CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES`, as a GPU refuses a block
+/// that does not fit an SM.
+pub const MAX_BLOCK_STATE: u64 = 256 << 20;
+
+/// Most host memory the block states of one launch take together: a launch
+/// whose blocks are large runs on fewer host threads.
+pub const MAX_LAUNCH_STATE: u64 = 1 << 30;
+
+/// Launches running now, all sessions together: each launch takes its share
+/// of the host's cores when it starts, so one session's grid cannot take
+/// them all from another's.
+static RUNNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a launch as running for as long as it lives.
+struct Running;
+
+impl Running {
+    fn start() -> (Running, usize) {
+        (Running, RUNNING.fetch_add(1, Ordering::AcqRel) + 1)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        RUNNING.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Host bytes the interpreter holds for one block of `prog` with `dims`.
+pub fn block_state_bytes(prog: &Program, dims: &LaunchDims) -> u64 {
+    let threads = dims.block.iter().map(|&d| d as u64).product::<u64>();
+    let lanes = threads.div_ceil(32) * 32;
+    let per_lane = (prog.nregs as u64 * 8).saturating_add(prog.local_size);
+    let shared = (prog.dyn_shared_offset.saturating_add(dims.shared_mem_bytes as u64)).max(prog.shared_static);
+    lanes.saturating_mul(per_lane).saturating_add(shared)
+}
 
 /// Most instructions the kernels of one module decode to together (about
 /// 64 bytes each): inlining lets a few kilobytes of PTX ask for billions.
@@ -91,8 +132,9 @@ pub struct SessionMemory {
 
 // SAFETY: the regions point into the devices' mappings, which outlive every
 // session. They are the launching session's own allocations, which cannot
-// be freed while its thread runs the launch; the interpreter accesses them
-// atomically only.
+// be freed while the launch runs (a free, unmap or unload first waits for the
+// session's executor to be idle, and the session's end joins it before
+// freeing); the interpreter accesses them atomically only.
 unsafe impl Send for SessionMemory {}
 unsafe impl Sync for SessionMemory {}
 
@@ -130,9 +172,22 @@ pub fn run(
     mem: &SessionMemory,
     output: &mut Vec<u8>,
     time_limit: Duration,
+    cancel: &AtomicBool,
 ) -> CuResult {
+    let state = block_state_bytes(prog, dims);
+    if state > MAX_BLOCK_STATE {
+        warn!(kernel = %prog.name, bytes = state, "launch refused: one block's interpreter state would pass {MAX_BLOCK_STATE} bytes");
+        return Err(CuError::LAUNCH_OUT_OF_RESOURCES);
+    }
+    let (_running, running) = Running::start();
     let threads = dims.grid.iter().chain(&dims.block).map(|&d| d as u64).product::<u64>();
-    let workers = if threads < PARALLEL_THRESHOLD { 1 } else { std::thread::available_parallelism().map_or(1, |n| n.get()) };
+    let workers = if threads < PARALLEL_THRESHOLD {
+        1
+    } else {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let by_memory = (MAX_LAUNCH_STATE / state.max(1)).max(1) as usize;
+        (cores / running).clamp(1, cores).min(by_memory)
+    };
     let cfg = LaunchConfig {
         grid: dims.grid,
         block: dims.block,
@@ -141,7 +196,7 @@ pub fn run(
         time_limit,
         printf_limit: PRINTF_LIMIT,
     };
-    match rgpu_ptx::launch(prog, &cfg, params, mem) {
+    match rgpu_ptx::launch_cancellable(prog, &cfg, params, mem, cancel) {
         Ok(out) => {
             output.extend_from_slice(&out.printf);
             Ok(())
@@ -180,5 +235,9 @@ fn launch_error(e: &ExecError, time_limit: Duration) -> CuError {
             CuError::NOT_SUPPORTED
         }
         Fault::Aborted => CuError::LAUNCH_FAILED,
+        Fault::Cancelled => {
+            debug!("launch stopped: {at}: its session ended");
+            CuError::LAUNCH_FAILED
+        }
     }
 }

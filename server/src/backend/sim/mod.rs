@@ -1,21 +1,23 @@
 //! The sim backend: devices that exist only in this process.
 //!
-//! Memory is real (see [`memory`]); everything else is executed inline, in
-//! arrival order, on the session's thread, which already satisfies every
-//! CUDA ordering rule: streams are bookkeeping, events are timestamps taken
-//! when the record is processed. Kernels run on the PTX interpreter
-//! (`rgpu-ptx`, see [`kernels`]): modules are decoded at load time, a launch
-//! runs the whole grid before the next request is taken, over this session's
-//! allocations in [`memory::DeviceMemory`].
+//! Memory is real (see [`memory`]). Kernels run on the PTX interpreter
+//! (`rgpu-ptx`, see [`kernels`]) over this session's allocations in
+//! [`memory::DeviceMemory`]; modules are decoded at load time. Launches,
+//! event records and stream waits are queued on the session's
+//! [`executor`], which runs them off the session thread in CUDA's stream
+//! order; every other operation waits for the executor to be idle first, so
+//! memory is never copied, freed or remapped under a running kernel.
 
 pub mod attributes;
+pub mod executor;
 pub mod kernels;
 pub mod memory;
 pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -29,6 +31,9 @@ use super::{
 };
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::{GlobalSpace, ModuleImage};
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronise with the legacy default stream.
+pub const STREAM_NON_BLOCKING: u32 = 0x1;
 
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
@@ -123,12 +128,13 @@ impl Backend for SimBackend {
         &self.shared.info
     }
 
-    fn launches_complete_on_return(&self) -> bool {
-        // A launch interprets the kernel to its end before it returns.
+    fn kernel_times_known(&self) -> bool {
+        // The executor times every kernel it runs (`time_kernels`).
         true
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
+        let cancel = Arc::new(AtomicBool::new(false));
         Ok(Box::new(SimSession {
             shared: self.shared.clone(),
             account: MemoryAccount::new(budget),
@@ -141,13 +147,20 @@ impl Backend for SimBackend {
             next_token: 1,
             output: Vec::new(),
             vmm: SimVmm::default(),
+            cancel: cancel.clone(),
+            exec: executor::Executor::new(cancel),
+            timer: None,
         }))
     }
 }
 
 struct SimEvent {
     flags: u32,
-    recorded: Option<Instant>,
+    /// When the stream reached the event's last record; set by the
+    /// executor when the record was queued behind work.
+    recorded: Arc<Mutex<Option<Instant>>>,
+    /// The executor item of a record still queued.
+    item: Option<u64>,
 }
 
 struct SimModule {
@@ -171,7 +184,8 @@ struct SimSession {
     /// What kernels may touch: `allocs` as memory regions, rebuilt after an
     /// allocation or a free rather than at every launch.
     launch_memory: Option<Arc<kernels::SessionMemory>>,
-    streams: HashMap<u64, u32>,
+    /// Each created stream's device and whether it is blocking.
+    streams: HashMap<u64, (u32, bool)>,
     events: HashMap<u64, SimEvent>,
     modules: HashMap<u64, SimModule>,
     next_token: u64,
@@ -179,6 +193,12 @@ struct SimSession {
     output: Vec<u8>,
     /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
     vmm: SimVmm,
+    /// Raised when the session ends: its running launch stops.
+    cancel: Arc<AtomicBool>,
+    /// Runs the session's kernels and event records off its thread.
+    exec: executor::Executor,
+    /// Told each kernel's device and run time as it ends (metering).
+    timer: Option<crate::backend::KernelTimer>,
 }
 
 impl SimSession {
@@ -195,6 +215,18 @@ impl SimSession {
                 self.streams.get(&t.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
             }
         }
+    }
+
+    /// The executor's view of a stream.
+    fn lane(&self, s: StreamRef) -> CuResult<executor::Lane> {
+        self.check_stream(s)?;
+        Ok(match s {
+            StreamRef::Default { device } => executor::Lane::Default(device),
+            StreamRef::Created(t) => {
+                let &(device, blocking) = self.streams.get(&t.0).ok_or(CuError::INVALID_HANDLE)?;
+                executor::Lane::Created { token: t.0, device, blocking }
+            }
+        })
     }
 
     fn event(&mut self, e: EventToken) -> CuResult<&mut SimEvent> {
@@ -310,6 +342,7 @@ impl BackendSession for SimSession {
     }
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
+        self.exec.wait_idle();
         self.free_owned(ptr)?;
         if let Some(size) = self.client_bytes.remove(&ptr) {
             self.account.give(size);
@@ -330,6 +363,7 @@ impl BackendSession for SimSession {
         len: u64,
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if SimVmm::owns(dst) {
             for (p, n) in self.vmm.pieces(dst, len)? {
@@ -349,6 +383,7 @@ impl BackendSession for SimSession {
         len: u64,
         sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
     ) -> Result<(), TransferError> {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if SimVmm::owns(src) {
             for (p, n) in self.vmm.pieces(src, len)? {
@@ -362,6 +397,7 @@ impl BackendSession for SimSession {
     }
 
     fn memcpy_dtod(&mut self, stream: StreamRef, dst: u64, src: u64, len: u64) -> CuResult {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         if len == 0 {
             return Ok(());
@@ -379,6 +415,7 @@ impl BackendSession for SimSession {
     }
 
     fn memset(&mut self, stream: StreamRef, op: &MemsetOp) -> CuResult {
+        self.exec.wait_idle();
         self.check_stream(stream)?;
         let span = op.span().ok_or(CuError::INVALID_VALUE)?;
         if SimVmm::owns(op.dst) {
@@ -422,6 +459,7 @@ impl BackendSession for SimSession {
     }
 
     fn mem_release(&mut self, phys: PhysicalToken) -> CuResult {
+        self.exec.wait_idle();
         let size = self.vmm.release(&self.shared.memory, phys.0)?;
         self.account.give(size);
         Ok(())
@@ -432,19 +470,23 @@ impl BackendSession for SimSession {
     }
 
     fn mem_address_free(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.exec.wait_idle();
         self.vmm.address_free(ptr, size)
     }
 
     fn mem_map(&mut self, ptr: u64, size: u64, offset: u64, phys: PhysicalToken) -> CuResult {
+        self.exec.wait_idle();
         self.vmm.map(&self.shared.memory, ptr, size, offset, phys.0)
     }
 
     fn mem_unmap(&mut self, ptr: u64, size: u64) -> CuResult {
+        self.exec.wait_idle();
         self.launch_memory = None;
         self.vmm.unmap(ptr, size)
     }
 
     fn mem_set_access(&mut self, ptr: u64, size: u64, device: u32, flags: u32) -> CuResult {
+        self.exec.wait_idle();
         self.shared.device(device)?;
         let accessible = match flags {
             crate::vmm::ACCESS_NONE => false,
@@ -459,34 +501,47 @@ impl BackendSession for SimSession {
         self.vmm.set_access(ptr, size, accessible)
     }
 
-    fn stream_create(&mut self, device: u32, _flags: u32, _priority: i32) -> CuResult<StreamToken> {
+    fn stream_create(&mut self, device: u32, flags: u32, _priority: i32) -> CuResult<StreamToken> {
         self.shared.device(device)?;
         let t = self.token();
-        self.streams.insert(t, device);
+        self.streams.insert(t, (device, flags & STREAM_NON_BLOCKING == 0));
         Ok(StreamToken(t))
     }
 
     fn stream_destroy(&mut self, stream: StreamToken) -> CuResult {
+        let lane = self.lane(StreamRef::Created(stream))?;
+        // Work already queued on it still runs, as in CUDA.
+        self.exec.forget(lane);
         self.streams.remove(&stream.0).map(|_| ()).ok_or(CuError::INVALID_HANDLE)
     }
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)
+        self.check_stream(stream)?;
+        self.exec.wait_idle();
+        Ok(())
     }
 
     fn stream_query(&mut self, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)
+        let lane = self.lane(stream)?;
+        if self.exec.lane_busy(lane) {
+            return Err(CuError::NOT_READY);
+        }
+        Ok(())
     }
 
     fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, _flags: u32) -> CuResult {
-        self.check_stream(stream)?;
-        self.event(event).map(|_| ())
+        let lane = self.lane(stream)?;
+        let item = self.event(event)?.item;
+        if let Some(id) = item.filter(|&id| self.exec.pending(id)) {
+            self.exec.enqueue(lane, Some(id), executor::Work::Wait)?;
+        }
+        Ok(())
     }
 
     fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken> {
         self.shared.device(device)?;
         let t = self.token();
-        self.events.insert(t, SimEvent { flags, recorded: None });
+        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(None)), item: None });
         Ok(EventToken(t))
     }
 
@@ -495,18 +550,31 @@ impl BackendSession for SimSession {
     }
 
     fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)?;
+        let lane = self.lane(stream)?;
+        self.event(event)?;
+        // A fresh stamp per record: a query of the event asks about its last record only.
+        let stamp = Arc::new(Mutex::new(None));
+        // Queued even on an idle stream: what it must follow depends on the
+        // other streams too (the legacy default stream's rules).
+        let item = Some(self.exec.enqueue(lane, None, executor::Work::Record(stamp.clone()))?);
         let ev = self.event(event)?;
-        ev.recorded = Some(Instant::now());
+        ev.recorded = stamp;
+        ev.item = item;
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: EventToken) -> CuResult {
-        self.event(event).map(|_| ())
+        self.event(event)?;
+        self.exec.wait_idle();
+        Ok(())
     }
 
     fn event_query(&mut self, event: EventToken) -> CuResult {
-        self.event(event).map(|_| ())
+        let item = self.event(event)?.item;
+        if item.is_some_and(|id| self.exec.pending(id)) {
+            return Err(CuError::NOT_READY);
+        }
+        Ok(())
     }
 
     fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32> {
@@ -515,7 +583,11 @@ impl BackendSession for SimSession {
             if ev.flags & EVENT_DISABLE_TIMING != 0 {
                 return Err(CuError::INVALID_HANDLE);
             }
-            ev.recorded.ok_or(CuError::INVALID_HANDLE)
+            if ev.item.is_some_and(|id| s.exec.pending(id)) {
+                return Err(CuError::NOT_READY);
+            }
+            let at = *ev.recorded.lock().unwrap_or_else(|p| p.into_inner());
+            at.ok_or(CuError::INVALID_HANDLE)
         };
         let (a, b) = (stamp(self, start)?, stamp(self, end)?);
         // CUDA reports a negative time when `end` was recorded before `start`.
@@ -528,6 +600,7 @@ impl BackendSession for SimSession {
     }
 
     fn ctx_synchronize(&mut self, device: u32) -> CuResult {
+        self.exec.wait_idle();
         self.shared.device(device).map(|_| ())
     }
 
@@ -643,6 +716,7 @@ impl BackendSession for SimSession {
     }
 
     fn module_unload(&mut self, module: ModuleToken) -> CuResult {
+        self.exec.wait_idle();
         let m = self.modules.remove(&module.0).ok_or(CuError::INVALID_HANDLE)?;
         for p in m.globals {
             let _ = self.free_owned(p);
@@ -655,6 +729,11 @@ impl BackendSession for SimSession {
         self.modules.get(&module.0).map_or(0, |m| {
             m.programs.iter().filter_map(|p| p.as_ref().ok()).map(|p| rgpu_ptx::Module::program_bytes(p) as u64).sum()
         })
+    }
+
+    fn set_cancel(&mut self, cancel: Arc<AtomicBool>) {
+        self.exec = executor::Executor::new(cancel.clone());
+        self.cancel = cancel;
     }
 
     fn launch_kernel(
@@ -690,16 +769,41 @@ impl BackendSession for SimSession {
                 r
             }
         };
-        kernels::run(&prog, dims, params, &regions, &mut self.output, self.shared.kernel_time_limit)
+        let lane = self.lane(stream)?;
+        let (dims, params, limit, cancel) = (*dims, params.to_vec(), self.shared.kernel_time_limit, self.cancel.clone());
+        let (timer, device) = (self.timer.clone(), lane.device());
+        let run = move |out: &mut Vec<u8>| {
+            let started = Instant::now();
+            let r = kernels::run(&prog, &dims, &params, &regions, out, limit, &cancel);
+            if let Some(t) = timer {
+                t(device, started.elapsed());
+            }
+            r
+        };
+        self.exec.enqueue(lane, None, executor::Work::Kernel(Box::new(run)))?;
+        Ok(())
+    }
+
+    fn take_async_error(&mut self) -> Option<CuError> {
+        self.exec.take_error()
+    }
+
+    fn time_kernels(&mut self, timer: crate::backend::KernelTimer) -> bool {
+        self.timer = Some(timer);
+        true
     }
 
     fn take_output(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.output)
+        let mut out = std::mem::take(&mut self.output);
+        out.extend_from_slice(&self.exec.take_output());
+        out
     }
 }
 
 impl Drop for SimSession {
     fn drop(&mut self) {
+        // Stops and joins the executor before the memory its kernels use is freed.
+        self.exec = executor::Executor::new(Arc::new(AtomicBool::new(true)));
         self.vmm.release_all(&self.shared.memory);
         let ptrs: Vec<u64> = self.allocs.keys().copied().collect();
         for p in ptrs {
