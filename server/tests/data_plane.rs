@@ -464,13 +464,6 @@ fn module_load_globals_and_launch() {
     params[8..].copy_from_slice(&1234u32.to_le_bytes());
     assert_eq!(launch(&mut c, 10, 0, &params), 0);
     assert_eq!(c.dtoh(answer.1, 4).bulk, 1234u32.to_le_bytes());
-    // A null pointer: CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronisation
-    // (the launch itself is queued, as on a GPU), and the session goes on.
-    params[..8].copy_from_slice(&0u64.to_le_bytes());
-    let r = c.launch(true, 10, 0, [1, 1, 1], [32, 1, 1], 0, &params).expect("reply");
-    assert_eq!(r.result, 0);
-    // The next reply after the kernel failed carries it: the launch's own if it was that quick.
-    assert_eq!(r.deferred.max(c.sync().deferred), ILLEGAL_ADDRESS);
     assert_eq!(launch(&mut c, 10, 0, &params[..8]), INVALID_VALUE, "short parameter buffer");
     assert_eq!(launch(&mut c, 10, 1, &params), INVALID_HANDLE, "no such function");
     assert_eq!(launch(&mut c, 11, 0, &params), INVALID_HANDLE, "no such module");
@@ -482,6 +475,26 @@ fn module_load_globals_and_launch() {
     assert_eq!(c.call(&[], |r| r.init_module_unload().set_handle(10)).result, INVALID_HANDLE);
     assert_eq!(c.dtoh(answer.1, 4).result, INVALID_VALUE, "globals die with the module");
     assert_eq!(c.mem_info().0, free0);
+
+    // A null pointer: CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronisation
+    // (the launch itself is queued, as on a GPU). Then, as a GPU's context
+    // after a fault, the session is unusable: every later call fails with
+    // it, and releasing objects still works.
+    assert_eq!(module_load(&mut c, 12, TINY_PTX.as_bytes()).result, 0);
+    let spare = c.alloc_ok(64);
+    params[..8].copy_from_slice(&0u64.to_le_bytes());
+    let r = c.launch(true, 12, 0, [1, 1, 1], [32, 1, 1], 0, &params).expect("reply");
+    assert_eq!(r.result, 0);
+    // The next reply after the kernel failed carries it: the launch's own if it was that quick.
+    assert_eq!(r.deferred.max(c.sync().deferred), ILLEGAL_ADDRESS);
+    assert_eq!(c.ping().result, ILLEGAL_ADDRESS);
+    assert_eq!(c.alloc(4).result, ILLEGAL_ADDRESS);
+    assert_eq!(c.dtoh(spare, 4).result, ILLEGAL_ADDRESS);
+    assert_eq!(c.free(spare).result, 0);
+    assert_eq!(c.call(&[], |r| r.init_module_unload().set_handle(12)).result, 0);
+    // Other sessions are untouched.
+    let mut other = srv.session();
+    assert_eq!(other.ping().result, 0);
 }
 
 /// A kernel whose body only returns can be launched on the sim: running it

@@ -90,9 +90,19 @@ const RELEASES: &[&str] = &[
 ];
 
 /// Whether `e` leaves the device unusable for the rest of the session, as
-/// a GPU's context is left after a kernel ran past the watchdog.
+/// a GPU's context is left after a kernel ran past the watchdog or faulted
+/// (CUDA: "any further CUDA work will return the same error"; the process
+/// must start again, here the session).
 fn is_sticky(e: CuError) -> bool {
-    e == CuError::LAUNCH_TIMEOUT
+    [
+        CuError::LAUNCH_TIMEOUT,
+        CuError::ILLEGAL_ADDRESS,
+        CuError::MISALIGNED_ADDRESS,
+        CuError::ILLEGAL_INSTRUCTION,
+        CuError::ASSERT,
+        CuError::LAUNCH_FAILED,
+    ]
+    .contains(&e)
 }
 
 pub struct Session<T> {
