@@ -310,6 +310,9 @@ fn events_time_and_order() {
     c.htod(p, &vec![1u8; 1 << 20]);
     assert_eq!(event_record(&mut c, 2, 0), 0);
     assert_eq!(event_record(&mut c, 3, 0), 0);
+    // The records are queued on the device: the elapsed time is known once
+    // the end event has completed (NOT_READY before, as on a GPU).
+    assert_eq!(c.call(&[], |r| r.init_event_synchronize().set_handle(2)).result, 0);
     let (r, ms) = elapsed(&mut c, 1, 2);
     assert_eq!(r, 0);
     let ms = ms.unwrap();
