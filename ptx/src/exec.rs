@@ -357,7 +357,7 @@ impl<'a> BlockRunner<'a> {
                     return Err(self.err(w, mask.trailing_zeros() as usize, insts.get(pc as usize).map_or(0, |i| i.line), ctaid, f));
                 }
             }
-            if self.sh.prog.joins.get(pc as usize).copied().unwrap_or(false) && !w.conv.is_empty() {
+            if !w.conv.is_empty() && self.sh.prog.joins.get(pc as usize).copied().unwrap_or(false) {
                 mask = arrive(w, pc, mask);
                 if mask == 0 {
                     (pc, mask, other) = next_group(w);
@@ -451,11 +451,7 @@ impl<'a> BlockRunner<'a> {
                     // Not an instruction of the program: uncounted.
                     *count -= active.count_ones() as u64;
                     if active != 0 {
-                        let first = active.trailing_zeros() as usize;
-                        let member = match *member {
-                            Src::R(r) => w.regs[r as usize * LANES + first] as u32,
-                            Src::C(c) => c as u32,
-                        };
+                        let member = first_lane(&w.regs, *member, active);
                         let here = w.sync_wait & lanes_at(&w.pcs, pc);
                         let arrived = active | here;
                         if member & w.alive & !arrived != 0 && w.sync_force & active == 0 {
