@@ -81,6 +81,9 @@ fn a_sessions_work_shows_in_a_scrape() {
         })
         .result;
     assert_eq!(launched, 0);
+    // The kernel runs on the device after the launch returns, as on a GPU; it is counted (and
+    // its time metered) when it has run, so the scrape waits for it.
+    assert_eq!(c.sync().result, 0);
     assert_eq!(c.free(p + 1).result, 1, "an interior pointer is CUDA_ERROR_INVALID_VALUE");
 
     let t = scrape(m);
