@@ -71,11 +71,14 @@ fn cancel_stops_a_running_launch() {
             flag.store(true, Ordering::Relaxed);
             Instant::now()
         });
-        let (r, took) = run_bounded(program(name), c, cancel, Duration::from_secs(10));
+        let (r, _) = run_bounded(program(name), c, cancel, Duration::from_secs(10));
+        let stopped = Instant::now();
         let raised = raiser.join().expect("raiser");
         assert_eq!(r.expect_err("cancelled").fault, Fault::Cancelled, "{name}");
-        let after = took.saturating_sub(Duration::from_millis(100));
-        assert!(after < Duration::from_millis(100), "{name}: stopped {after:?} after the cancel ({raised:?})");
+        // From the moment the flag was raised (a loaded host may wake the
+        // raiser late), to the moment the launch's result arrived.
+        let after = stopped.saturating_duration_since(raised);
+        assert!(after < Duration::from_millis(250), "{name}: stopped {after:?} after the cancel");
     }
 }
 
