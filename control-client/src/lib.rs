@@ -241,6 +241,7 @@ fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, 
             tenant: String::new(),
             gpus: Vec::new(),
             pkey: None,
+            compute_milli: 0,
         });
         return Some((t, c));
     }

@@ -348,6 +348,7 @@ impl Service {
             memory_limit: l.memory_limit,
             tenant: l.tenant.clone(),
             gpus: l.gpus.iter().map(|g| g.uuid).collect(),
+            compute_milli: l.compute_share(),
         }
         .sign(&self.key)
     }
@@ -648,5 +649,40 @@ mod tests {
         assert_eq!(pkey("ib"), Ok(Some(0x8001)));
         assert_eq!(pkey("plain"), Ok(None));
         assert_eq!(pkey("unknown"), Ok(None));
+    }
+
+    #[test]
+    fn lease_tokens_carry_a_fractions_compute_share() {
+        let key = [1u8; 32];
+        let s = service(HashMap::new(), &key);
+        let gpu = |take_memory, take_milli| crate::state::LeasedGpu {
+            server: "a".into(),
+            uuid: [3; 16],
+            ordinal: 0,
+            model: "m".into(),
+            memory: 1000,
+            take_memory,
+            take_milli,
+        };
+        let lease = |gpus| Lease {
+            id: 1,
+            key: String::new(),
+            tenant: "t".into(),
+            generation: 1,
+            gpus,
+            memory_limit: 0,
+            compute_milli: 0,
+            priority: 0,
+            granted: 0,
+            ttl_ms: 1000,
+            deadline: 5000,
+            state: crate::state::LeaseState::Active,
+        };
+        let share = |gpus| Claims::verify(&s.token_for(&lease(gpus)), &key, 0).map(|c| c.compute_milli);
+        assert_eq!(share(vec![gpu(1000, 1000)]), Ok(0), "a whole GPU competes for nothing");
+        assert_eq!(share(vec![gpu(1000, 1000), gpu(1000, 1000)]), Ok(0));
+        assert_eq!(share(vec![gpu(0, 300)]), Ok(300), "compute share, no memory share");
+        assert_eq!(share(vec![gpu(250, 0)]), Ok(250), "memory share alone: the share placement counts");
+        assert_eq!(share(vec![gpu(500, 200)]), Ok(500), "the larger of the two");
     }
 }

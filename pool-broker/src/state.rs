@@ -92,6 +92,20 @@ impl Lease {
     pub fn memory(&self) -> u64 {
         self.gpus.iter().map(|g| g.take_memory).sum()
     }
+
+    /// The device-time share a server gives the lease's sessions on its
+    /// GPU when they compete, in thousandths: what placement counts the
+    /// fraction as (its larger share of memory or compute, so the shares on
+    /// one GPU never add up past it); 0 for whole GPUs, which compete for
+    /// nothing.
+    pub fn compute_share(&self) -> u16 {
+        match self.gpus.as_slice() {
+            [g] if g.take_milli < 1000 || g.take_memory < g.memory => {
+                share_milli(g.take_memory, g.memory, g.take_milli).clamp(1, 1000) as u16
+            }
+            _ => 0,
+        }
+    }
 }
 
 fn share_milli(take_memory: u64, memory: u64, milli: u32) -> u64 {

@@ -8,6 +8,9 @@
 //! Version 2 is version 1 plus the tenant's InfiniBand P_Key (u16) after
 //! the GPUs; tokens without a P_Key are still written as version 1, so
 //! servers that know only version 1 keep accepting them.
+//! Version 3 is for fractional leases: version 1, then the P_Key (u16, 0:
+//! none, an invalid P_Key in InfiniBand) and the lease's compute share of
+//! each GPU (u16, thousandths); tokens without a share are written as before.
 //! In the environment (`RGPU_TOKEN`) a token is written in lowercase hex.
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -17,6 +20,8 @@ use thiserror::Error;
 const VERSION: u8 = 1;
 /// Version 1 plus a P_Key.
 const VERSION_PKEY: u8 = 2;
+/// Version 1 plus an optional P_Key and a compute share.
+const VERSION_SHARE: u8 = 3;
 const MAC_LEN: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,6 +36,10 @@ pub struct Claims {
     /// The tenant's InfiniBand partition key, when the broker assigns one:
     /// an RDMA data plane for this lease runs in that partition.
     pub pkey: Option<u16>,
+    /// The lease's compute share of each of its GPUs, in thousandths; 0:
+    /// whole GPUs. A server gives the lease's sessions device time in
+    /// proportion to it when they compete.
+    pub compute_milli: u16,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -70,7 +79,12 @@ impl Claims {
     /// The signed token.
     pub fn sign(&self, key: &[u8]) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.tenant.len() + 16 * self.gpus.len() + MAC_LEN);
-        b.push(if self.pkey.is_some() { VERSION_PKEY } else { VERSION });
+        let version = match (self.pkey, self.compute_milli) {
+            (_, 1..) => VERSION_SHARE,
+            (Some(_), 0) => VERSION_PKEY,
+            (None, 0) => VERSION,
+        };
+        b.push(version);
         b.extend_from_slice(&self.lease_id.to_le_bytes());
         b.extend_from_slice(&self.generation.to_le_bytes());
         b.extend_from_slice(&self.deadline_ms.to_le_bytes());
@@ -83,7 +97,10 @@ impl Claims {
         for g in &self.gpus[..n] {
             b.extend_from_slice(g);
         }
-        if let Some(k) = self.pkey {
+        if version == VERSION_SHARE {
+            b.extend_from_slice(&self.pkey.unwrap_or(0).to_le_bytes());
+            b.extend_from_slice(&self.compute_milli.to_le_bytes());
+        } else if let Some(k) = self.pkey {
             b.extend_from_slice(&k.to_le_bytes());
         }
         let sig = sign_bytes(key, &b);
@@ -100,7 +117,7 @@ impl Claims {
         let body = &token[..token.len() - MAC_LEN];
         let mut r = Reader { b: body };
         let version = r.u8()?;
-        if version != VERSION && version != VERSION_PKEY {
+        if !matches!(version, VERSION | VERSION_PKEY | VERSION_SHARE) {
             return Err(TokenError::Malformed("unknown version"));
         }
         let lease_id = r.u64()?;
@@ -118,11 +135,22 @@ impl Claims {
             u.copy_from_slice(r.take(16)?);
             gpus.push(u);
         }
-        let pkey = if version == VERSION_PKEY { Some(r.u16()?) } else { None };
+        let (pkey, compute_milli) = match version {
+            VERSION_PKEY => (Some(r.u16()?), 0),
+            VERSION_SHARE => {
+                let pkey = Some(r.u16()?).filter(|&k| k != 0);
+                let share = r.u16()?;
+                if share == 0 || share > 1000 {
+                    return Err(TokenError::Malformed("compute share outside 1..=1000"));
+                }
+                (pkey, share)
+            }
+            _ => (None, 0),
+        };
         if !r.b.is_empty() {
             return Err(TokenError::Malformed("trailing bytes"));
         }
-        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus, pkey })
+        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus, pkey, compute_milli })
     }
 
     /// Checks the signature and the deadline and returns the claims.
@@ -218,6 +246,7 @@ mod tests {
             tenant: "alice".into(),
             gpus: vec![[1; 16], [2; 16]],
             pkey: None,
+            compute_milli: 0,
         }
     }
 
@@ -259,5 +288,27 @@ mod tests {
         let mut short = t[..t.len() - MAC_LEN - 1].to_vec();
         short.extend_from_slice(&sign_bytes(key, &short));
         assert!(matches!(Claims::verify(&short, key, 0), Err(TokenError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_compute_share_round_trips_with_or_without_a_pkey_and_is_signed() {
+        let key = b"0123456789abcdef0123456789abcdef";
+        for pkey in [None, Some(0x8002)] {
+            let c = Claims { pkey, compute_milli: 300, ..claims() };
+            let t = c.sign(key);
+            assert_eq!(t[0], VERSION_SHARE);
+            assert_eq!(Claims::verify(&t, key, 0), Ok(c.clone()));
+            let mut forged = t.clone();
+            let at = t.len() - MAC_LEN - 2;
+            forged[at] ^= 0x01;
+            assert_eq!(Claims::verify(&forged, key, 0), Err(TokenError::BadSignature));
+        }
+        // A share outside one GPU is malformed even when signed.
+        let mut body = Claims { compute_milli: 300, ..claims() }.sign(key);
+        body.truncate(body.len() - MAC_LEN);
+        let n = body.len();
+        body[n - 2..].copy_from_slice(&1001u16.to_le_bytes());
+        body.extend_from_slice(&sign_bytes(key, &body.clone()));
+        assert!(matches!(Claims::verify(&body, key, 0), Err(TokenError::Malformed(_))));
     }
 }

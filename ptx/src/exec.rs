@@ -144,6 +144,39 @@ pub fn launch_cancellable(
     mem: &dyn GlobalMemory,
     cancel: &AtomicBool,
 ) -> Result<LaunchOutput, ExecError> {
+    launch_gated(prog, cfg, params, mem, cancel, &Ungated)
+}
+
+/// Who lets each block of a launch run: the caller's scheduler of the
+/// host's cores among launches (compute shares).
+pub trait BlockGate: Sync {
+    /// Waits until a block may run; false if `stopped` turned true first.
+    fn enter(&self, stopped: &dyn Fn() -> bool) -> bool;
+    /// The block that entered on this thread has ended (the gate times it
+    /// as it likes); with `another`, the same worker enters again at once
+    /// (the launch has blocks left), so it keeps its launch's place in line
+    /// across the handover.
+    fn leave(&self, another: bool);
+}
+
+struct Ungated;
+
+impl BlockGate for Ungated {
+    fn enter(&self, _: &dyn Fn() -> bool) -> bool {
+        true
+    }
+    fn leave(&self, _: bool) {}
+}
+
+/// As [`launch_cancellable`], each block running only once `gate` lets it.
+pub fn launch_gated(
+    prog: &Program,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    mem: &dyn GlobalMemory,
+    cancel: &AtomicBool,
+    gate: &dyn BlockGate,
+) -> Result<LaunchOutput, ExecError> {
     let nblocks = cfg.grid.iter().map(|&g| g as u64).product::<u64>();
     let start = Instant::now();
     let sh = Shared { prog, cfg, params, mem, deadline: start + cfg.time_limit, abort: AtomicBool::new(false), cancel, start };
@@ -154,18 +187,30 @@ pub fn launch_cancellable(
     let workers = cfg.workers.max(1).min(nblocks.max(1) as usize);
     let work = || {
         let mut blk = BlockRunner::new(&sh);
+        let mut b = next.fetch_add(1, Ordering::Relaxed) as u64;
+        // A worker that told the gate it comes back for another block must
+        // (the gate holds its place in line for it).
+        let mut promised = false;
         loop {
-            let b = next.fetch_add(1, Ordering::Relaxed) as u64;
-            if b >= nblocks || sh.abort.load(Ordering::Relaxed) {
+            if b >= nblocks || (!promised && sh.abort.load(Ordering::Relaxed)) {
                 break;
             }
             let g = cfg.grid;
             let ctaid = [(b % g[0] as u64) as u32, (b / g[0] as u64 % g[1] as u64) as u32, (b / (g[0] as u64 * g[1] as u64)) as u32];
             let mut out = Vec::new();
-            let ran = match sh.stop_now() {
+            let entered = gate.enter(&|| sh.stop_now().is_some());
+            let stop = sh.stop_now().or((!entered).then_some(Fault::Aborted));
+            let ran = match stop {
+                // Given a core too late to use it: it goes back unused.
                 Some(fault) => Err(ExecError { kernel: prog.name.clone(), block: ctaid, thread: [0; 3], line: 0, fault }),
                 None => blk.run(ctaid, &mut out),
             };
+            let following = next.fetch_add(1, Ordering::Relaxed) as u64;
+            let another = entered && ran.is_ok() && following < nblocks && !sh.abort.load(Ordering::Relaxed);
+            if entered {
+                gate.leave(another);
+            }
+            promised = another;
             match ran {
                 Ok(n) => {
                     count.fetch_add(n, Ordering::Relaxed);
@@ -183,6 +228,7 @@ pub fn launch_cancellable(
                     break;
                 }
             }
+            b = following;
         }
     };
     if workers == 1 {

@@ -46,6 +46,8 @@ pub struct Admission {
     /// The tenant's InfiniBand P_Key from the token: the session's RDMA
     /// data plane runs in that partition.
     pub pkey: Option<u16>,
+    /// The lease's compute share of each GPU, thousandths; 0: whole GPUs.
+    pub compute_milli: u16,
 }
 
 #[derive(Default)]
@@ -114,6 +116,7 @@ impl Leases {
             deadline_ms: deadline,
             devices,
             pkey: c.pkey,
+            compute_milli: c.compute_milli,
         }))
     }
 
@@ -213,7 +216,7 @@ mod tests {
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     fn token(lease: u64, generation: u64, gpu: u8) -> Vec<u8> {
-        Claims { lease_id: lease, generation, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[gpu; 16]], pkey: None }
+        Claims { lease_id: lease, generation, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[gpu; 16]], pkey: None, compute_milli: 0 }
             .sign(KEY)
     }
 
@@ -239,7 +242,7 @@ mod tests {
     #[test]
     fn sessions_of_a_lease_share_its_budget() {
         let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
-        let adm = |lease, memory_limit| Admission { lease, generation: 1, memory_limit, deadline_ms: 1000, devices: vec![0], pkey: None };
+        let adm = |lease, memory_limit| Admission { lease, generation: 1, memory_limit, deadline_ms: 1000, devices: vec![0], pkey: None, compute_milli: 0 };
         let a = adm(4, Some(100));
         let (b1, b2) = (l.budget(&a).unwrap(), l.budget(&a).unwrap());
         assert!(Arc::ptr_eq(&b1, &b2), "one budget per lease");
@@ -257,7 +260,7 @@ mod tests {
     fn admission_names_only_the_tokens_gpus() {
         let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0), ([2; 16], 1), ([3; 16], 2)]);
         let c = |gpus: Vec<[u8; 16]>| {
-            Claims { lease_id: 9, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None }.sign(KEY)
+            Claims { lease_id: 9, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None, compute_milli: 0 }.sign(KEY)
         };
         assert_eq!(l.admit(&c(vec![[3; 16], [2; 16]]), 0).unwrap().unwrap().devices, vec![1, 2]);
         // A GPU of another server in the same token gives nothing here.

@@ -212,7 +212,7 @@ async fn attach(
         .with_input(input)
         .with_meter(meter);
     if let Some(a) = admission {
-        state = state.restrict(a.devices);
+        state = state.with_compute_share(a.lease, a.compute_milli).restrict(a.devices);
     }
     let watched = match std.try_clone() {
         Ok(c) => c,

@@ -156,6 +156,19 @@ impl SessionState {
         self
     }
 
+    /// Gives the session's kernels lease `lease`'s share of device time
+    /// (`milli` thousandths of a GPU; 0: a whole one); a backend that
+    /// cannot enforce it says so once.
+    pub fn with_compute_share(mut self, lease: u64, milli: u16) -> Self {
+        if !self.backend.share_compute(lease, milli) && milli > 0 {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| {
+                tracing::warn!("this backend does not enforce compute shares: fractional leases get whatever device time they take")
+            });
+        }
+        self
+    }
+
     /// Restricts the session to `devices` (a lease token's GPUs).
     pub fn restrict(mut self, devices: Vec<u32>) -> Self {
         self.allowed = Some(devices);

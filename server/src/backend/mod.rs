@@ -410,6 +410,14 @@ pub trait BackendSession: Send {
         false
     }
 
+    /// Has the session's kernels share the device with the other sessions
+    /// of lease `lease` (together), getting device time in proportion to
+    /// `milli` thousandths of it against other leases when they compete;
+    /// false where the backend cannot enforce shares.
+    fn share_compute(&mut self, _lease: u64, _milli: u16) -> bool {
+        false
+    }
+
     /// Text kernels printed (device `printf`) since the last call, for the
     /// next reply to carry to the client.
     fn take_output(&mut self) -> Vec<u8> {

@@ -9,7 +9,7 @@
 //! threads (blocks spread over the host's cores); the executor keeps stream
 //! order.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use rgpu_ptx::{ExecError, Fault, GlobalMemory, LaunchConfig, Module, Program, Re
 use tracing::{debug, warn};
 
 use super::memory::DeviceMemory;
+use super::share::Share;
 use crate::backend::{GlobalInfo, LaunchDims};
 use rgpu_cuda_types::{CuError, CuResult};
 use crate::module::ModuleImage;
@@ -42,26 +43,6 @@ pub const MAX_BLOCK_STATE: u64 = 256 << 20;
 /// Most host memory the block states of one launch take together: a launch
 /// whose blocks are large runs on fewer host threads.
 pub const MAX_LAUNCH_STATE: u64 = 1 << 30;
-
-/// Launches running now, all sessions together: each launch takes its share
-/// of the host's cores when it starts, so one session's grid cannot take
-/// them all from another's.
-static RUNNING: AtomicUsize = AtomicUsize::new(0);
-
-/// Counts a launch as running for as long as it lives.
-struct Running;
-
-impl Running {
-    fn start() -> (Running, usize) {
-        (Running, RUNNING.fetch_add(1, Ordering::AcqRel) + 1)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        RUNNING.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// Host bytes the interpreter holds for one block of `prog` with `dims`.
 pub fn block_state_bytes(prog: &Program, dims: &LaunchDims) -> u64 {
@@ -164,7 +145,9 @@ unsafe impl GlobalMemory for SessionMemory {
 }
 
 /// Runs one launch, failing it past `time_limit`; device printf output is
-/// appended to `output`.
+/// appended to `output`. Each block waits for a core from `share`, the
+/// session's place among the sessions sharing the host's cores.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     prog: &Program,
     dims: &LaunchDims,
@@ -173,20 +156,22 @@ pub fn run(
     output: &mut Vec<u8>,
     time_limit: Duration,
     cancel: &AtomicBool,
+    share: &Share,
 ) -> CuResult {
     let state = block_state_bytes(prog, dims);
     if state > MAX_BLOCK_STATE {
         warn!(kernel = %prog.name, bytes = state, "launch refused: one block's interpreter state would pass {MAX_BLOCK_STATE} bytes");
         return Err(CuError::LAUNCH_OUT_OF_RESOURCES);
     }
-    let (_running, running) = Running::start();
     let threads = dims.grid.iter().chain(&dims.block).map(|&d| d as u64).product::<u64>();
+    // As many host threads as cores, whatever else runs: the share decides
+    // which launch's blocks run on them, so a launch started while others
+    // ran can still take the cores its share gives it.
     let workers = if threads < PARALLEL_THRESHOLD {
         1
     } else {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let by_memory = (MAX_LAUNCH_STATE / state.max(1)).max(1) as usize;
-        (cores / running).clamp(1, cores).min(by_memory)
+        share.cores().min(by_memory)
     };
     let cfg = LaunchConfig {
         grid: dims.grid,
@@ -196,7 +181,7 @@ pub fn run(
         time_limit,
         printf_limit: PRINTF_LIMIT,
     };
-    match rgpu_ptx::launch_cancellable(prog, &cfg, params, mem, cancel) {
+    match rgpu_ptx::launch_gated(prog, &cfg, params, mem, cancel, share) {
         Ok(out) => {
             output.extend_from_slice(&out.printf);
             Ok(())

@@ -12,11 +12,12 @@ pub mod attributes;
 pub mod executor;
 pub mod kernels;
 pub mod memory;
+pub mod share;
 pub mod vmm;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,10 @@ struct Shared {
     kernel_time_limit: Duration,
     /// The devices' architecture (compute capability X.Y as XY): the newest PTX it may run.
     arch: u32,
+    /// The host's cores, which every session's blocks share by compute share.
+    cores: Arc<share::Cores>,
+    /// Names the groups of sessions without a lease.
+    next_session: AtomicU64,
 }
 
 impl Shared {
@@ -114,7 +119,14 @@ impl SimBackend {
             memory.push(mem);
         }
         Ok(SimBackend {
-            shared: Arc::new(Shared { info, memory, kernel_time_limit: cfg.kernel_time_limit, arch: major * 10 + minor }),
+            shared: Arc::new(Shared {
+                info,
+                memory,
+                kernel_time_limit: cfg.kernel_time_limit,
+                arch: major * 10 + minor,
+                cores: share::Cores::host(),
+                next_session: AtomicU64::new(1),
+            }),
         })
     }
 }
@@ -135,7 +147,9 @@ impl Backend for SimBackend {
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
         let cancel = Arc::new(AtomicBool::new(false));
+        let own = share::Who::Session(self.shared.next_session.fetch_add(1, Ordering::Relaxed));
         Ok(Box::new(SimSession {
+            share: Arc::new(self.shared.cores.join(own, share::WHOLE)),
             shared: self.shared.clone(),
             account: MemoryAccount::new(budget),
             client_bytes: HashMap::new(),
@@ -197,6 +211,8 @@ struct SimSession {
     cancel: Arc<AtomicBool>,
     /// Runs the session's kernels and event records off its thread.
     exec: executor::Executor,
+    /// The session's place among those sharing the host's cores.
+    share: Arc<share::Share>,
     /// Told each kernel's device and run time as it ends (metering).
     timer: Option<crate::backend::KernelTimer>,
 }
@@ -771,10 +787,10 @@ impl BackendSession for SimSession {
         };
         let lane = self.lane(stream)?;
         let (dims, params, limit, cancel) = (*dims, params.to_vec(), self.shared.kernel_time_limit, self.cancel.clone());
-        let (timer, device) = (self.timer.clone(), lane.device());
+        let (timer, device, share) = (self.timer.clone(), lane.device(), self.share.clone());
         let run = move |out: &mut Vec<u8>| {
             let started = Instant::now();
-            let r = kernels::run(&prog, &dims, &params, &regions, out, limit, &cancel);
+            let r = kernels::run(&prog, &dims, &params, &regions, out, limit, &cancel, &share);
             if let Some(t) = timer {
                 t(device, started.elapsed());
             }
@@ -790,6 +806,12 @@ impl BackendSession for SimSession {
 
     fn time_kernels(&mut self, timer: crate::backend::KernelTimer) -> bool {
         self.timer = Some(timer);
+        true
+    }
+
+    fn share_compute(&mut self, lease: u64, milli: u16) -> bool {
+        // Kernels already queued keep the old place; they are the session's own either way.
+        self.share = Arc::new(self.shared.cores.join(share::Who::Lease(lease), milli));
         true
     }
 
