@@ -95,7 +95,7 @@ fn leases_sharing_a_gpu_get_device_time_by_their_compute_shares() {
     let got = compete(&[300, 700], Duration::from_secs(3));
     let ratio = got[1] as f64 / got[0].max(1) as f64;
     eprintln!("kernels done in 3 s with shares 300 and 700: {got:?} (ratio {ratio:.2}; 2.33 expected)");
-    assert!((1.6..3.4).contains(&ratio), "700:300 should run about 2.33 times the kernels: {got:?}");
+    assert!((1.86..3.0).contains(&ratio), "700:300 should run about 2.33 times the kernels (the 300 share 30% of the time, ±5 points): {got:?}");
 
     // The control: the same two sessions with equal shares run alike, so
     // the ratio above comes from the shares, not from which session came first.

@@ -63,6 +63,7 @@ struct Item {
     id: u64,
     deps: Vec<u64>,
     work: Option<Work>,
+    enqueued: Instant,
 }
 
 #[derive(Default)]
@@ -74,6 +75,13 @@ struct State {
     live: HashSet<u64>,
     /// The last item enqueued on each stream (maybe done).
     last: HashMap<Lane, u64>,
+    /// Items a queued event record waits for, and when each one ended
+    /// (once it has): a record is stamped when its stream reached it, the
+    /// moment the last of them ended (or it was queued), not when a host
+    /// thread got round to it, which on a loaded host is milliseconds later
+    /// and would count in `cuEventElapsedTime` as device time.
+    /// Each with the number of queued records waiting for it.
+    ends: HashMap<u64, (Option<Instant>, usize)>,
     /// The first error of the work done since it was last taken.
     error: Option<CuError>,
     output: Vec<u8>,
@@ -98,6 +106,7 @@ impl Inner {
     /// Drops the items not started yet (the session ended); running ones
     /// stay listed until they return, so nobody frees memory under them.
     fn drop_queued(&self, s: &mut State) {
+        s.ends.clear();
         let State { items, live, .. } = s;
         items.retain(|it| {
             let queued = it.work.is_some();
@@ -178,9 +187,14 @@ impl Executor {
             Lane::Created { .. } => {}
         }
         deps.extend(extra.filter(|id| live(id)));
+        if matches!(work, Work::Record(_)) {
+            for d in &deps {
+                s.ends.entry(*d).or_insert((None, 0)).1 += 1;
+            }
+        }
         s.next_id += 1;
         let id = s.next_id;
-        s.items.push(Item { id, deps, work: Some(work) });
+        s.items.push(Item { id, deps, work: Some(work), enqueued: Instant::now() });
         s.live.insert(id);
         s.last.insert(lane, id);
         inner.changed.notify_all();
@@ -263,20 +277,31 @@ fn work(inner: &Inner) {
             let it = &mut s.items[i];
             (it.id, it.work.take())
         };
-        drop(s);
-        let mut out = Vec::new();
-        let result = match job {
-            Some(Work::Kernel(k)) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(&mut out))).unwrap_or_else(|_| {
-                error!("a sim kernel panicked; the launch fails");
-                Err(CuError::LAUNCH_FAILED)
-            }),
-            Some(Work::Record(stamp)) => {
-                *stamp.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                Ok(())
+        let (result, out, ended) = match job {
+            Some(Work::Kernel(k)) => {
+                drop(s);
+                let mut out = Vec::new();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| k(&mut out))).unwrap_or_else(|_| {
+                    error!("a sim kernel panicked; the launch fails");
+                    Err(CuError::LAUNCH_FAILED)
+                });
+                let ended = Instant::now();
+                s = inner.lock();
+                (r, out, ended)
             }
-            Some(Work::Wait) | None => Ok(()),
+            // Records and waits take no time: they are done here, under the
+            // lock, so the item after them starts with no hand-over between.
+            Some(Work::Record(stamp)) => {
+                let reached = reached(&mut s, i);
+                *stamp.lock().unwrap_or_else(|p| p.into_inner()) = Some(reached);
+                // A record queued behind this one is stamped the same.
+                (Ok(()), Vec::new(), reached)
+            }
+            Some(Work::Wait) | None => (Ok(()), Vec::new(), Instant::now()),
         };
-        s = inner.lock();
+        if let Some((e, _)) = s.ends.get_mut(&id) {
+            *e = Some(ended);
+        }
         s.output.extend_from_slice(&out);
         if let Err(e) = result {
             s.error.get_or_insert(e);
@@ -285,6 +310,24 @@ fn work(inner: &Inner) {
         s.live.remove(&id);
         inner.changed.notify_all();
     }
+}
+
+/// When the stream reached record item `i`: when the last item it waited
+/// for ended, or when it was queued if that was later.
+fn reached(s: &mut State, i: usize) -> Instant {
+    let it = &s.items[i];
+    let (deps, enqueued) = (it.deps.clone(), it.enqueued);
+    let mut last_end = None;
+    for d in &deps {
+        if let Some((end, waiting)) = s.ends.get_mut(d) {
+            last_end = last_end.max(*end);
+            *waiting -= 1;
+            if *waiting == 0 {
+                s.ends.remove(d);
+            }
+        }
+    }
+    last_end.map_or(enqueued, |t| t.max(enqueued))
 }
 
 #[cfg(test)]
