@@ -908,6 +908,7 @@ impl<'a> BlockRunner<'a> {
             Op::WmmaMem(ref x) => self.wmma_mem(w, m, x)?,
             Op::Matrix(ref x) => self.matrix_mem(w, m, x)?,
             Op::Movmatrix { d, a } => matrix::movmatrix(regs, m, d, a),
+            Op::Tf32 { d, a, rnd, relu, satfinite } => map1(regs, m, d, a, |x| matrix::tf32(x as u32, rnd, relu, satfinite) as u64),
             Op::CpAsync(ref x) => self.cp_async(w, m, x)?,
             Op::Mbar(ref x) => self.mbar(w, m, x)?,
             Op::MbarWait(ref x) => {

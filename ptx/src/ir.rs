@@ -364,6 +364,9 @@ pub enum Op {
     Matrix(Box<MatrixMem>),
     /// `movmatrix.sync.aligned.m8n8.trans.b16`.
     Movmatrix { d: u32, a: Src },
+    /// `cvt.{rna,rn,rz}{.relu}{.satfinite}.tf32.f32`: an f32 rounded to tf32's 10 mantissa
+    /// bits, in an f32 register with the low 13 bits clear.
+    Tf32 { d: u32, a: Src, rnd: Rnd, relu: bool, satfinite: bool },
     /// `cp.async` and `cp.async.bulk`: performed when issued (a legal schedule of an
     /// asynchronous copy), so the group waits have nothing left to wait for.
     CpAsync(Box<CpAsync>),

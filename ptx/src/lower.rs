@@ -1157,6 +1157,7 @@ impl<'a> Lowerer<'a> {
                 };
                 Op::CvtX2 { to, from, relu: i.has("relu"), satfinite: i.has("satfinite"), d, a, b }
             }
+            "cvt" if i.has("tf32") => return self.cvt_tf32(i).map(Some),
             "cvt" => {
                 check(&["rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi", "sat", "ftz"])?;
                 need(2)?;

@@ -181,6 +181,31 @@ pub(super) fn mma(regs: &mut [u64], m: u32, x: &Mma) {
     scatter(regs, m, &x.d, x.shape, x.wmma, x.d_ty, &out);
 }
 
+/// An f32 rounded to tf32 (10 explicit mantissa bits): to nearest with ties away from zero
+/// (`rna`), to nearest even (`rn`) or toward zero (`rz`); `.satfinite` turns infinities into
+/// the largest finite tf32 and NaN into the canonical NaN, `.relu` negatives into +0.
+pub(super) fn tf32(bits: u32, rnd: Rnd, relu: bool, satfinite: bool) -> u32 {
+    let x = f32::from_bits(bits);
+    if x.is_nan() {
+        return 0x7fff_ffff;
+    }
+    if relu && (x < 0.0 || bits == 0x8000_0000) {
+        return 0;
+    }
+    let add = match rnd {
+        Rnd::Rna => 0x1000,
+        Rnd::Rn => 0xfff + ((bits >> 13) & 1),
+        _ => 0,
+    };
+    // Sign and magnitude: rounding the magnitude's bits rounds the value; a carry into the
+    // exponent is the next binade (or infinity).
+    let r = if x.is_infinite() { bits } else { (bits + add) & 0xffff_e000 };
+    if satfinite && f32::from_bits(r).is_infinite() {
+        return (r & 0x8000_0000) | 0x7f7f_e000;
+    }
+    r
+}
+
 /// `movmatrix.sync.aligned.m8n8.trans.b16`: lane `l` holds row `l/4`, columns `2(l%4)` and
 /// `2(l%4)+1` of an 8x8 matrix (low half first); the result is the transpose, held alike.
 pub(super) fn movmatrix(regs: &mut [u64], m: u32, d: u32, a: Src) {

@@ -284,6 +284,8 @@ impl Lowerer<'_> {
         match &m[1..] {
             ["commit_group"] | ["wait_all"] | ["bulk", "commit_group"] if o.is_empty() => return Ok(Op::Nop),
             ["wait_group"] | ["bulk", "wait_group"] | ["bulk", "wait_group", "read"] if o.len() == 1 => return Ok(Op::Nop),
+            // A prefetch into L2 changes no value.
+            ["bulk", "prefetch", "L2", "global"] if o.len() == 2 => return Ok(Op::Nop),
             ["mbarrier", "arrive", rest @ ..] => {
                 let noinc = rest.first() == Some(&"noinc");
                 let rest = if noinc { &rest[1..] } else { rest };
@@ -332,6 +334,33 @@ impl Lowerer<'_> {
             _ => {}
         }
         Err(un())
+    }
+
+    /// `cvt.rna{.satfinite}.tf32.f32` (what `wmma::__float_to_tf32` compiles to) and sm_90's
+    /// `cvt.{rn,rz}.satfinite{.relu}.tf32.f32`.
+    pub(super) fn cvt_tf32(&mut self, i: &Instruction) -> Result<Op, PtxError> {
+        let line = i.line;
+        let un = || unsupported(line, i.text());
+        let m: Vec<&str> = i.mods.iter().map(String::as_str).collect();
+        let (rnd, rest) = match m.split_first() {
+            Some((&"rna", r)) => (Rnd::Rna, r),
+            Some((&"rn", r)) => (Rnd::Rn, r),
+            Some((&"rz", r)) => (Rnd::Rz, r),
+            _ => return Err(un()),
+        };
+        let (relu, satfinite) = match (rnd, rest) {
+            (Rnd::Rna, ["tf32", "f32"]) => (false, false),
+            (Rnd::Rna, ["satfinite", "tf32", "f32"]) => (false, true),
+            (Rnd::Rn | Rnd::Rz, ["satfinite", "tf32", "f32"]) => (false, true),
+            (Rnd::Rn | Rnd::Rz, ["relu", "satfinite", "tf32", "f32"] | ["satfinite", "relu", "tf32", "f32"]) => (true, true),
+            _ => return Err(un()),
+        };
+        if i.operands.len() != 2 {
+            return Err(un());
+        }
+        let d = self.dst(&i.operands[0], line)?;
+        let a = self.src(&i.operands[1], Some(FT::F32), line)?;
+        Ok(Op::Tf32 { d, a, rnd, relu, satfinite })
     }
 
     pub(super) fn mbarrier(&mut self, i: &Instruction) -> Result<Op, PtxError> {

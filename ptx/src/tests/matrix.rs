@@ -530,3 +530,45 @@ fn mma_waits_for_lanes_on_an_out_of_line_path() {
         assert_eq!(f32::from_bits(*v), want, "lane {l}");
     }
 }
+
+/// cvt to tf32 against the nearest of the two tf32 neighbours, chosen in f64.
+#[test]
+fn cvt_to_tf32_rounds_as_each_mode_says() {
+    let xs: Vec<u32> = vec![
+        0x3f80_1000, 0x3f80_3000, 0x3f80_0fff, 0x3f80_1001, 0xbf80_1000, 0xbf80_3000, 0x4049_0fdb, 0x0000_1000, 0x0000_3000,
+        0x7f7f_f000, 0xff7f_ffff, 0x7f80_0000, 0xff80_0000, 0x7fc0_0001, 0x8000_0000, 0x0000_0000, 0xc2f6_e979, 0x3dcc_cccd,
+    ];
+    let want = |x: u32, mode: &str, relu: bool, sat: bool| -> u32 {
+        let f = f32::from_bits(x);
+        if f.is_nan() {
+            return 0x7fff_ffff;
+        }
+        if relu && f.is_sign_negative() {
+            return 0;
+        }
+        let r = if f.is_infinite() {
+            x
+        } else {
+            let lo = x & 0xffff_e000;
+            let hi = lo + 0x2000;
+            // Past the largest finite value, the next one up is 2^128 (which rounds to infinity).
+            let value = |b: u32| if b & 0x7fff_ffff == 0x7f80_0000 { 2f64.powi(128).copysign(f as f64) } else { f32::from_bits(b) as f64 };
+            let (dl, dh) = ((f as f64 - value(lo)).abs(), (value(hi) - f as f64).abs());
+            match mode {
+                "rz" => lo,
+                _ if dl < dh => lo,
+                _ if dh < dl => hi,
+                "rna" => hi,
+                _ => if (lo >> 13) & 1 == 0 { lo } else { hi },
+            }
+        };
+        if sat && f32::from_bits(r).is_infinite() { (r & 0x8000_0000) | 0x7f7f_e000 } else { r }
+    };
+    for (form, mode, relu, sat) in [("rna", "rna", false, false), ("rna.satfinite", "rna", false, true), ("rn.satfinite", "rn", false, true), ("rz.satfinite", "rz", false, true), ("rn.relu.satfinite", "rn", true, true)] {
+        let body = format!("mul.wide.u32 %rd2, %r62, 4;\nadd.s64 %rd3, %rd1, %rd2;\nld.global.f32 %f1, [%rd3];\ncvt.{form}.tf32.f32 %r1, %f1;\nst.global.u32 [%rd3], %r1;");
+        let out = run_words(&kernel(&body), cfg(1, xs.len() as u32), &xs).unwrap();
+        for (x, got) in xs.iter().zip(&out) {
+            assert_eq!(*got, want(*x, mode, relu, sat), "cvt.{form}.tf32.f32 of {x:#010x}");
+        }
+    }
+}
