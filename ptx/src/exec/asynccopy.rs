@@ -65,6 +65,8 @@ impl BlockRunner<'_> {
         Ok(old)
     }
 
+    // Out of line, as the matrix operations: `exec`'s hot path stays as it was.
+    #[inline(never)]
     pub(super) fn mbar(&mut self, w: &mut Warp, m: u32, x: &Mbar) -> Result<(), (usize, Fault)> {
         let (av, bv) = (fetch(&w.regs, x.base), fetch(&w.regs, x.b));
         for lane in 0..LANES {
@@ -134,6 +136,7 @@ impl BlockRunner<'_> {
 
     /// `test_wait` / `try_wait` for the lanes in `m`; whether every one of them saw its
     /// phase complete.
+    #[inline(never)]
     pub(super) fn mbar_wait(&mut self, w: &mut Warp, m: u32, x: &Mbar) -> Result<bool, (usize, Fault)> {
         let MbarOp::Wait { parity } = x.op else { return Ok(true) };
         let (av, bv) = (fetch(&w.regs, x.base), fetch(&w.regs, x.b));
@@ -155,6 +158,7 @@ impl BlockRunner<'_> {
         Ok(all)
     }
 
+    #[inline(never)]
     pub(super) fn cp_async(&mut self, w: &mut Warp, m: u32, x: &CpAsync) -> Result<(), (usize, Fault)> {
         let (dv, sv, nv) = (fetch(&w.regs, x.dst), fetch(&w.regs, x.src), fetch(&w.regs, x.size));
         let srcn = x.src_size.map(|s| fetch(&w.regs, s));

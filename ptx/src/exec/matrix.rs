@@ -126,6 +126,9 @@ fn scatter(regs: &mut [u64], m: u32, d: &[u32], shape: [u8; 3], wmma: bool, ty: 
     }
 }
 
+// Not inlined into `BlockRunner::exec`: these operand arrays would grow its stack frame and
+// slow every other instruction (measured with the bench under cachegrind).
+#[inline(never)]
 pub(super) fn mma(regs: &mut [u64], m: u32, x: &Mma) {
     let [mm, nn, kk] = x.shape.map(|v| v as usize);
     let mut out = [0u64; MAX_ELEMS];
@@ -208,6 +211,7 @@ pub(super) fn tf32(bits: u32, rnd: Rnd, relu: bool, satfinite: bool) -> u32 {
 
 /// `movmatrix.sync.aligned.m8n8.trans.b16`: lane `l` holds row `l/4`, columns `2(l%4)` and
 /// `2(l%4)+1` of an 8x8 matrix (low half first); the result is the transpose, held alike.
+#[inline(never)]
 pub(super) fn movmatrix(regs: &mut [u64], m: u32, d: u32, a: Src) {
     let av = fetch(regs, a);
     let at = |row: usize, col: usize| (av[row * 4 + col / 2] >> (16 * (col % 2) as u32)) & 0xffff;
@@ -221,6 +225,7 @@ pub(super) fn movmatrix(regs: &mut [u64], m: u32, d: u32, a: Src) {
 impl BlockRunner<'_> {
     /// `wmma.load` / `wmma.store`, each lane reaching its own elements through its own
     /// address and stride.
+    #[inline(never)]
     pub(super) fn wmma_mem(&mut self, w: &mut Warp, m: u32, x: &WmmaMem) -> Result<(), (usize, Fault)> {
         let (rows, cols) = dims(x.shape, x.of);
         let per = rows * cols / LANES;
@@ -267,6 +272,7 @@ impl BlockRunner<'_> {
     /// `ldmatrix` / `stmatrix`: for matrix `j`, lane `8j + r` gives the address of row `r`
     /// (8 b16 elements, 16 bytes); lane `l`'s register `j` holds row `l/4`, columns `2(l%4)`
     /// and `2(l%4)+1` (with `.trans`, those of the transposed matrix).
+    #[inline(never)]
     pub(super) fn matrix_mem(&mut self, w: &mut Warp, m: u32, x: &MatrixMem) -> Result<(), (usize, Fault)> {
         let bv = fetch(&w.regs, x.base);
         let row_addr = |j: usize, r: usize| bv[8 * j + r].wrapping_add(x.off as u64);
