@@ -241,8 +241,8 @@ impl Lowerer<'_> {
                 }
                 // `.dtype.ctype` for f16 inputs, else `.dtype.atype.btype.ctype`.
                 let (d_ty, a_ty, b_ty, c_ty) = match tys.as_slice() {
-                    &[d, c] if matches!(d, MmaTy::F16 | MmaTy::F32) && matches!(c, MmaTy::F16 | MmaTy::F32) => (d, MmaTy::F16, MmaTy::F16, c),
-                    &[d, a, b, c] => (d, a, b, c),
+                    [d, c] if matches!(d, MmaTy::F16 | MmaTy::F32) && matches!(c, MmaTy::F16 | MmaTy::F32) => (*d, MmaTy::F16, MmaTy::F16, *c),
+                    [d, a, b, c] => (*d, *a, *b, *c),
                     _ => return Err(un()),
                 };
                 let ok = shape_ok(a_ty)
