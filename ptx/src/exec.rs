@@ -836,6 +836,16 @@ impl<'a> BlockRunner<'a> {
                 }
             }
             Op::Activemask { d } => store(regs, m, d, &[m as u64; LANES]),
+            Op::Elect { d, p, member } => {
+                // The members that are here (all of them: the convergence point before waited).
+                let lanes = m & first_lane(regs, member, m);
+                let leader = lanes.trailing_zeros() as u64;
+                if let Some(d) = d {
+                    store(regs, m, d, &[leader; LANES]);
+                }
+                let is: [u64; LANES] = std::array::from_fn(|l| (l as u64 == leader) as u64);
+                store(regs, m, p, &is);
+            }
             Op::Redux { op, signed, d, a, member } => {
                 let lanes = m & first_lane(regs, member, m);
                 let av = fetch(regs, a);

@@ -350,6 +350,9 @@ pub enum Op {
     Vote { mode: VoteMode, d: u32, p: Src, neg: bool, member: Src },
     Match { all: bool, bits: u8, d: u32, dp: Option<u32>, a: Src, member: Src },
     Activemask { d: u32 },
+    /// `elect.sync d|p, member`: the lowest member lane is the leader; `d` gets its lane
+    /// number, `p` is true in it alone.
+    Elect { d: Option<u32>, p: u32, member: Src },
     /// `redux.sync` on 32-bit integers over the member lanes.
     Redux { op: ReduxOp, signed: bool, d: u32, a: Src, member: Src },
     /// vprintf(fmt, args); the return value (arguments consumed) goes to `ret`.

@@ -638,6 +638,7 @@ impl<'a> Lowerer<'a> {
             (_, None | Some(Op::WarpSync { .. })) => return Ok(None),
             ("shfl", _) => 4,
             ("vote" | "match" | "redux", _) => 2,
+            ("elect", _) => 1,
             // Warp-wide matrix operations read (or write) the registers of every lane.
             ("mma" | "wmma" | "ldmatrix" | "stmatrix" | "movmatrix", _) => return Ok(i.has("sync").then_some(Src::C(u32::MAX as u64))),
             _ => return Ok(None),
@@ -1394,6 +1395,19 @@ impl<'a> Lowerer<'a> {
             "mma" | "wmma" | "ldmatrix" | "stmatrix" | "movmatrix" => return self.matrix_op(i).map(Some),
             "cp" if i.mods.first().is_some_and(|m| m == "async") => return self.cp_async(i).map(Some),
             "mbarrier" => return self.mbarrier(i).map(Some),
+            "elect" => {
+                check(&[])?;
+                need(2)?;
+                let (d, p) = match &o[0] {
+                    Operand::Pair(d, p) if d == "_" => (None, self.reg(p, line)?),
+                    Operand::Pair(d, p) => (Some(self.reg(d, line)?), self.reg(p, line)?),
+                    _ => return Err(un()),
+                };
+                if !i.has("sync") {
+                    return Err(un());
+                }
+                Op::Elect { d, p, member: self.src(&o[1], None, line)? }
+            }
             "activemask" => {
                 need(1)?;
                 Op::Activemask { d: self.dst(&o[0], line)? }

@@ -766,6 +766,11 @@ fn operand_inner(p: &mut P) -> Result<Operand, PtxError> {
         }
         Some(Tok::Ident(s)) if s == "_" => {
             p.i += 1;
+            // `_|p`: a pair whose first destination is discarded (`elect.sync _|p, mask`).
+            if p.eat('|') {
+                let q = name(p)?;
+                return Ok(Operand::Pair(s, q));
+            }
             Ok(Operand::Sink)
         }
         Some(Tok::Ident(_)) => {

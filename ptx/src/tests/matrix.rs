@@ -572,3 +572,21 @@ fn cvt_to_tf32_rounds_as_each_mode_says() {
         }
     }
 }
+
+/// elect.sync picks the lowest lane of the member mask, after waiting for the members.
+#[test]
+fn elect_sync_picks_the_lowest_member_lane() {
+    for (mask, leader) in [("0xffffffff", 0u32), ("0xfff0", 4), ("0x80000000", 31)] {
+        let body = format!(
+            "and.b32 %r2, %r0, 31;\nmov.u32 %r3, 1;\nshl.b32 %r3, %r3, %r2;\nand.b32 %r3, %r3, {mask};\nsetp.eq.u32 %p1, %r3, 0;\nmov.u32 %r1, 99;\n@%p1 bra $OUT;\n\
+             elect.sync %r4|%p2, {mask};\nselp.u32 %r5, 1000, 0, %p2;\nadd.u32 %r1, %r4, %r5;\nelect.sync _|%p3, {mask};\n@%p3 add.u32 %r1, %r1, 10000;\n$OUT:"
+        );
+        let r = per_thread(&body, 64);
+        for (t, v) in r.iter().enumerate() {
+            let l = t as u32 % 32;
+            let member = u32::from_str_radix(mask.trim_start_matches("0x"), 16).unwrap() >> l & 1 != 0;
+            let want = if !member { 99 } else if l == leader { leader + 11000 } else { leader };
+            assert_eq!(*v, want, "mask {mask}, thread {t}");
+        }
+    }
+}
