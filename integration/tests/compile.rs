@@ -28,6 +28,8 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_two_devices",
     "rt_killed",
     "rt_async_device",
+    "rt_tensor_core",
+    "rt_async_copy",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).

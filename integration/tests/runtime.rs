@@ -113,4 +113,6 @@ runtime_tests! {
     errors => plain;
     backpressure => plain;
     async_device => plain;
+    tensor_core => plain;
+    async_copy => plain;
 }

@@ -26,6 +26,9 @@ use crate::float::{self, ftz32};
 use crate::ir::*;
 use crate::printf;
 
+mod asynccopy;
+mod matrix;
+
 /// A live allocation of device memory, as the host sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Region {
@@ -263,6 +266,8 @@ struct BlockRunner<'a> {
 enum Stop {
     Exited,
     Barrier,
+    /// The warp waits on an mbarrier phase: the other warps get a turn before it goes on.
+    Yield,
 }
 
 impl<'a> BlockRunner<'a> {
@@ -338,6 +343,7 @@ impl<'a> BlockRunner<'a> {
         let mut count = 0u64;
         loop {
             let mut live = false;
+            let mut yielded = false;
             for wi in 0..self.warps.len() {
                 if self.warps[wi].alive == 0 || self.warps[wi].at_bar {
                     live |= self.warps[wi].alive != 0;
@@ -347,7 +353,7 @@ impl<'a> BlockRunner<'a> {
                 let mut w = std::mem::replace(&mut self.warps[wi], empty_warp());
                 let r = self.run_warp(&mut w, ctaid, out, &mut count);
                 self.warps[wi] = w;
-                r?;
+                yielded |= matches!(r?, Stop::Yield);
             }
             if !live {
                 return Ok(count);
@@ -357,6 +363,10 @@ impl<'a> BlockRunner<'a> {
                 let lane = w.alive.trailing_zeros() as usize % LANES;
                 let line = self.sh.prog.insts.get(w.pcs[lane] as usize).map_or(0, |i| i.line);
                 return Err(self.err(w, lane, line, ctaid, fault));
+            }
+            if yielded {
+                // A warp is spinning on an mbarrier, not at the block barrier: another round.
+                continue;
             }
             // Every live warp waits at a barrier: release them all.
             let (mut pop, mut all, mut any) = (0u32, true, false);
@@ -511,6 +521,18 @@ impl<'a> BlockRunner<'a> {
                         w.sync_wait &= !here;
                         w.sync_force &= !arrived;
                         mask |= here;
+                    }
+                }
+                Op::MbarWait(x) => {
+                    if active != 0 {
+                        match self.mbar_wait(w, active, x) {
+                            Err((lane, f)) => return Err(self.err(w, lane, inst.line, ctaid, f)),
+                            Ok(true) => {}
+                            Ok(false) => {
+                                set_pcs(&mut w.pcs, mask, pc + 1);
+                                return Ok(Stop::Yield);
+                            }
+                        }
                     }
                 }
                 op => {
@@ -860,6 +882,16 @@ impl<'a> BlockRunner<'a> {
                 }
             }
             Op::Activemask { d } => store(regs, m, d, &[m as u64; LANES]),
+            Op::Elect { d, p, member } => {
+                // The members that are here (all of them: the convergence point before waited).
+                let lanes = m & first_lane(regs, member, m);
+                let leader = lanes.trailing_zeros() as u64;
+                if let Some(d) = d {
+                    store(regs, m, d, &[leader; LANES]);
+                }
+                let is: [u64; LANES] = std::array::from_fn(|l| (l as u64 == leader) as u64);
+                store(regs, m, p, &is);
+            }
             Op::Redux { op, signed, d, a, member } => {
                 let lanes = m & first_lane(regs, member, m);
                 let av = fetch(regs, a);
@@ -928,6 +960,16 @@ impl<'a> BlockRunner<'a> {
                 }
             }
             Op::Trap => return Err((m.trailing_zeros() as usize, Fault::Trap)),
+            Op::Mma(ref x) => matrix::mma(regs, m, x),
+            Op::WmmaMem(ref x) => self.wmma_mem(w, m, x)?,
+            Op::Matrix(ref x) => self.matrix_mem(w, m, x)?,
+            Op::Movmatrix { d, a } => matrix::movmatrix(regs, m, d, a),
+            Op::Tf32 { d, a, rnd, relu, satfinite } => map1(regs, m, d, a, |x| matrix::tf32(x as u32, rnd, relu, satfinite) as u64),
+            Op::CpAsync(ref x) => self.cp_async(w, m, x)?,
+            Op::Mbar(ref x) => self.mbar(w, m, x)?,
+            Op::MbarWait(ref x) => {
+                self.mbar_wait(w, m, x)?;
+            }
         }
         Ok(())
     }

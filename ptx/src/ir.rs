@@ -350,12 +350,159 @@ pub enum Op {
     Vote { mode: VoteMode, d: u32, p: Src, neg: bool, member: Src },
     Match { all: bool, bits: u8, d: u32, dp: Option<u32>, a: Src, member: Src },
     Activemask { d: u32 },
+    /// `elect.sync d|p, member`: the lowest member lane is the leader; `d` gets its lane
+    /// number, `p` is true in it alone.
+    Elect { d: Option<u32>, p: u32, member: Src },
     /// `redux.sync` on 32-bit integers over the member lanes.
     Redux { op: ReduxOp, signed: bool, d: u32, a: Src, member: Src },
     /// vprintf(fmt, args); the return value (arguments consumed) goes to `ret`.
     Printf { fmt: Src, args: Src, ret: Option<(Space, u64)> },
     Clock { d: u32, kind: ClockKind },
     Trap,
+    /// `mma.sync` and `wmma.mma`: a warp-wide matrix multiply-accumulate (crate::tensor).
+    Mma(Box<Mma>),
+    /// `wmma.load` / `wmma.store`.
+    WmmaMem(Box<WmmaMem>),
+    /// `ldmatrix` / `stmatrix` of 8x8 b16 matrices in shared memory.
+    Matrix(Box<MatrixMem>),
+    /// `movmatrix.sync.aligned.m8n8.trans.b16`.
+    Movmatrix { d: u32, a: Src },
+    /// `cvt.{rna,rn,rz}{.relu}{.satfinite}.tf32.f32`: an f32 rounded to tf32's 10 mantissa
+    /// bits, in an f32 register with the low 13 bits clear.
+    Tf32 { d: u32, a: Src, rnd: Rnd, relu: bool, satfinite: bool },
+    /// `cp.async` and `cp.async.bulk`: performed when issued (a legal schedule of an
+    /// asynchronous copy), so the group waits have nothing left to wait for.
+    CpAsync(Box<CpAsync>),
+    /// The mbarrier operations that do not wait (crate::mbarrier).
+    Mbar(Box<Mbar>),
+    /// `mbarrier.test_wait` / `try_wait`: a lane that sees its phase incomplete makes the
+    /// warp give the other warps of the block a turn (they are the ones that can complete it).
+    MbarWait(Box<Mbar>),
+}
+
+/// Element types of tensor-core operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MmaTy {
+    F16,
+    BF16,
+    Tf32,
+    F32,
+    F64,
+    S8,
+    U8,
+    S32,
+}
+
+impl MmaTy {
+    pub fn bits(self) -> u32 {
+        match self {
+            MmaTy::F16 | MmaTy::BF16 => 16,
+            MmaTy::Tf32 | MmaTy::F32 | MmaTy::S32 => 32,
+            MmaTy::F64 => 64,
+            MmaTy::S8 | MmaTy::U8 => 8,
+        }
+    }
+}
+
+/// Which operand of a matrix multiply a fragment holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FragOf {
+    A,
+    B,
+    /// C or D (M x N).
+    C,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mma {
+    /// M, N, K.
+    pub shape: [u8; 3],
+    /// `wmma.mma` (the sim's own fragment layout) rather than `mma.sync` (the ISA's).
+    pub wmma: bool,
+    pub a_ty: MmaTy,
+    pub b_ty: MmaTy,
+    pub c_ty: MmaTy,
+    pub d_ty: MmaTy,
+    pub satfinite: bool,
+    pub d: Vec<u32>,
+    pub a: Vec<Src>,
+    pub b: Vec<Src>,
+    pub c: Vec<Src>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct WmmaMem {
+    pub load: bool,
+    pub of: FragOf,
+    pub shape: [u8; 3],
+    /// Column-major in memory.
+    pub col: bool,
+    pub ty: MmaTy,
+    pub sp: Space,
+    /// Registers written (load) or read (store, as `Src::R`).
+    pub regs: Vec<Src>,
+    pub base: Src,
+    pub off: i64,
+    /// Elements between rows (row-major) or columns; `None`: the matrix is dense.
+    pub stride: Option<Src>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MatrixMem {
+    /// `ldmatrix` (else `stmatrix`).
+    pub load: bool,
+    pub trans: bool,
+    pub sp: Space,
+    /// One register per 8x8 matrix (1, 2 or 4).
+    pub regs: Vec<Src>,
+    pub base: Src,
+    pub off: i64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpAsync {
+    pub dst_sp: Space,
+    pub src_sp: Space,
+    pub dst: Src,
+    pub doff: i64,
+    pub src: Src,
+    pub soff: i64,
+    /// Bytes written at the destination.
+    pub size: Src,
+    /// Bytes read from the source (the rest of `size` is zero-filled).
+    pub src_size: Option<Src>,
+    /// `ignore-src` predicate (and its negation): when true nothing is read, all zero-filled.
+    pub ignore: Option<(Src, bool)>,
+    /// `cp.async.bulk ... .mbarrier::complete_tx::bytes`: the barrier whose tx-count drops by `size`.
+    pub mbar: Option<(Src, i64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MbarOp {
+    Init,
+    /// `arrive`/`arrive_drop` (`drop`), with `expect_tx` first when `tx`.
+    Arrive { drop: bool, tx: bool },
+    ExpectTx,
+    CompleteTx,
+    /// `test_wait`/`try_wait`, against a state token or (`parity`) a phase parity.
+    Wait { parity: bool },
+    Inval,
+    /// `mbarrier.pending_count`: of a state token, no memory access.
+    PendingCount,
+    /// `cp.async.mbarrier.arrive`: the cp.asyncs before it are complete, so only `.noinc`
+    /// changes the barrier (an arrival not counted in advance).
+    CpAsyncArrive { noinc: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mbar {
+    pub op: MbarOp,
+    pub d: Option<u32>,
+    pub sp: Space,
+    pub base: Src,
+    pub off: i64,
+    /// Count, tx-count, state token or parity, by `op`.
+    pub b: Src,
 }
 
 #[derive(Debug, Clone)]

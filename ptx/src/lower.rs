@@ -20,6 +20,8 @@ use crate::ir::*;
 use crate::parse::{self, Ast, Function, Instruction, Operand, Stmt, Var};
 use crate::PtxError;
 
+pub(crate) mod tensor;
+
 #[derive(Debug, Clone, Copy)]
 enum Sym {
     Global(u64),
@@ -34,6 +36,8 @@ struct Instance {
     /// Declared register names and `<N>` ranges (prefix -> count).
     declared: HashSet<String>,
     ranges: HashMap<String, u32>,
+    /// Predicate registers declared (names and `<N>` prefixes).
+    preds: HashSet<String>,
     scopes: Vec<HashMap<String, Sym>>,
     labels: HashMap<String, u32>,
     /// (instruction index, label) to patch once the body is lowered.
@@ -349,6 +353,7 @@ impl<'a> Lowerer<'a> {
             regs: HashMap::new(),
             declared: HashSet::new(),
             ranges: HashMap::new(),
+            preds: HashSet::new(),
             scopes: vec![params],
             labels: HashMap::new(),
             fixups: Vec::new(),
@@ -419,6 +424,9 @@ impl<'a> Lowerer<'a> {
         let sym = match v.space {
             parse::Space::Reg => {
                 let c = self.cur();
+                if v.ty == "pred" {
+                    c.preds.insert(v.name.clone());
+                }
                 match v.range {
                     Some(n) => {
                         c.ranges.insert(v.name.clone(), n);
@@ -630,6 +638,9 @@ impl<'a> Lowerer<'a> {
             (_, None | Some(Op::WarpSync { .. })) => return Ok(None),
             ("shfl", _) => 4,
             ("vote" | "match" | "redux", _) => 2,
+            ("elect", _) => 1,
+            // Warp-wide matrix operations read (or write) the registers of every lane.
+            ("mma" | "wmma" | "ldmatrix" | "stmatrix" | "movmatrix", _) => return Ok(i.has("sync").then_some(Src::C(u32::MAX as u64))),
             _ => return Ok(None),
         };
         if !i.has("sync") {
@@ -1147,6 +1158,7 @@ impl<'a> Lowerer<'a> {
                 };
                 Op::CvtX2 { to, from, relu: i.has("relu"), satfinite: i.has("satfinite"), d, a, b }
             }
+            "cvt" if i.has("tf32") => return self.cvt_tf32(i).map(Some),
             "cvt" => {
                 check(&["rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi", "sat", "ftz"])?;
                 need(2)?;
@@ -1296,7 +1308,9 @@ impl<'a> Lowerer<'a> {
                 }
             }
             "membar" | "fence" => {
-                check(&["proxy", "alias", "async", "acq_rel", "sc", "cta", "gl", "sys", "gpu"])?;
+                // `fence.proxy.async`: the sim's asynchronous copies are done when issued, so the
+                // generic and async proxies see the same memory; `fence.mbarrier_init` likewise.
+                check(&["proxy", "alias", "async", "acq_rel", "sc", "cta", "gl", "sys", "gpu", "shared", "global", "mbarrier_init"])?;
                 return Ok(None);
             }
             // Programmatic dependent launch: `wait` holds until the grids this one depends on
@@ -1377,6 +1391,22 @@ impl<'a> Lowerer<'a> {
                     .map(|(_, op)| op)
                     .ok_or_else(un)?;
                 Op::Redux { op, signed, d: self.dst(&o[0], line)?, a: self.src(&o[1], None, line)?, member: self.member(i, o, 2, line)? }
+            }
+            "mma" | "wmma" | "ldmatrix" | "stmatrix" | "movmatrix" => return self.matrix_op(i).map(Some),
+            "cp" if i.mods.first().is_some_and(|m| m == "async") => return self.cp_async(i).map(Some),
+            "mbarrier" => return self.mbarrier(i).map(Some),
+            "elect" => {
+                check(&[])?;
+                need(2)?;
+                let (d, p) = match &o[0] {
+                    Operand::Pair(d, p) if d == "_" => (None, self.reg(p, line)?),
+                    Operand::Pair(d, p) => (Some(self.reg(d, line)?), self.reg(p, line)?),
+                    _ => return Err(un()),
+                };
+                if !i.has("sync") {
+                    return Err(un());
+                }
+                Op::Elect { d, p, member: self.src(&o[1], None, line)? }
             }
             "activemask" => {
                 need(1)?;

@@ -96,7 +96,13 @@ pub fn tokenize(text: &str) -> Result<Vec<Token>, PtxError> {
                 i += 1;
             }
             let w = &text[s..i];
-            let tok = number(w).ok_or_else(|| err(line, format!("bad number `{w}`")))?;
+            // After `::` a word may begin with a digit: `.L2::128B`, a modifier's sub-part.
+            let after_scope = out.len() >= 2 && out[out.len() - 2..].iter().all(|t: &Token| t.tok == Tok::Punct(':'));
+            let tok = match number(w) {
+                Some(t) => t,
+                None if after_scope && w.bytes().all(|c| c.is_ascii_alphanumeric()) => Tok::Ident(w.to_string()),
+                None => return Err(err(line, format!("bad number `{w}`"))),
+            };
             out.push(Token { tok, line });
         } else if word_char(c) {
             let s = i;
@@ -623,8 +629,24 @@ fn instruction(p: &mut P, guard: Option<(String, bool)>, line: u32) -> Result<In
     let opcode = p.ident()?;
     let mut mods = Vec::new();
     while let Some(Tok::Dot(d)) = p.peek() {
-        mods.push(d.clone());
+        let mut m = d.clone();
         p.i += 1;
+        // `.shared::cta`, `.mbarrier::complete_tx::bytes`: one modifier with its sub-parts.
+        while m.len() < 64 && p.peek() == Some(&Tok::Punct(':')) && p.t.get(p.i + 1).map(|t| &t.tok) == Some(&Tok::Punct(':')) {
+            match p.t.get(p.i + 2).map(|t| &t.tok) {
+                Some(Tok::Ident(x)) => {
+                    m.push_str("::");
+                    m.push_str(x);
+                    p.i += 3;
+                }
+                _ => break,
+            }
+        }
+        // `.shared::cta` is what `.shared` means.
+        if m == "shared::cta" {
+            m.truncate(6);
+        }
+        mods.push(m);
     }
     let mut operands = Vec::new();
     if !p.eat(';') {
@@ -744,6 +766,11 @@ fn operand_inner(p: &mut P) -> Result<Operand, PtxError> {
         }
         Some(Tok::Ident(s)) if s == "_" => {
             p.i += 1;
+            // `_|p`: a pair whose first destination is discarded (`elect.sync _|p, mask`).
+            if p.eat('|') {
+                let q = name(p)?;
+                return Ok(Operand::Pair(s, q));
+            }
             Ok(Operand::Sink)
         }
         Some(Tok::Ident(_)) => {

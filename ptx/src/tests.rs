@@ -4,6 +4,8 @@
 use super::*;
 use std::time::Duration;
 
+mod matrix;
+
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
