@@ -7,6 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::kernels::{params, BUSY_PTX};
 use common::{Body, TestServer};
 use rgpu_server::limits::Limits;
 use rgpu_transport::Transport;
@@ -191,4 +192,28 @@ fn a_silent_client_is_cut_after_the_client_timeout_then_freed_after_the_grace() 
     assert!(freed >= Duration::from_millis(900));
     c.cut();
     assert!(matches!(c2.ping().body, Body::None));
+}
+
+#[test]
+fn a_client_waiting_on_a_long_request_hears_keepalives() {
+    let srv = server(Duration::from_secs(10));
+    let mut c = srv.session();
+    assert_eq!(c.load_module(1, BUSY_PTX.as_bytes()).result, 0);
+    let out = c.alloc_ok(4);
+    let grid = [64, 1, 1];
+    // How long this machine takes per count, to make a kernel of about 5 s.
+    let t0 = Instant::now();
+    assert_eq!(c.launch(true, 1, 0, grid, [256, 1, 1], 0, &params(out, 2000)).unwrap().result, 0);
+    assert_eq!(c.sync().result, 0);
+    let per = t0.elapsed().as_secs_f64() / 2000.0;
+    let n = ((5.0 / per) as u32).clamp(2000, 50_000_000);
+    c.t.stream().set_read_timeout(Some(Duration::from_millis(2500))).unwrap();
+    c.launch(false, 1, 0, grid, [256, 1, 1], 0, &params(out, n));
+    let t0 = Instant::now();
+    // A device-to-host copy waits for the kernel before its first byte.
+    let r = c.dtoh(out, 4);
+    eprintln!("waited {:?} for the copy behind the kernel, {} keepalive(s)", t0.elapsed(), c.keepalives);
+    assert_eq!(r.result, 0);
+    assert_eq!(r.bulk, n.to_le_bytes());
+    assert!(c.keepalives >= 1, "no keepalive during a {:?} wait", t0.elapsed());
 }

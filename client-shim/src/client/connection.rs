@@ -406,9 +406,15 @@ impl<T: Transport> Inner<T> {
     /// breaks. `tail`: the caller's payload, sent behind the batch when
     /// the core says so.
     fn retrying<V>(&mut self, addr: &str, tail: &[u8], mut op: impl FnMut(&mut Self, &[u8]) -> Result<V, IoFail>) -> Result<V, IoFail> {
+        // A server that takes the resume and then breaks again every time
+        // must not keep one call going for ever.
+        let mut resumes = 0;
         loop {
             match op(self, tail) {
-                Err(IoFail::Io(e)) if self.redial.is_some() => self.recover(addr, e)?,
+                Err(IoFail::Io(e)) if self.redial.is_some() && resumes < self.policy.attempts => {
+                    resumes += 1;
+                    self.recover(addr, e)?
+                }
                 r => return r,
             }
         }

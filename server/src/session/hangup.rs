@@ -182,7 +182,7 @@ fn wait_for_hangup(sock: &TcpStream, link: &Link, generation: u64) -> bool {
             if st.over || st.generation != generation {
                 return false;
             }
-            if st.busy && st.keepalive {
+            if st.busy && st.keepalive && has_room(sock) {
                 // Under the lock: the session thread sends nothing while busy.
                 let _ = (&*sock).write_all(&keepalive);
             }
@@ -192,6 +192,22 @@ fn wait_for_hangup(sock: &TcpStream, link: &Link, generation: u64) -> bool {
             return ends_with_close(sock);
         }
     }
+}
+
+/// Whether the send buffer has room for a keepalive without blocking: a
+/// client that reads nothing for hours must not make the watcher (and
+/// with it the session thread, waiting for the lock) block on a full one.
+fn has_room(sock: &TcpStream) -> bool {
+    let fd = sock.as_raw_fd();
+    let mut queued: libc::c_int = 0;
+    let mut size: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: TIOCOUTQ writes one int; SO_SNDBUF writes one int of `len`.
+    let ok = unsafe {
+        libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) == 0
+            && libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut size as *mut libc::c_int).cast(), &mut len) == 0
+    };
+    ok && queued < size / 2
 }
 
 /// Whether the input not yet read ends with the client's Close frame: then

@@ -212,9 +212,12 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 info!("no resumed connection within the reconnect grace");
                 return end;
             };
-            if let Err(e) = self.resume(r) {
-                warn!("resume failed: {e}");
-                return end;
+            match self.resume(r) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return end,
+                // The new connection broke too (cut again mid-handshake):
+                // the next step sees it, and the session waits again.
+                Err(e) => warn!("resumed connection lost during the resume: {e}"),
             }
         }
     }
@@ -265,37 +268,60 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         answer[8..].copy_from_slice(&self.executed.to_le_bytes());
         let watched = stream.try_clone()?;
         let mut t = TcpTransport::new(stream)?;
-        t.send(&[&answer])?;
+        if let Err(e) = t.send(&[&answer]) {
+            // Continue on the old (broken) connection: its next step ends
+            // it, and the session waits for another resume.
+            return Err(e);
+        }
         if status != 0 {
             t.shutdown();
-            return Err(io::Error::other("resume refused"));
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "resume refused"));
         }
         let spin = self.resumer.as_ref().map_or(rgpu_transport::tcp::DEFAULT_SPIN, |r| r.spin);
         t.set_spin(spin);
         self.out.clear();
         self.transport = T::from_tcp(t);
+        // Watched (and kept alive) while the replies are replayed: a read
+        // again may wait for the stream's work before its first byte.
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.attach(watched, true);
+        }
         let kept: Vec<(Vec<u8>, Option<DeviceBytes>)> =
             self.window.after(last_reply).map_err(io::Error::other)?.map(|k| (k.frame.clone(), k.device)).collect();
         let n = kept.len();
-        for (frame, device) in kept {
-            self.transport.send(&[&frame])?;
-            if let Some(DeviceBytes { src, len, stream }) = device {
-                let transport = &mut self.transport;
-                let mut sent = 0u64;
-                let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
-                    sent += chunk.len() as u64;
-                    transport.send(&[chunk])
-                });
-                match r {
-                    Ok(()) if sent == len => {}
-                    Ok(()) => return Err(io::Error::other("backend produced fewer bytes than asked")),
-                    Err(TransferError::Io(e)) => return Err(e),
-                    Err(TransferError::Device(e)) => return Err(io::Error::other(format!("replayed read failed: {e}"))),
-                }
+        for (mut frame, device) in kept {
+            let Some(DeviceBytes { src, len, stream }) = device else {
+                self.transport.send(&[&frame])?;
+                continue;
+            };
+            let transport = &mut self.transport;
+            let mut sent = 0u64;
+            if let Some(l) = &link {
+                l.set_busy(true);
             }
-        }
-        if let Some(r) = &self.resumer {
-            r.link.attach(watched, true);
+            let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
+                if sent == 0 {
+                    if let Some(l) = &link {
+                        l.set_busy(false);
+                    }
+                    transport.send(&[&frame, chunk])?;
+                    frame.clear();
+                } else {
+                    transport.send(&[chunk])?;
+                }
+                sent += chunk.len() as u64;
+                Ok(())
+            });
+            if let Some(l) = &link {
+                l.set_busy(false);
+            }
+            match r {
+                Ok(()) if sent == len => {}
+                Ok(()) => return Err(io::Error::other("backend produced fewer bytes than asked")),
+                Err(TransferError::Io(e)) => return Err(e),
+                Err(TransferError::Device(e)) => return Err(io::Error::other(format!("replayed read failed: {e}"))),
+            }
         }
         info!(last_reply, executed = self.executed, replayed = n, "session resumed on a new connection");
         Ok(())
@@ -461,9 +487,18 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         // Send everything queued, this reply's header and message, then the
         // bytes as the backend produces them.
         let mut sent = 0u64;
+        // The read may first wait for the stream's work (a long kernel):
+        // the client hears keepalives until the reply's first bytes go.
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.set_busy(true);
+        }
         let (out, transport, meter) = (&mut self.out, &mut self.transport, &self.state.meter);
         let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
             if sent == 0 {
+                if let Some(l) = &link {
+                    l.set_busy(false);
+                }
                 transport.send(&[out, chunk])?;
                 meter.sent(out.len() as u64);
                 out.clear();
@@ -474,6 +509,9 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             sent += chunk.len() as u64;
             Ok(())
         });
+        if let Some(l) = &link {
+            l.set_busy(false);
+        }
         match r {
             Ok(()) if sent == len => Ok(()),
             Ok(()) => Err(End::Io(io::Error::other("backend produced fewer bytes than asked"))),

@@ -313,6 +313,8 @@ pub struct DataClient {
     key: Vec<u8>,
     /// The last reply received.
     pub last_reply: u64,
+    /// Keepalive frames read so far.
+    pub keepalives: u64,
     /// Dropping sends the orderly Close (as the shim does at exit); `cut`
     /// drops without it, as a killed client or a broken network does.
     close_on_drop: bool,
@@ -354,6 +356,7 @@ impl DataClient {
             id,
             key: key.to_vec(),
             last_reply: 0,
+            keepalives: 0,
             close_on_drop: true,
         })
     }
@@ -441,6 +444,7 @@ impl DataClient {
             if h.kind != Kind::Keepalive {
                 break h;
             }
+            self.keepalives += 1;
         };
         assert_eq!(h.kind, Kind::Reply);
         let buf = self.recv.prepare(h.msg_len as usize);
