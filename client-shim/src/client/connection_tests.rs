@@ -363,7 +363,7 @@ fn an_async_large_payload_is_copied_so_the_program_may_reuse_its_buffer() {
     within(LIMIT, || {
         let (c, _log, server) = connect(no_flusher());
         let srv = well_behaved(server);
-        let mut big: Vec<u8> = (0..(1u32 << 20)).map(|i| i as u8).collect();
+        let mut big: Vec<u8> = (0..(200u32 << 10)).map(|i| i as u8).collect();
         let want = big.clone();
         htod(&c, 0x200, &big).unwrap();
         big.fill(0); // the program reuses its buffer once the call returned
@@ -618,5 +618,22 @@ fn dropping_the_connection_sends_the_orderly_close() {
         let mut hb = [0u8; rgpu_protocol::frame::HEADER_LEN];
         server.recv_exact(&mut hb).unwrap();
         assert_eq!(rgpu_protocol::frame::FrameHeader::decode(&hb).unwrap().kind, rgpu_protocol::frame::Kind::Close);
+    });
+}
+
+#[test]
+fn an_async_payload_over_the_copy_limit_is_sent_from_the_callers_buffer_and_acknowledged() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 3) as u8).collect();
+        htod(&c, 0x200, &big).unwrap();
+        // Returned: the server had the bytes and answered, so the program may reuse them.
+        let r = &log.records()[0];
+        assert_eq!(r.ptrs[1], big.as_ptr() as usize, "not copied");
+        drop(c);
+        let got = srv.join().unwrap();
+        assert!(got[0].wants_reply, "the post asked for an acknowledgement");
+        assert!(got[0].bulk == big);
     });
 }

@@ -31,9 +31,10 @@
 //! Resuming after a broken connection: every request sent stays in the
 //! resend window, with its bulk, until a reply shows the server ran it (the
 //! server runs requests in order, so reply `n` acknowledges every request up
-//! to `n`). Asynchronous payloads are copied into the window, as the program
-//! may reuse its buffer once the call returns; only a call's payload, whose
-//! buffer the caller holds until the reply, is sent from the caller's memory.
+//! to `n`). Asynchronous payloads up to [`Tuning::copy_bulk`] are copied into
+//! the window, as the program may reuse its buffer once the call returns;
+//! larger ones, and a call's payload, are sent from the caller's memory and
+//! their reply waited for, so the caller's buffer is the window.
 //! On a new connection the shell tells the server the last reply received
 //! ([`SessionCore::last_reply`]), learns the last request it ran and passes
 //! it to [`SessionCore::resume`]: the replies owed up to there come again
@@ -41,9 +42,7 @@
 //! from this one, exactly once. The window is bounded
 //! ([`Tuning::window_bytes`], [`Tuning::window_frames`]): before a request
 //! would overflow it, [`SessionCore::needs_ack`] says so and the shell sends
-//! an acknowledging ping ([`SessionCore::post_ack`]) and waits for its reply;
-//! a payload larger than the whole window is sent from the caller's buffer
-//! and waited for before the call returns.
+//! an acknowledging ping ([`SessionCore::post_ack`]) and waits for its reply.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -60,6 +59,10 @@ pub const FLUSH_THRESHOLD: usize = 256 << 10;
 pub const INLINE_BULK: usize = 64 << 10;
 /// How long a batch may wait for more calls before it is sent anyway.
 pub const FLUSH_DELAY: Duration = Duration::from_micros(200);
+/// An asynchronous payload up to this size is copied into the resend
+/// window; a larger one is sent from the caller's buffer and its reply
+/// waited for (one round trip, less than copying it would cost).
+pub const COPY_BULK: usize = 256 << 10;
 /// Unacknowledged requests kept for a resume, in bytes and in requests.
 pub const WINDOW_BYTES: usize = 64 << 20;
 pub const WINDOW_FRAMES: usize = 4096;
@@ -73,6 +76,7 @@ pub struct Tuning {
     pub inline_bulk: usize,
     /// None: a batch leaves only at a synchronising call or when full.
     pub flush_delay: Option<Duration>,
+    pub copy_bulk: usize,
     /// The resend window's bounds.
     pub window_bytes: usize,
     pub window_frames: usize,
@@ -84,6 +88,7 @@ impl Default for Tuning {
             flush_threshold: FLUSH_THRESHOLD,
             inline_bulk: INLINE_BULK,
             flush_delay: Some(FLUSH_DELAY),
+            copy_bulk: COPY_BULK,
             window_bytes: WINDOW_BYTES,
             window_frames: WINDOW_FRAMES,
         }
@@ -263,11 +268,11 @@ impl SessionCore {
     // ---- requests ------------------------------------------------------
 
     /// Queues a request that wants no reply (its error, if any, is deferred).
-    /// Its bulk is copied, unless it exceeds the whole window: then
+    /// Its bulk is copied, unless it exceeds [`Tuning::copy_bulk`]: then
     /// [`Then::FlushWithBulk`], and the request waits for its reply.
     pub fn post(&mut self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<Queued, TooLarge> {
         let was_empty = self.batch().is_empty();
-        let behind = bulk.len() > self.tuning.window_bytes;
+        let behind = bulk.len() > self.tuning.copy_bulk.min(self.tuning.window_bytes);
         let seq = self.encode(behind, build, bulk, behind)?;
         if behind {
             // An acknowledged post: its error is deferred like any post's.
@@ -297,7 +302,7 @@ impl SessionCore {
         let held = self.base + self.buf.len() - self.frames.front().map_or(self.base + self.buf.len(), |f| f.start);
         !self.frames.is_empty()
             && (self.frames.len() >= self.tuning.window_frames
-                || (bulk <= self.tuning.window_bytes && held + bulk + 512 > self.tuning.window_bytes))
+                || (bulk <= self.tuning.copy_bulk && held + bulk + 512 > self.tuning.window_bytes))
     }
 
     /// Queues an asynchronous read whose reply bulk (exactly `len` bytes on
@@ -405,6 +410,10 @@ impl SessionCore {
             self.buf.drain(..dead);
             self.base += dead;
             self.batch_at -= dead;
+            // A large asynchronous payload grew the buffer: give it back.
+            if self.buf.is_empty() && self.buf.capacity() > 8 << 20 {
+                self.buf.shrink_to(self.tuning.flush_threshold.saturating_mul(2));
+            }
         }
     }
 
@@ -825,12 +834,14 @@ mod tests {
         assert_eq!(c.deferred(), 700);
 
         let mut c = small_window(1 << 20, 1000);
-        c.post(ping, &vec![0; 600 << 10]).unwrap();
+        for _ in 0..4 {
+            c.post(ping, &vec![0; 200 << 10]).unwrap();
+        }
         assert!(!c.needs_ack(100 << 10));
-        assert!(c.needs_ack(500 << 10), "the bytes would overflow");
-        // A payload larger than the whole window is the caller's, acknowledged.
+        assert!(c.needs_ack(250 << 10), "the bytes would overflow");
+        // A payload over the copy limit is the caller's, acknowledged.
         let mut c = small_window(1 << 20, 1000);
-        let q = c.post(ping, &vec![0; 2 << 20]).unwrap();
+        let q = c.post(ping, &vec![0; COPY_BULK + 1]).unwrap();
         assert_eq!(q.then, Then::FlushWithBulk);
         assert!(c.tail_due());
         c.sent();
