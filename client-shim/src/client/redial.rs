@@ -103,9 +103,10 @@ impl Redial<DataTransport> for TcpRedial {
         let timeout = timeout.max(Duration::from_millis(1));
         let mut t = tcp::connect(&self.addr, timeout).map_err(Redialed::Failed)?;
         t.set_spin(tcp::spin_from_env());
-        // The handshake may not wait longer than the attempt may.
-        t.stream().set_read_timeout(Some(timeout.min(self.server_timeout))).map_err(Redialed::Failed)?;
-        t.stream().set_write_timeout(Some(timeout.min(self.server_timeout))).map_err(Redialed::Failed)?;
+        // The handshake may wait as long as the attempt may: the session
+        // answers once the request it is running has finished.
+        t.stream().set_read_timeout(Some(timeout)).map_err(Redialed::Failed)?;
+        t.stream().set_write_timeout(Some(timeout)).map_err(Redialed::Failed)?;
         t.send(&[RESUME_PREAMBLE, &self.session_id.to_le_bytes(), &self.key, &last_reply.to_le_bytes()])
             .map_err(Redialed::Failed)?;
         let mut answer = [0u8; 8];
