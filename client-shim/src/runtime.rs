@@ -214,7 +214,22 @@ fn connect_all() -> Result<Runtime, CuError> {
         eprintln!("rgpu: the configured servers ({list}) export no device");
         return Err(CuError::NO_DEVICE);
     }
+    // A program that exits closes its sessions in order, so the servers free
+    // them at once instead of holding them for a reconnection.
+    // SAFETY: registers a plain function with no arguments.
+    unsafe { libc::atexit(close_at_exit) };
     Ok(Runtime { servers, devices })
+}
+
+extern "C" fn close_at_exit() {
+    // A panic must not unwind into libc.
+    let _ = std::panic::catch_unwind(|| {
+        if let Some(rt) = try_get() {
+            for s in &rt.servers {
+                s.conn.close();
+            }
+        }
+    });
 }
 
 fn client_name() -> String {

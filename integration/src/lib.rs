@@ -8,6 +8,8 @@
 //! Nothing here skips silently: a missing toolchain or missing rgpu binaries
 //! fail the test with a message that says what to run.
 
+pub mod proxy;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read};
@@ -684,6 +686,11 @@ impl Server {
         strip_ansi(&self.log.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Kills the server now (SIGKILL, like a crash) and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -825,9 +832,15 @@ pub struct Running {
 
 /// Starts `rgpu run --server ADDRS -- exe args` in its own process group.
 pub fn spawn_rgpu(server_addrs: &str, exe: &Path, args: &[&str]) -> Running {
+    spawn_rgpu_env(server_addrs, exe, args, &[])
+}
+
+/// As [`spawn_rgpu`], with these environment variables set for the program.
+pub fn spawn_rgpu_env(server_addrs: &str, exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> Running {
     let bins = binaries();
     let mut cmd = Command::new(&bins.rgpu);
     cmd.arg("run").arg("--server").arg(server_addrs).arg("--").arg(exe).args(args);
+    cmd.envs(envs.iter().copied());
     cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let command = format!(
         "{} run --server {} -- {} {}",

@@ -27,6 +27,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_backpressure",
     "rt_two_devices",
     "rt_killed",
+    "rt_reconnect",
     "rt_async_device",
     "rt_tensor_core",
     "rt_async_copy",

@@ -26,6 +26,13 @@ pub const MAX_BULK_LEN: u64 = 1 << 32;
 pub enum Kind {
     Request = 1,
     Reply = 2,
+    /// Client to server, with no message or bulk: the orderly end of the
+    /// session. A connection that ends without it may come back (resume).
+    Close = 3,
+    /// Server to client, with no message or bulk, sent while a request
+    /// runs long: the server is alive, so a client's read timeout measures
+    /// the server's silence, not the length of a kernel.
+    Keepalive = 4,
 }
 
 /// The request must be answered by exactly one reply with the same `seq`.
@@ -69,6 +76,11 @@ impl FrameHeader {
         FrameHeader { kind: Kind::Reply, flags: 0, msg_len: msg_len as u32, seq, bulk_len }
     }
 
+    /// A frame of `kind` that carries nothing (Close, Keepalive).
+    pub fn bare(kind: Kind) -> Self {
+        FrameHeader { kind, flags: 0, msg_len: 0, seq: 0, bulk_len: 0 }
+    }
+
     pub fn wants_reply(&self) -> bool {
         self.flags & FLAG_WANTS_REPLY != 0
     }
@@ -93,6 +105,8 @@ impl FrameHeader {
         let kind = match b[2] {
             1 => Kind::Request,
             2 => Kind::Reply,
+            3 => Kind::Close,
+            4 => Kind::Keepalive,
             k => return Err(FrameError::BadKind(k)),
         };
         let msg_len = u32::from_le_bytes(b[4..8].try_into().unwrap());
@@ -126,6 +140,9 @@ mod tests {
         let d = FrameHeader::decode(&h.encode()).unwrap();
         assert_eq!(d, h);
         assert!(d.wants_reply());
+        for k in [Kind::Close, Kind::Keepalive] {
+            assert_eq!(FrameHeader::decode(&FrameHeader::bare(k).encode()).unwrap().kind, k);
+        }
         let r = FrameHeader::reply(7, 16, 0);
         assert_eq!(FrameHeader::decode(&r.encode()).unwrap(), r);
         assert!(!r.wants_reply());

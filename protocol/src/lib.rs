@@ -45,6 +45,12 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// The first bytes a client sends on a new connection say which plane it is.
 pub const CONTROL_PREAMBLE: &[u8; 8] = b"RGPUCTL1";
 pub const DATA_PREAMBLE: &[u8; 8] = b"RGPUDAT1";
+/// A data connection coming back to a session whose connection broke:
+/// followed by the session id, its key and the last reply sequence number
+/// the client received (u64 LE); the server answers status and version as
+/// for an attach, then the last request sequence number it executed (u64
+/// LE), then the replies the client missed. Always TCP.
+pub const RESUME_PREAMBLE: &[u8; 8] = b"RGPURES1";
 
 /// Length of the data-plane session key handed out by `openSession`.
 pub const SESSION_KEY_LEN: usize = 16;

@@ -118,6 +118,20 @@ rgpu_config::settings! {
         #[setting(flag = "max-buffered-input", env = "RGPU_SERVER_MAX_BUFFERED_INPUT", value_name = "BYTES",
                   parse = rgpu_config::parse_size)]
         max_buffered_input: u64 = limits::DEFAULT_MAX_BUFFERED_INPUT,
+        /// Seconds a session whose data connection broke without the
+        /// client's orderly close keeps its device memory, objects and
+        /// queued work while the client reconnects and resumes; then it is
+        /// freed. 0 frees it at once (decimals allowed) [default: 30].
+        #[setting(flag = "reconnect-grace", env = "RGPU_SERVER_RECONNECT_GRACE", value_name = "SECS",
+                  parse = parse_seconds_or_zero)]
+        reconnect_grace: Duration = limits::DEFAULT_RECONNECT_GRACE,
+        /// Seconds a data connection may go without a frame from the client
+        /// (the shim pings every 10 s when idle), or without taking what
+        /// the server sends, before it counts as broken: a stopped client's
+        /// session is freed after this plus the reconnect grace [default: 60].
+        #[setting(flag = "client-timeout", env = "RGPU_SERVER_CLIENT_TIMEOUT", value_name = "SECS",
+                  parse = parse_seconds)]
+        client_timeout: Duration = limits::DEFAULT_CLIENT_TIMEOUT,
         /// Data-plane transport: tcp, rdma (requires the verbs plugin and a
         /// device) or auto (RDMA for clients that ask, when available) [default: auto].
         #[setting(flag = "transport", env = "RGPU_SERVER_TRANSPORT", value_name = "tcp|rdma|auto",
@@ -277,6 +291,8 @@ impl Config {
                 max_module_image: s.max_module_image,
                 max_module_bytes_per_lease: s.max_module_bytes_per_lease,
                 max_buffered_input: s.max_buffered_input,
+                reconnect_grace: s.reconnect_grace,
+                client_timeout: s.client_timeout,
             },
             transport: TransportConfig { mode: s.transport, rdma, tcp_spin: Duration::from_micros(s.spin_us) },
             pool: PoolConfig {
@@ -319,6 +335,14 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     Duration::try_from_secs_f64(secs).map_err(|_| err())
 }
 
+/// As [`parse_seconds`], and 0 too.
+pub fn parse_seconds_or_zero(s: &str) -> Result<Duration, String> {
+    match s.trim().parse::<f64>() {
+        Ok(z) if z == 0.0 => Ok(Duration::ZERO),
+        _ => parse_seconds(s),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -344,6 +368,8 @@ mod tests {
         ("max-module-image", ["1MiB", "2MiB"]),
         ("max-module-bytes-per-lease", ["3MiB", "4MiB"]),
         ("max-buffered-input", ["5MiB", "6MiB"]),
+        ("reconnect-grace", ["0", "2.5"]),
+        ("client-timeout", ["5", "90"]),
         ("transport", ["tcp", "rdma"]),
         ("rdma-zero-copy", ["true", "false"]),
         ("rdma-ring-slots", ["128", "4096"]),

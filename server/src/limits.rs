@@ -15,6 +15,8 @@ pub const DEFAULT_CONTROL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_MODULE_IMAGE: u64 = 256 << 20;
 pub const DEFAULT_MAX_MODULE_BYTES_PER_LEASE: u64 = 1 << 30;
 pub const DEFAULT_MAX_BUFFERED_INPUT: u64 = 1 << 30;
+pub const DEFAULT_RECONNECT_GRACE: Duration = Duration::from_secs(30);
+pub const DEFAULT_CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Sessions one control connection may open (the shim opens one).
 pub const MAX_SESSIONS_PER_CONTROL_CONNECTION: u32 = 16;
@@ -36,6 +38,14 @@ pub struct Limits {
     /// Input the server buffers at once, all connections together: message
     /// bodies above [`SMALL_MESSAGE`] and module images being read.
     pub max_buffered_input: u64,
+    /// How long a session whose data connection broke (without the
+    /// client's orderly close) keeps its device state and work, waiting
+    /// for the client to resume; zero ends it at once.
+    pub reconnect_grace: Duration,
+    /// A data connection on which the client sends nothing for this long
+    /// (the shim pings every 10 s when idle) or that takes nothing the
+    /// server sends for this long counts as broken (then the grace runs).
+    pub client_timeout: Duration,
 }
 
 /// Messages up to this size are read into the connection's own buffer
@@ -51,6 +61,8 @@ impl Default for Limits {
             max_module_image: DEFAULT_MAX_MODULE_IMAGE,
             max_module_bytes_per_lease: DEFAULT_MAX_MODULE_BYTES_PER_LEASE,
             max_buffered_input: DEFAULT_MAX_BUFFERED_INPUT,
+            reconnect_grace: DEFAULT_RECONNECT_GRACE,
+            client_timeout: DEFAULT_CLIENT_TIMEOUT,
         }
     }
 }

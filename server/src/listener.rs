@@ -13,7 +13,7 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, SESSION_KEY_LEN};
+use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, RESUME_PREAMBLE, SESSION_KEY_LEN};
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
 use tokio::io::AsyncReadExt;
@@ -24,7 +24,7 @@ use tracing::{debug, error, info, info_span, warn};
 
 use crate::limits::AddressSlot;
 use crate::service::Service;
-use crate::session::registry::AttachError;
+use crate::session::registry::{AttachError, Resume};
 use crate::state::SessionState;
 use rgpu_cuda_types::CuError;
 
@@ -135,6 +135,8 @@ async fn handle(
     } else if &preamble == DATA_PREAMBLE || &preamble == RDMA_DATA_PREAMBLE {
         let rdma = &preamble == RDMA_DATA_PREAMBLE;
         attach(sock, peer, service, shutdown, held, guard, rdma, deadline).await;
+    } else if &preamble == RESUME_PREAMBLE {
+        resume(sock, peer, service, shutdown, held, deadline).await;
     } else {
         warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
     }
@@ -146,6 +148,49 @@ fn status_bytes(status: u32) -> [u8; 8] {
     b[..4].copy_from_slice(&status.to_le_bytes());
     b[4..].copy_from_slice(&PROTOCOL_VERSION.to_le_bytes());
     b
+}
+
+/// A client coming back to its session: handed to the session's thread,
+/// which answers it (see `session::Session::resume`).
+async fn resume(mut sock: TcpStream, peer: String, service: Arc<Service>, shutdown: CancellationToken, held: Held, deadline: Instant) {
+    let mut creds = [0u8; 8 + SESSION_KEY_LEN + 8];
+    let got = tokio::select! {
+        r = tokio::time::timeout_at(deadline.into(), sock.read_exact(&mut creds)) => r,
+        _ = shutdown.cancelled() => return,
+    };
+    if !matches!(got, Ok(Ok(_))) {
+        return warn!(%peer, "resumed data connection sent no session credentials; closing");
+    }
+    let id = u64::from_le_bytes(creds[..8].try_into().unwrap_or([0; 8]));
+    let last_reply = u64::from_le_bytes(creds[8 + SESSION_KEY_LEN..].try_into().unwrap_or([0; 8]));
+    let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
+        Ok(s) => s,
+        Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
+    };
+    let _ = client_timeouts(&std, &service);
+    let registered = match std.try_clone() {
+        Ok(c) => c,
+        Err(e) => return warn!(%peer, "cannot clone socket: {e}"),
+    };
+    let mut refused = std.try_clone().ok();
+    let r = Resume { stream: std, last_reply, hold: Box::new(held) };
+    match service.sessions.resume(id, &creds[8..8 + SESSION_KEY_LEN], registered, r) {
+        Ok(()) => info!(%peer, session = format_args!("{id:#x}"), last_reply, "data connection resumed"),
+        Err(e) => {
+            warn!(%peer, session = format_args!("{id:#x}"), "resume refused: {e:?} (unknown session or wrong key)");
+            if let Some(s) = refused.as_mut() {
+                let _ = s.write_all(&status_bytes(CuError::INVALID_HANDLE.code()));
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// A data connection whose client sends nothing, or takes nothing, for
+/// --client-timeout counts as broken.
+fn client_timeouts(s: &std::net::TcpStream, service: &Service) -> std::io::Result<()> {
+    s.set_read_timeout(Some(service.limits.client_timeout))?;
+    s.set_write_timeout(Some(service.limits.client_timeout))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -183,7 +228,8 @@ async fn attach(
         Ok(c) => c,
         Err(e) => return refuse(std, CuError::UNKNOWN, &format!("cannot clone socket: {e}")),
     };
-    let client = match service.sessions.attach(id, key, registered) {
+    let _ = client_timeouts(&std, &service);
+    let (client, resumed) = match service.sessions.attach(id, key, registered) {
         Ok(c) => c,
         Err(AttachError::Unknown) => {
             return refuse(std, CuError::INVALID_HANDLE, "unknown session or wrong key")
@@ -222,6 +268,7 @@ async fn attach(
         }
     };
     let ended = state.ended.clone();
+    service.sessions.bind_ended(id, ended.clone());
     let mut std = std;
     if let Err(e) = std.write_all(&status_bytes(0)) {
         service.sessions.detach(id);
@@ -254,21 +301,31 @@ async fn attach(
             let span = thread_span;
             let _in_session = span.enter();
             let _held = (held, guard);
-            // The session's work stops soon after its connection ends, even mid-kernel.
-            let _watch = match crate::session::hangup::Watch::start(watched, ended) {
-                Ok(w) => Some(w),
-                Err(e) => {
-                    warn!("cannot watch the connection for its end: {e}; running work finishes before the session ends");
-                    None
-                }
-            };
             if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
+                // The session's work stops soon after its connection ends for
+                // good (the reconnect grace passed), even mid-kernel.
+                let keepalive = transport.kind() == "tcp";
+                let grace = svc.limits.reconnect_grace;
+                let watch = match crate::session::hangup::Watch::start(watched, ended, grace, keepalive) {
+                    Ok(w) => Some(w),
+                    Err(e) => {
+                        warn!("cannot watch the connection for its end: {e}; running work finishes before the session ends");
+                        None
+                    }
+                };
+                let spin = svc.data_plane.tcp_spin();
+                let resumer = watch.as_ref().filter(|_| !grace.is_zero()).map(|w| crate::session::Resumer {
+                    rx: resumed,
+                    link: w.link(),
+                    spin,
+                });
                 // A bug reachable from input must cost this session, never the
                 // server: a panic ends the session and its cleanup still runs.
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    crate::session::serve(transport, state)
+                    crate::session::serve(transport, state, resumer)
                 }));
+                drop(watch);
                 if served.is_err() {
                     error!("session thread panicked; the session is closed and its resources freed");
                 }

@@ -39,6 +39,11 @@ impl DataPlane {
         DataPlane { selector: Selector::with_provider(Mode::Tcp, None, RdmaConfig::default()), tcp_spin: DEFAULT_SPIN }
     }
 
+    /// How long a read on a TCP data connection polls before it sleeps.
+    pub fn tcp_spin(&self) -> Duration {
+        self.tcp_spin
+    }
+
     /// The data-plane transports this server offers, as registered with the
     /// broker: "tcp" always, "rdma" when it can upgrade connections.
     pub fn offered(&self) -> Vec<&'static str> {

@@ -57,10 +57,27 @@ fn busy_session(srv: &TestServer) -> (common::DataClient, f64) {
 
 #[test]
 fn ended_sessions_stop_their_work() {
-    let srv = TestServer::start();
+    let grace = Duration::from_millis(700);
+    let srv = TestServer::start_limited(rgpu_server::limits::Limits { reconnect_grace: grace, ..Default::default() });
 
-    // The client goes away (its process killed: the socket closes) with
-    // its launches still queued in the server's socket buffer.
+    // The client goes away (its process killed: the socket closes, no
+    // orderly Close) with its launches still queued in the server's socket
+    // buffer: the work goes on through the reconnect grace, then stops.
+    let (c, busy) = busy_session(&srv);
+    let gone = Instant::now();
+    c.cut();
+    std::thread::sleep(grace / 2);
+    let c0 = cpu();
+    std::thread::sleep(grace / 4);
+    let during = (cpu() - c0).as_secs_f64() / (grace / 4).as_secs_f64();
+    assert!(during > busy / 3.0, "the work went on within the grace ({during:.2} CPU s/s, {busy:.2} busy)");
+    let stopped = idle_after(gone, busy, Duration::from_secs(5));
+    eprintln!("cut connection: work stopped {stopped:?} after the cut (grace {grace:?})");
+    let stopped = stopped.expect("the server still works 5 s after the client went away");
+    assert!(stopped >= grace && stopped < grace + Duration::from_millis(300), "work stopped {stopped:?} after the cut");
+
+    // The client closes in order (the shim at exit): its work stops at
+    // once, launches still queued and all.
     let (c, busy) = busy_session(&srv);
     let gone = Instant::now();
     drop(c);

@@ -1,5 +1,7 @@
 //! `rgpu run --server ADDR[,ADDR...] -- PROGRAM [ARGS...]`, or with a lease:
 //! `rgpu run --gpus N [--memory 20GiB] [--same leaf] -- PROGRAM`.
+//! SIGINT, SIGTERM and SIGHUP are passed on to the program, and the program
+//! dies with `rgpu run` ([`crate::supervise`]).
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
@@ -7,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use rgpu_broker_client::{BrokerClient, Credential};
 
 use crate::paths;
@@ -55,10 +57,8 @@ pub fn exec(a: Args) -> Result<i32> {
         lease.servers().join(","),
         a.program[0]
     );
-    // Ctrl-C goes to the program (same process group); we stay to release.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_IGN);
-    }
+    // Ctrl-C goes to the program (same process group), SIGTERM and SIGHUP
+    // are forwarded to it (crate::supervise); we stay to release.
     let done = Arc::new(AtomicBool::new(false));
     let renewer = {
         let (done, addr, ttl) = (done.clone(), a.broker.broker.clone(), spec.ttl_ms.max(3000));
@@ -120,6 +120,6 @@ fn run_program(program: &[String], env: &[(String, String)]) -> Result<i32> {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let status = cmd.status().with_context(|| format!("cannot run {}", program[0]))?;
+    let status = crate::supervise::run(cmd, &program[0])?;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))
 }

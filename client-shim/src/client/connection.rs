@@ -15,21 +15,37 @@
 //! So that asynchronous work never waits long for a synchronising call, a
 //! flusher thread per connection sends a batch that has sat for the flush
 //! delay (200 µs; RGPU_FLUSH_DELAY_US, 0 turns the flusher off): the first
-//! call of a batch wakes it, the rest only append.
+//! call of a batch wakes it, the rest only append. The same thread pings a
+//! connection that has been idle for [`IDLE_PING`], so the server can tell a
+//! quiet program from a stopped one.
+//!
+//! A connection that breaks (an I/O error, or a read or send waiting past
+//! `RGPU_SERVER_TIMEOUT`) is resumed when it can be: the shell dials again
+//! ([`super::redial`]), the core works out what to receive and send again,
+//! and the call that saw the break goes on as if nothing happened. Only when
+//! the session cannot be resumed within the bounds does that call, and
+//! every later one, fail. The orderly end (Drop, or [`Connection::close`]
+//! at exit) sends a Close frame, so the server frees the session at once
+//! instead of keeping it for a reconnection.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::data_capnp::{reply, request};
+use rgpu_protocol::frame::{FrameHeader, Kind};
 use rgpu_protocol::PROTOCOL_VERSION;
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp;
 use rgpu_transport::Transport;
 
-use super::session_core::{Completed, ProtocolError, Queued, SessionCore, Then, TooLarge, Tuning};
+use super::redial::{Policy, Redial, Redialed, TcpRedial};
+use super::session_core::{Completed, ProtocolError, SessionCore, Then, TooLarge, Tuning};
 use super::ClientError;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection with no traffic for this long is pinged (the server counts
+/// a client silent for --client-timeout, 60 s by default, as gone).
+pub const IDLE_PING: Duration = Duration::from_secs(10);
 
 /// CUDA_ERROR_INVALID_VALUE, for a request the frame format cannot carry.
 const INVALID_VALUE: u32 = 1;
@@ -55,6 +71,11 @@ struct Inner<T> {
     broken: Option<ClientError>,
     /// The Connection was dropped: the flusher sends what is left and ends.
     closed: bool,
+    /// How a broken connection comes back; None: it does not.
+    redial: Option<Box<dyn Redial<T>>>,
+    policy: Policy,
+    /// The last time bytes went either way.
+    active_at: Instant,
 }
 
 /// Where a synchronous call's reply bulk goes.
@@ -70,6 +91,9 @@ impl Connection<DataTransport> {
         let mut t = tcp::connect(addr, CONNECT_TIMEOUT).map_err(lost)?;
         // The shim has no flags or files: its knobs are environment variables.
         t.set_spin(tcp::spin_from_env());
+        let policy = Policy::from_env();
+        t.stream().set_read_timeout(Some(policy.server_timeout)).map_err(lost)?;
+        t.stream().set_write_timeout(Some(policy.server_timeout)).map_err(lost)?;
         let mut hello = Vec::with_capacity(8 + 8 + key.len());
         hello.extend_from_slice(super::transport_select::preamble());
         hello.extend_from_slice(&session_id.to_le_bytes());
@@ -89,7 +113,8 @@ impl Connection<DataTransport> {
             });
         }
         let t = super::transport_select::upgrade(t, session_id).map_err(lost)?;
-        let conn = Connection::over(t, addr)?;
+        let redial = TcpRedial { addr: addr.into(), session_id, key: key.to_vec(), server_timeout: policy.server_timeout };
+        let conn = Connection::resumable(t, addr, Tuning::from_env(), Box::new(redial), policy)?;
         conn.span.record("id", tracing::field::display(format_args!("{session_id:#x}")));
         Ok(conn)
     }
@@ -97,18 +122,38 @@ impl Connection<DataTransport> {
 
 impl<T: Transport + 'static> Connection<T> {
     /// Runs the data plane over an attached `transport`, with the batching
-    /// knobs from the environment.
+    /// knobs from the environment, without resuming.
+    #[allow(dead_code)]
     pub fn over(transport: T, addr: &str) -> Result<Self, ClientError> {
         Self::with_tuning(transport, addr, Tuning::from_env())
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn with_tuning(transport: T, addr: &str, tuning: Tuning) -> Result<Self, ClientError> {
-        let shared = Arc::new(Shared {
-            batch_started: Condvar::new(),
-            state: Mutex::new(Inner { transport, core: SessionCore::new(tuning), broken: None, closed: false }),
-        });
+        Self::build(transport, addr, tuning, None, Policy::default())
+    }
+
+    /// As [`Connection::with_tuning`], resuming through `redial` when the
+    /// connection breaks, within `policy`'s bounds.
+    pub fn resumable(transport: T, addr: &str, tuning: Tuning, redial: Box<dyn Redial<T>>, policy: Policy) -> Result<Self, ClientError> {
+        let redial = (!policy.reconnect_timeout.is_zero() && policy.attempts > 0).then_some(redial);
+        Self::build(transport, addr, tuning, redial, policy)
+    }
+
+    fn build(transport: T, addr: &str, tuning: Tuning, redial: Option<Box<dyn Redial<T>>>, policy: Policy) -> Result<Self, ClientError> {
+        let inner = Inner {
+            transport,
+            core: SessionCore::new(tuning),
+            broken: None,
+            closed: false,
+            redial,
+            policy,
+            active_at: Instant::now(),
+        };
+        let shared = Arc::new(Shared { batch_started: Condvar::new(), state: Mutex::new(inner) });
         let span = tracing::debug_span!("session", server = %addr, id = tracing::field::Empty);
-        if tuning.flush_delay.is_some() {
+        let pings = shared.state.lock().map(|g| g.redial.is_some()).unwrap_or(false);
+        if tuning.flush_delay.is_some() || pings {
             let flusher = shared.clone();
             let name = addr.to_string();
             let flusher_span = span.clone();
@@ -145,6 +190,8 @@ impl<T: Transport> Connection<T> {
     pub fn post(&self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<(), ClientError> {
         let _in_session = self.span.enter();
         let mut g = self.lock()?;
+        let r = g.ack_if_full(&self.addr, bulk.len());
+        g.check(&self.addr, r)?;
         let q = g.core.post(build, bulk).map_err(too_large)?;
         let mut wake = false;
         let r = match q.then {
@@ -155,7 +202,9 @@ impl<T: Transport> Connection<T> {
                 }
                 Ok(())
             }
-            _ => g.dispatch(q, bulk),
+            // The caller's bytes are not kept: the post waits for its reply.
+            Then::FlushWithBulk => g.retrying(&self.addr, bulk, |g, tail| g.drain(tail)),
+            Then::Flush => g.retrying(&self.addr, &[], |g, _| g.flush_with(&[])),
         };
         let r = g.check(&self.addr, r);
         drop(g);
@@ -173,11 +222,13 @@ impl<T: Transport> Connection<T> {
     pub unsafe fn post_read(&self, build: impl FnOnce(request::Builder<'_>), dst: *mut u8, len: usize) -> Result<(), ClientError> {
         let _in_session = self.span.enter();
         let mut g = self.lock()?;
+        let r = g.ack_if_full(&self.addr, 0);
+        g.check(&self.addr, r)?;
         // SAFETY: the caller keeps dst valid until a synchronising call has
-        // collected the reply; if the connection breaks first, check()
-        // makes the core forget it.
-        let q = unsafe { g.core.post_read(build, dst, len) };
-        let r = g.dispatch(q, &[]);
+        // collected the reply; if the connection breaks for good first,
+        // check() makes the core forget it.
+        let _ = unsafe { g.core.post_read(build, dst, len) };
+        let r = g.retrying(&self.addr, &[], |g, _| g.flush_with(&[]));
         g.check(&self.addr, r)
     }
 
@@ -199,7 +250,10 @@ impl<T: Transport> Connection<T> {
         // SAFETY: the lock is held until the reply completed, or until
         // check() made the core forget `dst` after a failure.
         let q = unsafe { g.core.call(build, bulk, dst) }.map_err(too_large)?;
-        let r = g.dispatch(q, bulk).and_then(|_| g.wait_for(q.seq));
+        let r = g.retrying(&self.addr, bulk, |g, tail| {
+            g.flush_with(tail)?;
+            g.wait_for(q.seq)
+        });
         let result = g.check(&self.addr, r)?;
         if result != 0 {
             return Err(ClientError::Cuda(result));
@@ -212,13 +266,40 @@ impl<T: Transport> Connection<T> {
     pub fn flush(&self) -> Result<(), ClientError> {
         let _in_session = self.span.enter();
         let mut g = self.lock()?;
-        let r = g.flush_with(&[]);
+        let r = g.retrying(&self.addr, &[], |g, _| g.flush_with(&[]));
         g.check(&self.addr, r)
+    }
+
+    /// The orderly end: sends what is batched, then the Close frame, so the
+    /// server frees the session at once. Skipped (the server then keeps the
+    /// session for its reconnect grace) when another thread is inside a
+    /// call, as at a process exit with threads still running.
+    pub fn close(&self) {
+        let mut g = match self.inner.state.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if g.closed {
+            return;
+        }
+        g.closed = true;
+        if g.broken.is_none() {
+            // No reconnection at the end: the server frees what it has.
+            g.redial = None;
+            if g.flush_with(&[]).is_ok() {
+                let _ = g.transport.send(&[&FrameHeader::bare(Kind::Close).encode()]);
+            }
+            g.transport.shutdown();
+        }
+        drop(g);
+        self.inner.batch_started.notify_one();
     }
 }
 
 impl<T: Transport> Drop for Connection<T> {
     fn drop(&mut self) {
+        self.close();
         if let Ok(mut g) = self.inner.state.lock() {
             g.closed = true;
         }
@@ -238,15 +319,23 @@ fn flush_loop<T: Transport>(shared: &Shared<T>, addr: &str) {
         match g.core.flush_deadline() {
             None if g.closed => return,
             None => {
-                g = match shared.batch_started.wait(g) {
-                    Ok(g) => g,
+                let idle = g.active_at.elapsed();
+                if idle >= IDLE_PING && g.redial.is_some() {
+                    // Nothing owed and nothing batched (no deadline): a ping
+                    // shows the server this client is alive.
+                    let r = g.retrying(addr, &[], |g, _| g.ack());
+                    let _ = g.check(addr, r);
+                    continue;
+                }
+                g = match shared.batch_started.wait_timeout(g, IDLE_PING - idle) {
+                    Ok((g, _)) => g,
                     Err(_) => return,
                 };
             }
             Some(deadline) => {
                 let now = Instant::now();
                 if g.core.flush_due(now) {
-                    let r = g.flush_with(&[]);
+                    let r = g.retrying(addr, &[], |g, _| g.flush_with(&[]));
                     let _ = g.check(addr, r);
                     continue;
                 }
@@ -312,18 +401,97 @@ impl<T: Transport> Inner<T> {
         }
     }
 
-    /// Does what the core asked for after queueing `q`.
-    fn dispatch(&mut self, q: Queued, bulk: &[u8]) -> Result<(), IoFail> {
-        match q.then {
-            Then::Keep { .. } => Ok(()),
-            Then::Flush => self.flush_with(&[]),
-            Then::FlushWithBulk => self.flush_with(bulk),
+    /// Runs `op` (which sends and receives through the core, so it can be
+    /// run again), resuming the connection and running it again when it
+    /// breaks. `tail`: the caller's payload, sent behind the batch when
+    /// the core says so.
+    fn retrying<V>(&mut self, addr: &str, tail: &[u8], mut op: impl FnMut(&mut Self, &[u8]) -> Result<V, IoFail>) -> Result<V, IoFail> {
+        // A server that takes the resume and then breaks again every time
+        // must not keep one call going for ever.
+        let mut resumes = 0;
+        loop {
+            match op(self, tail) {
+                Err(IoFail::Io(e)) if self.redial.is_some() && resumes < self.policy.attempts => {
+                    resumes += 1;
+                    self.recover(addr, e)?
+                }
+                r => return r,
+            }
         }
     }
 
-    /// Sends the batch, then `tail` (a large payload, from the caller's
-    /// memory) in the same send. Replies owed to requests already sent are
-    /// received first (the core's rule: see session_core).
+    /// Dials the session again until it resumes, within the policy's time
+    /// and attempts; the core then knows what to receive and send again.
+    fn recover(&mut self, addr: &str, broke: std::io::Error) -> Result<(), IoFail> {
+        self.transport.shutdown();
+        let policy = self.policy;
+        let Some(redial) = self.redial.as_mut() else { return Err(IoFail::Io(broke)) };
+        tracing::warn!("connection to {addr} broke ({broke}); resuming the session");
+        let start = Instant::now();
+        let mut backoff = Duration::from_millis(20);
+        let mut last = broke.to_string();
+        for attempt in 1..=policy.attempts {
+            let left = policy.reconnect_timeout.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                break;
+            }
+            match redial.redial(self.core.last_reply(), left) {
+                Ok((t, executed)) => {
+                    self.core.resume(executed)?;
+                    self.transport = t;
+                    self.active_at = Instant::now();
+                    tracing::info!(
+                        "session resumed on {addr} after {:?} ({attempt} attempt(s)); the server had run requests up to #{executed}",
+                        start.elapsed()
+                    );
+                    return Ok(());
+                }
+                Err(Redialed::Refused(why)) => {
+                    return Err(IoFail::Io(std::io::Error::other(format!("{last}; the server refused to resume the session: {why}"))));
+                }
+                Err(Redialed::Failed(e)) => {
+                    tracing::debug!("resume attempt {attempt} failed: {e}");
+                    last = e.to_string();
+                    std::thread::sleep(backoff.min(policy.reconnect_timeout.saturating_sub(start.elapsed())));
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+        Err(IoFail::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("{last}; not resumed within {:?} ({} attempts at most)", policy.reconnect_timeout, policy.attempts),
+        )))
+    }
+
+    /// Acknowledges the resend window first if the next request, with
+    /// `bulk` bytes, would overflow it.
+    fn ack_if_full(&mut self, addr: &str, bulk: usize) -> Result<(), IoFail> {
+        if !self.core.needs_ack(bulk) {
+            return Ok(());
+        }
+        tracing::trace!("resend window full: acknowledging it first");
+        self.retrying(addr, &[], |g, _| g.ack())
+    }
+
+    /// Sends a ping and waits for every reply owed, its own last.
+    fn ack(&mut self) -> Result<(), IoFail> {
+        let _ = self.core.post_ack();
+        self.drain(&[])
+    }
+
+    /// Sends the batch and receives every reply owed.
+    fn drain(&mut self, tail: &[u8]) -> Result<(), IoFail> {
+        self.flush_with(tail)?;
+        while self.core.replies_due() > 0 {
+            self.receive()?;
+        }
+        Ok(())
+    }
+
+    /// Sends the batch, then `tail` (a call's large payload, from the
+    /// caller's memory) in the same send when the core says it is due.
+    /// Replies owed to requests already sent are received first (the core's
+    /// rule: see session_core).
     fn flush_with(&mut self, tail: &[u8]) -> Result<(), IoFail> {
         if self.core.batch().is_empty() {
             return Ok(());
@@ -331,12 +499,13 @@ impl<T: Transport> Inner<T> {
         while self.core.replies_due() > 0 {
             self.receive()?;
         }
-        if tail.is_empty() {
-            self.transport.send(&[self.core.batch()])?;
-        } else {
+        if self.core.tail_due() && !tail.is_empty() {
             self.transport.send(&[self.core.batch(), tail])?;
+        } else {
+            self.transport.send(&[self.core.batch()])?;
         }
         self.core.sent();
+        self.active_at = Instant::now();
         Ok(())
     }
 
@@ -356,6 +525,7 @@ impl<T: Transport> Inner<T> {
             let buf = self.core.recv_buf();
             let n = buf.len();
             self.transport.recv_exact(buf)?;
+            self.active_at = Instant::now();
             if let Some(done) = self.core.recv_advance(n)? {
                 if let Completed::Read { output: true, .. } | Completed::Call { output: true, .. } = done {
                     let _ = self.core.with_reply(|r| super::output::write_reply_output(&r));

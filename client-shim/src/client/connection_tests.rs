@@ -6,6 +6,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::data_capnp::reply;
+use rgpu_transport::Transport;
 
 use super::connection::{Connection, Sink};
 use super::session_core::{Tuning, FLUSH_THRESHOLD, INLINE_BULK};
@@ -57,7 +58,7 @@ fn well_behaved(t: MemTransport) -> JoinHandle<Vec<Req>> {
                     _ => s.reply(req.seq, 0, d, &[]),
                 }
             }
-            seen.push(Req { bulk: Vec::new(), ..req });
+            seen.push(req);
         }
         seen
     })
@@ -81,6 +82,11 @@ fn alloc(c: &Connection<MemTransport>, size: u64) -> Result<u64, ClientError> {
 
 fn htod(c: &Connection<MemTransport>, dst: u64, bytes: &[u8]) -> Result<(), ClientError> {
     c.post(|r| r.init_memcpy_hto_d().set_dst(dst), bytes)
+}
+
+/// A synchronous host-to-device copy (the caller's buffer is held until the reply).
+fn htod_sync(c: &Connection<MemTransport>, dst: u64, bytes: &[u8]) -> Result<(), ClientError> {
+    c.call(|r| r.init_memcpy_hto_d().set_dst(dst), bytes, Sink::None, |_| Ok(()))
 }
 
 fn dtoh(c: &Connection<MemTransport>, src: u64, out: &mut [u8]) -> Result<(), ClientError> {
@@ -332,20 +338,13 @@ fn a_full_batch_leaves_without_a_sync_call() {
 }
 
 #[test]
-fn large_payloads_go_out_from_the_callers_buffer() {
+fn a_calls_large_payload_goes_out_from_the_callers_buffer() {
     within(LIMIT, || {
         let (c, log, server) = connect(no_flusher());
-        let srv = std::thread::spawn(move || {
-            let mut s = FakeServer::new(server);
-            let mut got = Vec::new();
-            while let Some(r) = s.next() {
-                got.push(r);
-            }
-            got
-        });
+        let srv = well_behaved(server);
         let big: Vec<u8> = (0..(1u32 << 20)).map(|i| i as u8).collect();
         htod(&c, 0x100, &[1; 100]).unwrap();
-        htod(&c, 0x200, &big).unwrap();
+        htod_sync(&c, 0x200, &big).unwrap();
         assert_eq!(log.count(), 1, "the batch leaves with the large payload");
         let r = &log.records()[0];
         assert_eq!(r.lens.len(), 2, "batch, then the payload itself");
@@ -356,6 +355,22 @@ fn large_payloads_go_out_from_the_callers_buffer() {
         assert_eq!(got.len(), 2);
         assert_eq!(got[1].ask, Ask::HtoD { dst: 0x200 });
         assert!(got[1].bulk == big);
+    });
+}
+
+#[test]
+fn an_async_large_payload_is_copied_so_the_program_may_reuse_its_buffer() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        let mut big: Vec<u8> = (0..(200u32 << 10)).map(|i| i as u8).collect();
+        let want = big.clone();
+        htod(&c, 0x200, &big).unwrap();
+        big.fill(0); // the program reuses its buffer once the call returned
+        ping(&c).unwrap();
+        drop(c);
+        let got = srv.join().unwrap();
+        assert!(got[0].bulk == want, "the bytes of the call's time were sent");
     });
 }
 
@@ -485,4 +500,140 @@ fn a_connections_events_are_logged_in_its_session_span() {
     });
     assert!(log.contains("session{server=mem-server}"), "{log}");
     assert!(log.contains("every later call to this device fails"), "{log}");
+}
+
+// ---- resuming a broken connection -------------------------------------------
+
+struct Scripted(Vec<(MemTransport, u64)>);
+
+impl super::redial::Redial<MemTransport> for Scripted {
+    fn redial(&mut self, _last_reply: u64, _timeout: Duration) -> Result<(MemTransport, u64), super::redial::Redialed> {
+        match self.0.pop() {
+            Some(x) => Ok(x),
+            None => Err(super::redial::Redialed::Failed(std::io::Error::other("nobody listens"))),
+        }
+    }
+}
+
+fn resumable(t: MemTransport, redials: Vec<(MemTransport, u64)>, reconnect: Duration) -> Connection<MemTransport> {
+    let policy = super::redial::Policy { reconnect_timeout: reconnect, ..Default::default() };
+    Connection::resumable(t, "mem", no_flusher(), Box::new(Scripted(redials)), policy).unwrap()
+}
+
+#[test]
+fn a_call_cut_off_resumes_and_only_what_did_not_run_is_sent_again() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        let (t2, s2) = pair();
+        // The first server ran the two posts, then the connection broke
+        // before it answered the call.
+        let first = std::thread::spawn(move || {
+            let mut s = FakeServer::new(s1);
+            let got: Vec<u64> = (0..3).map(|_| s.next().unwrap().seq).collect();
+            drop(s);
+            got
+        });
+        let second = well_behaved(s2);
+        let c = resumable(t1, vec![(t2, 2)], Duration::from_secs(5));
+        htod(&c, 0x100, &[1; 100]).unwrap();
+        htod(&c, 0x200, &[2; 100]).unwrap();
+        let mut out = [0u8; 8];
+        dtoh(&c, 0x300, &mut out).unwrap();
+        assert_eq!(out.to_vec(), pattern(0x300, 8), "the call returned its reply, from the second server");
+        assert_eq!(first.join().unwrap(), vec![1, 2, 3]);
+        ping(&c).unwrap();
+        drop(c);
+        let again: Vec<u64> = second.join().unwrap().iter().map(|r| r.seq).collect();
+        assert_eq!(again, vec![3, 4], "only the call is sent again, once; then the next request");
+    });
+}
+
+#[test]
+fn unacknowledged_posts_are_sent_again_with_their_bytes_exactly_once() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        let (t2, s2) = pair();
+        let first = std::thread::spawn(move || {
+            let mut s = FakeServer::new(s1);
+            let got: Vec<u64> = (0..4).map(|_| s.next().unwrap().seq).collect();
+            drop(s);
+            got
+        });
+        let second = well_behaved(s2);
+        let c = resumable(t1, vec![(t2, 1)], Duration::from_secs(5));
+        let mut buf = vec![0u8; 100 << 10];
+        for v in 1..=3u8 {
+            buf.fill(v);
+            htod(&c, 0x100 * v as u64, &buf).unwrap();
+        }
+        buf.fill(0);
+        ping(&c).unwrap();
+        assert_eq!(first.join().unwrap(), vec![1, 2, 3, 4]);
+        drop(c);
+        let again = second.join().unwrap();
+        assert_eq!(again.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![2, 3, 4], "the server had run #1");
+        assert!(again[0].bulk == vec![2u8; 100 << 10] && again[1].bulk == vec![3u8; 100 << 10], "sent with their own bytes");
+    });
+}
+
+#[test]
+fn a_server_that_never_comes_back_fails_the_call_within_the_bound() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        drop(s1);
+        let bound = Duration::from_millis(300);
+        let c = resumable(t1, Vec::new(), bound);
+        let t0 = Instant::now();
+        assert!(matches!(ping(&c), Err(ClientError::Lost { .. })));
+        let took = t0.elapsed();
+        assert!(took >= bound && took < bound + Duration::from_millis(500), "gave up after {took:?}");
+        assert!(matches!(ping(&c), Err(ClientError::Lost { .. })), "and every later call fails at once");
+    });
+}
+
+#[test]
+fn keepalives_while_the_server_works_are_skipped() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = std::thread::spawn(move || {
+            let mut s = FakeServer::new(server);
+            let r = s.next().unwrap();
+            let ka = rgpu_protocol::frame::FrameHeader::bare(rgpu_protocol::frame::Kind::Keepalive).encode();
+            s.send_raw(&ka);
+            s.send_raw(&ka);
+            s.reply(r.seq, 0, 0, &[]);
+            while s.next().is_some() {}
+        });
+        ping(&c).unwrap();
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
+#[test]
+fn dropping_the_connection_sends_the_orderly_close() {
+    within(LIMIT, || {
+        let (c, _log, mut server) = connect(no_flusher());
+        drop(c);
+        let mut hb = [0u8; rgpu_protocol::frame::HEADER_LEN];
+        server.recv_exact(&mut hb).unwrap();
+        assert_eq!(rgpu_protocol::frame::FrameHeader::decode(&hb).unwrap().kind, rgpu_protocol::frame::Kind::Close);
+    });
+}
+
+#[test]
+fn an_async_payload_over_the_copy_limit_is_sent_from_the_callers_buffer_and_acknowledged() {
+    within(LIMIT, || {
+        let (c, log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        let big: Vec<u8> = (0..(1u32 << 20)).map(|i| (i * 3) as u8).collect();
+        htod(&c, 0x200, &big).unwrap();
+        // Returned: the server had the bytes and answered, so the program may reuse them.
+        let r = &log.records()[0];
+        assert_eq!(r.ptrs[1], big.as_ptr() as usize, "not copied");
+        drop(c);
+        let got = srv.join().unwrap();
+        assert!(got[0].wants_reply, "the post asked for an acknowledgement");
+        assert!(got[0].bulk == big);
+    });
 }

@@ -8,6 +8,7 @@
 pub mod connection;
 pub mod control;
 pub mod output;
+pub mod redial;
 pub mod session_core;
 pub mod transport_select;
 

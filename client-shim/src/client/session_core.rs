@@ -4,8 +4,8 @@
 //! [`SessionCore`] turns calls into request frames in one batch buffer and
 //! turns reply bytes back into completed calls. The I/O shell
 //! ([`super::connection::Connection`]) moves the bytes: it sends
-//! [`SessionCore::batch`] (followed, for a large payload, by the caller's
-//! own buffer, which is never copied) and fills the slices
+//! [`SessionCore::batch`] (followed, for a call's large payload, by the
+//! caller's own buffer, which is never copied) and fills the slices
 //! [`SessionCore::recv_buf`] hands out, which point straight into the host
 //! buffers replies must land in. Splitting it so lets every rule below be
 //! tested without a network or a thread.
@@ -20,11 +20,29 @@
 //!   flush deadline passes; one that wants a reply flushes the batch;
 //! - before a batch is sent, every reply owed to requests already sent must
 //!   be received ([`SessionCore::replies_due`]): the server may be blocked
-//!   writing them, and if neither end read both would stall on full buffers;
+//!   writing them, and if neither end read both would stall on full buffers
+//!   (the server's reply window relies on it too: a request tells it the
+//!   client holds every earlier reply);
 //! - an asynchronous request's failure (reported by the server with the
 //!   next reply, or by the reply to an asynchronous read) is kept and
 //!   returned by the next synchronising call that does not fail itself,
 //!   once, as CUDA reports asynchronous errors; the first one wins.
+//!
+//! Resuming after a broken connection: every request sent stays in the
+//! resend window, with its bulk, until a reply shows the server ran it (the
+//! server runs requests in order, so reply `n` acknowledges every request up
+//! to `n`). Asynchronous payloads up to [`Tuning::copy_bulk`] are copied into
+//! the window, as the program may reuse its buffer once the call returns;
+//! larger ones, and a call's payload, are sent from the caller's memory and
+//! their reply waited for, so the caller's buffer is the window.
+//! On a new connection the shell tells the server the last reply received
+//! ([`SessionCore::last_reply`]), learns the last request it ran and passes
+//! it to [`SessionCore::resume`]: the replies owed up to there come again
+//! from the server's reply window, the requests after it are sent again
+//! from this one, exactly once. The window is bounded
+//! ([`Tuning::window_bytes`], [`Tuning::window_frames`]): before a request
+//! would overflow it, [`SessionCore::needs_ack`] says so and the shell sends
+//! an acknowledging ping ([`SessionCore::post_ack`]) and waits for its reply.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -36,36 +54,57 @@ use thiserror::Error;
 
 /// Batches are sent when they reach this size even without a sync point.
 pub const FLUSH_THRESHOLD: usize = 256 << 10;
-/// Bulk payloads up to this size are copied into the batch; larger ones are
-/// sent straight from the caller's memory.
+/// A call's payload up to this size is copied into the batch; a larger one
+/// is sent straight from the caller's memory.
 pub const INLINE_BULK: usize = 64 << 10;
 /// How long a batch may wait for more calls before it is sent anyway.
 pub const FLUSH_DELAY: Duration = Duration::from_micros(200);
+/// An asynchronous payload up to this size is copied into the resend
+/// window; a larger one is sent from the caller's buffer and its reply
+/// waited for (one round trip, less than copying it would cost).
+pub const COPY_BULK: usize = 256 << 10;
+/// Unacknowledged requests kept for a resume, in bytes and in requests.
+pub const WINDOW_BYTES: usize = 64 << 20;
+pub const WINDOW_FRAMES: usize = 4096;
 /// Bulk that lands nowhere (an error reply's, say) is read through this.
 const SCRATCH: usize = 4096;
 
-/// The batching knobs.
+/// The batching and window knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
     pub flush_threshold: usize,
     pub inline_bulk: usize,
     /// None: a batch leaves only at a synchronising call or when full.
     pub flush_delay: Option<Duration>,
+    pub copy_bulk: usize,
+    /// The resend window's bounds.
+    pub window_bytes: usize,
+    pub window_frames: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Tuning { flush_threshold: FLUSH_THRESHOLD, inline_bulk: INLINE_BULK, flush_delay: Some(FLUSH_DELAY) }
+        Tuning {
+            flush_threshold: FLUSH_THRESHOLD,
+            inline_bulk: INLINE_BULK,
+            flush_delay: Some(FLUSH_DELAY),
+            copy_bulk: COPY_BULK,
+            window_bytes: WINDOW_BYTES,
+            window_frames: WINDOW_FRAMES,
+        }
     }
 }
 
 impl Tuning {
     /// The defaults, with RGPU_FLUSH_DELAY_US (microseconds; 0 turns the
-    /// flush deadline off) applied.
+    /// flush deadline off) and RGPU_RESEND_WINDOW (bytes) applied.
     pub fn from_env() -> Self {
         let mut t = Tuning::default();
         if let Some(us) = std::env::var("RGPU_FLUSH_DELAY_US").ok().and_then(|v| v.parse::<u64>().ok()) {
             t.flush_delay = (us != 0).then(|| Duration::from_micros(us));
+        }
+        if let Some(b) = std::env::var("RGPU_RESEND_WINDOW").ok().and_then(|v| v.parse::<usize>().ok()) {
+            t.window_bytes = b.max(1 << 20);
         }
         t
     }
@@ -86,6 +125,8 @@ pub enum ProtocolError {
     BadMessage { seq: u64, reason: String },
     #[error("reply #{seq} carried {got} bulk bytes where {want} were expected")]
     WrongBulk { seq: u64, want: usize, got: usize },
+    #[error("the server says it ran requests up to #{executed}, but replies up to #{received} were received and #{sent} is the last sent")]
+    BadResume { executed: u64, received: u64, sent: u64 },
 }
 
 /// A request the frame format cannot carry; nothing was queued.
@@ -102,7 +143,9 @@ pub enum Then {
     /// Send the batch now (a reply is wanted, or the batch is full).
     Flush,
     /// Send the batch now with the caller's bulk right behind it, in the
-    /// same send: the batch ends with a header announcing those bytes.
+    /// same send: the batch ends with a header announcing those bytes. The
+    /// request wants a reply (a post's too), and the caller's buffer is
+    /// needed until it came: wait for it before returning.
     FlushWithBulk,
 }
 
@@ -115,8 +158,9 @@ pub struct Queued {
 /// A reply fully received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Completed {
-    /// An asynchronous read's: its bytes are in its host buffer, or it
-    /// failed and the error waits for the next synchronising call.
+    /// An asynchronous read's (or an acknowledgement's): its bytes are in
+    /// its host buffer, or it failed and the error waits for the next
+    /// synchronising call.
     Read { seq: u64, output: bool },
     /// The synchronising call's: `result` is what the call returns (0, its
     /// own error, or an earlier asynchronous one). Its message stays
@@ -150,16 +194,31 @@ enum Rx {
     Bulk { got: usize, total: usize, land: bool, said: Said },
 }
 
+/// A request in the resend window: its bytes are `buf[start..end]`
+/// (offsets counted from the window's first byte ever), then `tail` bytes
+/// of the caller's buffer.
+struct Framed {
+    seq: u64,
+    start: usize,
+    end: usize,
+    tail: usize,
+}
+
 pub struct SessionCore {
     tuning: Tuning,
     enc: Encoder,
-    /// The batch: whole frames, except that with `tail_due` the last one's
-    /// bulk is the caller's buffer, sent behind it.
-    out: Vec<u8>,
+    /// The resend window, then the batch: whole frames, except that with
+    /// `tail_due` the last one's bulk is the caller's buffer, sent behind it.
+    buf: Vec<u8>,
+    /// Offset of `buf[0]` in the window's bytes ever.
+    base: usize,
+    /// Where in `buf` the batch (not yet sent) begins.
+    batch_at: usize,
+    frames: VecDeque<Framed>,
     tail_due: bool,
     next_seq: u64,
     /// Replies owed, in order; the last `unsent` belong to requests still
-    /// in `out`.
+    /// in the batch.
     owed: VecDeque<Owed>,
     unsent: usize,
     deferred: u32,
@@ -168,6 +227,8 @@ pub struct SessionCore {
     hdr: [u8; HEADER_LEN],
     recv: RecvBuf,
     last_seq: u64,
+    /// The last reply received whole.
+    last_reply: u64,
     scratch: Box<[u8]>,
 }
 
@@ -181,7 +242,10 @@ impl SessionCore {
         SessionCore {
             tuning,
             enc: Encoder::default(),
-            out: Vec::with_capacity(tuning.flush_threshold.saturating_mul(2)),
+            buf: Vec::with_capacity(tuning.flush_threshold.saturating_mul(2)),
+            base: 0,
+            batch_at: 0,
+            frames: VecDeque::new(),
             tail_due: false,
             next_seq: 1,
             owed: VecDeque::new(),
@@ -192,6 +256,7 @@ impl SessionCore {
             hdr: [0; HEADER_LEN],
             recv: RecvBuf::default(),
             last_seq: 0,
+            last_reply: 0,
             scratch: vec![0; SCRATCH].into_boxed_slice(),
         }
     }
@@ -203,18 +268,41 @@ impl SessionCore {
     // ---- requests ------------------------------------------------------
 
     /// Queues a request that wants no reply (its error, if any, is deferred).
-    /// With [`Then::FlushWithBulk`] the shell sends `bulk` itself.
+    /// Its bulk is copied, unless it exceeds [`Tuning::copy_bulk`]: then
+    /// [`Then::FlushWithBulk`], and the request waits for its reply.
     pub fn post(&mut self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<Queued, TooLarge> {
-        let was_empty = self.out.is_empty();
-        let (seq, behind) = self.encode(false, build, bulk)?;
-        let then = if behind {
-            Then::FlushWithBulk
-        } else if self.out.len() >= self.tuning.flush_threshold {
+        let was_empty = self.batch().is_empty();
+        let behind = bulk.len() > self.tuning.copy_bulk.min(self.tuning.window_bytes);
+        let seq = self.encode(behind, build, bulk, behind)?;
+        if behind {
+            // An acknowledged post: its error is deferred like any post's.
+            self.owe(seq, false, std::ptr::null_mut(), 0);
+            return Ok(Queued { seq, then: Then::FlushWithBulk });
+        }
+        let then = if self.batch().len() >= self.tuning.flush_threshold {
             Then::Flush
         } else {
             Then::Keep { starts_batch: was_empty }
         };
         Ok(Queued { seq, then })
+    }
+
+    /// Queues a ping whose reply acknowledges every request before it;
+    /// its result, if an error, is deferred. Wait until
+    /// [`SessionCore::replies_due`] is zero after sending it.
+    pub fn post_ack(&mut self) -> Queued {
+        let seq = self.encode(true, |mut r| r.set_ping(()), &[], false).expect("no bulk cannot be too large");
+        self.owe(seq, false, std::ptr::null_mut(), 0);
+        Queued { seq, then: Then::Flush }
+    }
+
+    /// Whether the window must be acknowledged (see [`SessionCore::post_ack`])
+    /// before a request with `bulk` bytes of payload is queued.
+    pub fn needs_ack(&self, bulk: usize) -> bool {
+        let held = self.base + self.buf.len() - self.frames.front().map_or(self.base + self.buf.len(), |f| f.start);
+        !self.frames.is_empty()
+            && (self.frames.len() >= self.tuning.window_frames
+                || (bulk <= self.tuning.copy_bulk && held + bulk + 512 > self.tuning.window_bytes))
     }
 
     /// Queues an asynchronous read whose reply bulk (exactly `len` bytes on
@@ -224,7 +312,7 @@ impl SessionCore {
     /// `dst..dst+len` must stay writable until the reply is completed or
     /// [`SessionCore::abandon`] is called.
     pub unsafe fn post_read(&mut self, build: impl FnOnce(request::Builder<'_>), dst: *mut u8, len: usize) -> Queued {
-        let (seq, _) = self.encode(true, build, &[]).expect("no bulk cannot be too large");
+        let seq = self.encode(true, build, &[], false).expect("no bulk cannot be too large");
         self.owe(seq, false, dst, len);
         // Sent at once, so the transfer overlaps with the caller's work.
         Queued { seq, then: Then::Flush }
@@ -242,7 +330,8 @@ impl SessionCore {
         bulk: &[u8],
         dst: &mut [u8],
     ) -> Result<Queued, TooLarge> {
-        let (seq, behind) = self.encode(true, build, bulk)?;
+        let behind = bulk.len() > self.tuning.inline_bulk;
+        let seq = self.encode(true, build, bulk, behind)?;
         self.owe(seq, true, dst.as_mut_ptr(), dst.len());
         Ok(Queued { seq, then: if behind { Then::FlushWithBulk } else { Then::Flush } })
     }
@@ -252,37 +341,46 @@ impl SessionCore {
         self.unsent += 1;
     }
 
+    /// Encodes a request; its bulk goes into the batch, or with `behind`
+    /// is left for the shell to send from the caller's buffer.
     fn encode(
         &mut self,
         wants_reply: bool,
         build: impl FnOnce(request::Builder<'_>),
         bulk: &[u8],
-    ) -> Result<(u64, bool), TooLarge> {
+        behind: bool,
+    ) -> Result<u64, TooLarge> {
         debug_assert!(!self.tail_due, "a zero-copy payload was never sent behind its batch");
         if bulk.len() as u64 > MAX_BULK_LEN {
             return Err(TooLarge(bulk.len()));
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let at = self.out.len();
-        self.out.extend_from_slice(&[0u8; HEADER_LEN]);
-        let n = self.enc.request(&mut self.out, build);
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&[0u8; HEADER_LEN]);
+        let n = self.enc.request(&mut self.buf, build);
         let h = FrameHeader::request(seq, wants_reply, n, bulk.len() as u64).encode();
-        self.out[at..at + HEADER_LEN].copy_from_slice(&h);
-        let behind = bulk.len() > self.tuning.inline_bulk;
+        self.buf[at..at + HEADER_LEN].copy_from_slice(&h);
         if behind {
             self.tail_due = true;
         } else {
-            self.out.extend_from_slice(bulk);
+            self.buf.extend_from_slice(bulk);
         }
-        Ok((seq, behind))
+        let tail = if behind { bulk.len() } else { 0 };
+        self.frames.push_back(Framed { seq, start: self.base + at, end: self.base + self.buf.len(), tail });
+        Ok(seq)
     }
 
     // ---- sending -------------------------------------------------------
 
     /// The bytes to send (then the caller's bulk, after [`Then::FlushWithBulk`]).
     pub fn batch(&self) -> &[u8] {
-        &self.out
+        &self.buf[self.batch_at..]
+    }
+
+    /// Whether the caller's bulk must be sent behind the batch.
+    pub fn tail_due(&self) -> bool {
+        self.tail_due
     }
 
     /// Replies owed to requests already sent: receive them all before
@@ -294,17 +392,73 @@ impl SessionCore {
     /// The batch (and any bulk behind it) went out in full.
     pub fn sent(&mut self) {
         debug_assert_eq!(self.replies_due(), 0, "a batch was sent while replies were due");
-        self.out.clear();
+        self.batch_at = self.buf.len();
         self.tail_due = false;
         self.unsent = 0;
         self.batch_since = None;
+    }
+
+    /// Requests up to `seq` ran on the server: they leave the window.
+    fn acknowledged(&mut self, seq: u64) {
+        while self.frames.front().is_some_and(|f| f.seq <= seq) {
+            self.frames.pop_front();
+        }
+        let live = self.frames.front().map_or(self.base + self.buf.len(), |f| f.start) - self.base;
+        let dead = live.min(self.batch_at);
+        // Amortised: bytes move only once at least as many died.
+        if dead > 0 && (dead == self.buf.len() || dead * 2 >= self.buf.len()) {
+            self.buf.drain(..dead);
+            self.base += dead;
+            self.batch_at -= dead;
+            // A large asynchronous payload grew the buffer: give it back.
+            if self.buf.is_empty() && self.buf.capacity() > 8 << 20 {
+                self.buf.shrink_to(self.tuning.flush_threshold.saturating_mul(2));
+            }
+        }
+    }
+
+    /// Requests sent and not yet acknowledged, with the batch.
+    #[cfg(test)]
+    pub fn window_len(&self) -> usize {
+        self.frames.len()
+    }
+
+    // ---- resuming ------------------------------------------------------
+
+    /// The last reply received whole: what a new connection tells the server.
+    pub fn last_reply(&self) -> u64 {
+        self.last_reply
+    }
+
+    /// Continues on a new connection whose server ran requests up to
+    /// `executed`: what it ran leaves the window, the replies owed up to
+    /// there are due (the server sends them again), and every request after
+    /// it is in the batch to send again (with the caller's bulk behind it if
+    /// the last one's is the caller's: [`SessionCore::tail_due`]).
+    pub fn resume(&mut self, executed: u64) -> Result<(), ProtocolError> {
+        let sent = self.next_seq - 1;
+        if executed < self.last_reply || executed > sent {
+            return Err(ProtocolError::BadResume { executed, received: self.last_reply, sent });
+        }
+        self.rx = Rx::Header { got: 0 };
+        self.acknowledged(executed);
+        self.batch_at = self.frames.front().map_or(self.buf.len(), |f| f.start - self.base);
+        self.tail_due = self.frames.back().is_some_and(|f| f.tail > 0);
+        self.unsent = self.owed.iter().filter(|o| o.seq > executed).count();
+        self.batch_since = None;
+        debug_assert_eq!(
+            self.frames.iter().map(|f| f.end - f.start).sum::<usize>(),
+            self.batch().len(),
+            "the window's frames are the batch"
+        );
+        Ok(())
     }
 
     // ---- the flush deadline -------------------------------------------
 
     /// Starts the flush deadline of the batch, begun at `now`.
     pub fn arm(&mut self, now: Instant) {
-        if !self.out.is_empty() && self.batch_since.is_none() {
+        if !self.batch().is_empty() && self.batch_since.is_none() {
             self.batch_since = Some(now);
         }
     }
@@ -350,6 +504,11 @@ impl SessionCore {
                     return Ok(None);
                 }
                 let h = FrameHeader::decode(&self.hdr)?;
+                if h.kind == Kind::Keepalive && h.msg_len == 0 && h.bulk_len == 0 {
+                    // The server is alive and still working on a request.
+                    self.rx = Rx::Header { got: 0 };
+                    return Ok(None);
+                }
                 if h.kind != Kind::Reply {
                     return Err(ProtocolError::RequestFrame);
                 }
@@ -410,6 +569,8 @@ impl SessionCore {
             unreachable!("frame_done outside a bulk")
         };
         let o = self.owed.pop_front().expect("a reply was due");
+        self.last_reply = said.seq;
+        self.acknowledged(said.seq);
         // The server's deferred error is older than this reply's own result.
         self.note(said.deferred);
         if o.sync {
@@ -450,7 +611,10 @@ impl SessionCore {
     pub fn abandon(&mut self) {
         self.owed.clear();
         self.unsent = 0;
-        self.out.clear();
+        self.buf.clear();
+        self.base = 0;
+        self.batch_at = 0;
+        self.frames.clear();
         self.tail_due = false;
         self.batch_since = None;
         self.rx = Rx::Header { got: 0 };
@@ -516,7 +680,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_flushed_once_it_reaches_the_threshold() {
-        let mut c = SessionCore::new(Tuning { flush_threshold: 1000, inline_bulk: 400, flush_delay: None });
+        let mut c = SessionCore::new(Tuning { flush_threshold: 1000, inline_bulk: 400, flush_delay: None, ..Tuning::default() });
         assert!(matches!(c.post(ping, &[0; 400]).unwrap().then, Then::Keep { .. }));
         assert!(matches!(c.post(ping, &[0; 400]).unwrap().then, Then::Keep { .. }));
         assert_eq!(c.post(ping, &[0; 400]).unwrap().then, Then::Flush);
@@ -524,17 +688,164 @@ mod tests {
     }
 
     #[test]
-    fn a_large_payload_is_left_for_the_shell_to_send_behind_the_batch() {
+    fn a_calls_large_payload_is_left_for_the_shell_to_send_behind_the_batch() {
         let mut c = SessionCore::new(Tuning { inline_bulk: 16, ..Tuning::default() });
         c.post(ping, &[0; 16]).unwrap();
         let before = c.batch().len();
-        assert_eq!(c.post(ping, &[0; 17]).unwrap().then, Then::FlushWithBulk);
+        assert_eq!(unsafe { c.call(ping, &[0; 17], &mut []) }.unwrap().then, Then::FlushWithBulk);
+        assert!(c.tail_due());
         let f = frames(c.batch());
         assert_eq!(f.len(), 2);
         assert_eq!(f[1].2, 0, "the 17 bytes are not in the batch");
         let h = FrameHeader::decode(c.batch()[before..before + HEADER_LEN].try_into().unwrap()).unwrap();
         assert_eq!(h.bulk_len, 17);
         assert_eq!(c.batch().len(), before + HEADER_LEN + h.msg_len as usize);
+    }
+
+    #[test]
+    fn an_async_payload_is_copied_so_the_program_may_reuse_its_buffer() {
+        let mut c = SessionCore::new(Tuning { inline_bulk: 16, flush_delay: None, ..Tuning::default() });
+        let mut data = vec![7u8; 1000];
+        assert!(matches!(c.post(ping, &data).unwrap().then, Then::Keep { .. }));
+        data.fill(0);
+        assert_eq!(frames(c.batch()), vec![(1, false, 1000)]);
+        assert!(c.batch().ends_with(&[7; 1000]));
+        assert!(!c.tail_due());
+    }
+
+    // ---- the resend window and resuming ------------------------------------
+
+    fn small_window(bytes: usize, count: usize) -> SessionCore {
+        SessionCore::new(Tuning { flush_delay: None, window_bytes: bytes, window_frames: count, ..Tuning::default() })
+    }
+
+    /// Requests 1..=3 posted (3 with a payload), call 4 sent; the server
+    /// ran up to `executed` before the connection broke.
+    fn broken_after_a_batch(executed: u64) -> SessionCore {
+        let mut c = core();
+        c.post(ping, &[]).unwrap();
+        c.post(ping, &[]).unwrap();
+        c.post(ping, b"payload").unwrap();
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        c.sent();
+        c.resume(executed).unwrap();
+        c
+    }
+
+    #[test]
+    fn a_resume_sends_again_exactly_the_requests_not_run() {
+        let c = broken_after_a_batch(2);
+        assert_eq!(frames(c.batch()), vec![(3, false, 7), (4, true, 0)], "1 and 2 ran: never again");
+        assert_eq!(c.replies_due(), 0, "no reply is owed to what ran");
+        assert!(c.batch().windows(7).any(|w| w == b"payload"), "the payload is sent again from the window");
+
+        let c = broken_after_a_batch(0);
+        assert_eq!(frames(c.batch()).iter().map(|f| f.0).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+
+        let mut c = broken_after_a_batch(4);
+        assert!(c.batch().is_empty(), "everything ran");
+        assert_eq!(c.replies_due(), 1, "the call's reply comes again from the server's window");
+        assert_eq!(feed(&mut c, &reply_frame(4, 0, 0, &[]), 64).unwrap(), vec![Completed::Call { seq: 4, result: 0, output: false }]);
+        assert_eq!(c.window_len(), 0);
+    }
+
+    #[test]
+    fn requests_sent_again_are_sent_once_more_only() {
+        let mut c = broken_after_a_batch(2);
+        c.sent();
+        // Broken again before anything new ran: the same two, once.
+        c.resume(2).unwrap();
+        assert_eq!(frames(c.batch()).iter().map(|f| f.0).collect::<Vec<_>>(), vec![3, 4]);
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(4, 0, 0, &[]), 64).unwrap().len(), 1);
+        assert_eq!(c.window_len(), 0, "the reply acknowledged the window");
+        c.resume(4).unwrap();
+        assert!(c.batch().is_empty());
+        assert_eq!(unsafe { c.call(ping, &[], &mut []) }.unwrap().seq, 5);
+        assert_eq!(frames(c.batch()), vec![(5, true, 0)]);
+    }
+
+    #[test]
+    fn a_batch_cut_in_its_middle_resumes_after_what_ran() {
+        let mut c = core();
+        for _ in 0..5 {
+            c.post(ping, &[1; 10]).unwrap();
+        }
+        unsafe { c.call(ping, &[], &mut []) }.unwrap();
+        // The send failed part way: the batch was never marked sent.
+        c.resume(3).unwrap();
+        assert_eq!(frames(c.batch()).iter().map(|f| f.0).collect::<Vec<_>>(), vec![4, 5, 6]);
+        assert_eq!(c.replies_due(), 0);
+    }
+
+    #[test]
+    fn a_call_whose_payload_is_the_callers_resumes_with_it_behind() {
+        let mut c = SessionCore::new(Tuning { inline_bulk: 16, flush_delay: None, ..Tuning::default() });
+        unsafe { c.call(ping, &[0; 100], &mut []) }.unwrap();
+        c.sent();
+        c.resume(0).unwrap();
+        assert!(c.tail_due(), "the caller's bytes go behind the batch again");
+        assert_eq!(frames(c.batch()).len(), 1);
+    }
+
+    #[test]
+    fn replies_lost_with_the_connection_come_again_and_land_once() {
+        let mut c = core();
+        let mut a = [0u8; 4];
+        unsafe { c.post_read(ping, a.as_mut_ptr(), 4) };
+        c.sent();
+        // Half of the reply arrived, then the connection broke.
+        let f = reply_frame(1, 0, 0, b"abcd");
+        assert!(feed(&mut c, &f[..f.len() - 2], 64).unwrap().is_empty());
+        assert_eq!(c.last_reply(), 0, "a reply is received only whole");
+        c.resume(1).unwrap();
+        assert!(c.batch().is_empty(), "the read ran: not sent again");
+        assert_eq!(feed(&mut c, &f, 3).unwrap(), vec![Completed::Read { seq: 1, output: false }]);
+        assert_eq!(&a, b"abcd");
+        assert_eq!(c.last_reply(), 1);
+    }
+
+    #[test]
+    fn a_resume_the_server_cannot_mean_is_a_protocol_error() {
+        let mut c = core_owing_one();
+        assert!(matches!(c.resume(2), Err(ProtocolError::BadResume { executed: 2, .. })));
+        feed(&mut c, &reply_frame(1, 0, 0, &[]), 64).unwrap();
+        assert!(matches!(c.resume(0), Err(ProtocolError::BadResume { executed: 0, received: 1, .. })));
+    }
+
+    #[test]
+    fn an_overflowing_window_asks_for_an_acknowledgement_first() {
+        let mut c = small_window(1 << 20, 4);
+        for _ in 0..3 {
+            assert!(!c.needs_ack(0));
+            c.post(ping, &[]).unwrap();
+        }
+        assert!(!c.needs_ack(0));
+        c.post(ping, &[]).unwrap();
+        assert!(c.needs_ack(0), "four requests fill a window of four");
+        let q = c.post_ack();
+        assert_eq!((q.seq, q.then), (5, Then::Flush));
+        c.sent();
+        assert_eq!(c.replies_due(), 1);
+        // The acknowledgement's failure is deferred, not lost.
+        assert_eq!(feed(&mut c, &reply_frame(5, 0, 700, &[]), 64).unwrap(), vec![Completed::Read { seq: 5, output: false }]);
+        assert_eq!(c.window_len(), 0);
+        assert!(!c.needs_ack(0));
+        assert_eq!(c.deferred(), 700);
+
+        let mut c = small_window(1 << 20, 1000);
+        for _ in 0..4 {
+            c.post(ping, &vec![0; 200 << 10]).unwrap();
+        }
+        assert!(!c.needs_ack(100 << 10));
+        assert!(c.needs_ack(250 << 10), "the bytes would overflow");
+        // A payload over the copy limit is the caller's, acknowledged.
+        let mut c = small_window(1 << 20, 1000);
+        let q = c.post(ping, &vec![0; COPY_BULK + 1]).unwrap();
+        assert_eq!(q.then, Then::FlushWithBulk);
+        assert!(c.tail_due());
+        c.sent();
+        assert_eq!(c.replies_due(), 1, "its reply is waited for");
     }
 
     #[test]

@@ -209,6 +209,9 @@ impl FakeServer {
         let mut hb = [0u8; HEADER_LEN];
         self.t.recv_exact(&mut hb).ok()?;
         let h = FrameHeader::decode(&hb).expect("client sent a bad header");
+        if h.kind == Kind::Close {
+            return None;
+        }
         assert_eq!(h.kind, Kind::Request);
         let buf = self.recv.prepare(h.msg_len as usize);
         self.t.recv_exact(buf).ok()?;

@@ -1,69 +1,243 @@
-//! Noticing that a session's connection ended while its thread is busy.
+//! Noticing that a session's connection ended while its thread is busy,
+//! the reconnect grace, and keepalives while a request runs long.
 //!
 //! The session thread reads the socket only between requests, so while it
-//! runs a long kernel it cannot see the client go away, and the requests the
-//! client queued before dying would still be read and run one by one. A
-//! watcher thread per session waits in `poll` for the peer's hang-up
-//! (`POLLRDHUP`: its FIN; `POLLHUP`/`POLLERR`: a reset, or the server
-//! shutting the socket to end the session) and raises the session's `ended`
-//! flag, which the interpreter polls between blocks and within long warps.
-//! It waits for nothing else (no `POLLIN`), so it never wakes for data, and
-//! it costs one sleeping thread with a small stack.
+//! runs a long kernel it cannot see the client go away. A watcher thread
+//! per session waits in `poll` for the peer's hang-up (`POLLRDHUP`: its
+//! FIN; `POLLHUP`/`POLLERR`: a reset, or the server shutting the socket).
+//! It waits for nothing else (no `POLLIN`), so it never wakes for data.
+//!
+//! A hang-up is not the end of the session: the client may come back and
+//! resume (see [`super::window`]) within the grace. So the watcher notes
+//! when the connection was lost and raises the session's `ended` flag (which
+//! stops its running and queued work) only once the grace has passed with
+//! no new connection, or at once when the connection's last bytes are the
+//! client's orderly Close, or when the grace is zero.
+//!
+//! While the session thread runs a request (`busy`), the watcher sends a
+//! Keepalive frame every [`KEEPALIVE_EVERY`] on TCP connections, so a
+//! client's read timeout measures the server's silence, not a kernel's
+//! length. Frames never interleave: the session thread sends only while not
+//! busy, and the flag changes under the lock the watcher sends under.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
 use tracing::debug;
 
-/// The watcher of one session's socket; dropping it shuts the socket (the
-/// session is over by then) and joins the thread.
+/// How often a busy session tells its client it is alive.
+pub const KEEPALIVE_EVERY: Duration = Duration::from_secs(2);
+/// The most input looked at, at a hang-up, for the client's Close frame.
+const MAX_PEEK: usize = 8 << 20;
+
+/// What the session thread and its watcher share.
+pub struct Link {
+    state: Mutex<LinkState>,
+    changed: Condvar,
+    grace: Duration,
+    ended: Arc<AtomicBool>,
+}
+
+struct LinkState {
+    /// The connection being watched; None while the session has none.
+    sock: Option<TcpStream>,
+    generation: u64,
+    /// Keepalives are sent on `sock` (TCP; never on an RDMA side channel).
+    keepalive: bool,
+    /// When the current connection was seen to end.
+    lost_at: Option<Instant>,
+    busy: bool,
+    /// The session is over: the watcher ends.
+    over: bool,
+}
+
+impl Link {
+    fn lock(&self) -> MutexGuard<'_, LinkState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The session thread starts (true) or finished (false) running a request.
+    pub fn set_busy(&self, busy: bool) {
+        self.lock().busy = busy;
+    }
+
+    /// When the grace of a connection lost now (or when the watcher saw it
+    /// go) runs out.
+    pub fn grace_deadline(&self) -> Instant {
+        self.lock().lost_at.unwrap_or_else(Instant::now) + self.grace
+    }
+
+    /// The session continues on `sock` (a handle on its new connection).
+    pub fn attach(&self, sock: TcpStream, keepalive: bool) {
+        let mut st = self.lock();
+        if let Some(old) = st.sock.take() {
+            let _ = old.shutdown(Shutdown::Both);
+        }
+        st.sock = Some(sock);
+        st.generation += 1;
+        st.keepalive = keepalive;
+        st.lost_at = None;
+        drop(st);
+        self.changed.notify_all();
+    }
+}
+
+/// The watcher of one session; dropping it ends the watch (the session is
+/// over by then), shuts the socket and joins the thread.
 pub struct Watch {
-    sock: TcpStream,
+    link: Arc<Link>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Watch {
-    /// Watches `sock` (a handle on the session's connection), raising
-    /// `ended` when the connection ends.
-    pub fn start(sock: TcpStream, ended: Arc<AtomicBool>) -> io::Result<Watch> {
-        let watched = sock.try_clone()?;
+    /// Watches `sock` (a handle on the session's connection); raises
+    /// `ended` when the connection ended and `grace` passed without another.
+    pub fn start(sock: TcpStream, ended: Arc<AtomicBool>, grace: Duration, keepalive: bool) -> io::Result<Watch> {
+        let link = Arc::new(Link {
+            state: Mutex::new(LinkState { sock: Some(sock), generation: 0, keepalive, lost_at: None, busy: false, over: false }),
+            changed: Condvar::new(),
+            grace,
+            ended,
+        });
+        let watched = link.clone();
         let thread = std::thread::Builder::new()
             .name("rgpu-hangup".into())
-            .stack_size(64 << 10)
-            .spawn(move || {
-                wait_for_hangup(&watched);
-                ended.store(true, Ordering::Relaxed);
-            })?;
-        Ok(Watch { sock, thread: Some(thread) })
+            .stack_size(256 << 10)
+            .spawn(move || watch(&watched))?;
+        Ok(Watch { link, thread: Some(thread) })
+    }
+
+    pub fn link(&self) -> Arc<Link> {
+        self.link.clone()
     }
 }
 
-fn wait_for_hangup(sock: &TcpStream) {
+fn watch(link: &Link) {
+    loop {
+        let (sock, generation) = {
+            let mut st = link.lock();
+            loop {
+                if st.over {
+                    return;
+                }
+                if let Some(s) = &st.sock {
+                    match s.try_clone() {
+                        Ok(c) => break (c, st.generation),
+                        Err(e) => {
+                            debug!("cannot watch the connection: {e}; treating it as lost");
+                            st.sock = None;
+                            st.lost_at.get_or_insert_with(Instant::now);
+                        }
+                    }
+                }
+                // No connection: wait for one until the grace runs out.
+                let deadline = *st.lost_at.get_or_insert_with(Instant::now) + link.grace;
+                let now = Instant::now();
+                if now >= deadline {
+                    if !link.ended.swap(true, Ordering::Relaxed) && !link.grace.is_zero() {
+                        debug!("no reconnection within the grace of {:?}: the session ends", link.grace);
+                    }
+                    return;
+                }
+                st = link.changed.wait_timeout(st, deadline - now).unwrap_or_else(|p| p.into_inner()).0;
+            }
+        };
+        let closed_cleanly = wait_for_hangup(&sock, link, generation);
+        let mut st = link.lock();
+        if st.generation == generation {
+            st.sock = None;
+            st.lost_at = Some(Instant::now());
+            if closed_cleanly || st.over {
+                link.ended.store(true, Ordering::Relaxed);
+                return;
+            }
+        }
+    }
+}
+
+/// Waits for `sock` to hang up, sending keepalives meanwhile while the
+/// session is busy; true if the client's last bytes were its Close frame.
+fn wait_for_hangup(sock: &TcpStream, link: &Link, generation: u64) -> bool {
     let mut p = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+    let keepalive = FrameHeader::bare(Kind::Keepalive).encode();
     loop {
         // SAFETY: one valid pollfd; the fd stays open while `sock` lives.
-        let r = unsafe { libc::poll(&mut p, 1, -1) };
+        let r = unsafe { libc::poll(&mut p, 1, KEEPALIVE_EVERY.as_millis() as i32) };
         if r < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
-            debug!("cannot watch the connection: {e}; treating it as ended");
-            return;
+            debug!("cannot watch the connection: {e}; treating it as lost");
+            return false;
+        }
+        if r == 0 {
+            let st = link.lock();
+            if st.over || st.generation != generation {
+                return false;
+            }
+            if st.busy && st.keepalive && has_room(sock) {
+                // Under the lock: the session thread sends nothing while busy.
+                let _ = (&*sock).write_all(&keepalive);
+            }
+            continue;
         }
         if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-            return;
+            return ends_with_close(sock);
         }
     }
 }
 
+/// Whether the send buffer has room for a keepalive without blocking: a
+/// client that reads nothing for hours must not make the watcher (and
+/// with it the session thread, waiting for the lock) block on a full one.
+fn has_room(sock: &TcpStream) -> bool {
+    let fd = sock.as_raw_fd();
+    let mut queued: libc::c_int = 0;
+    let mut size: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: TIOCOUTQ writes one int; SO_SNDBUF writes one int of `len`.
+    let ok = unsafe {
+        libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) == 0
+            && libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, (&mut size as *mut libc::c_int).cast(), &mut len) == 0
+    };
+    ok && queued < size / 2
+}
+
+/// Whether the input not yet read ends with the client's Close frame: then
+/// the client is gone for good and its work can stop at once, even with
+/// requests still queued before the Close.
+fn ends_with_close(sock: &TcpStream) -> bool {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::FIONREAD, &mut n) } != 0 {
+        return false;
+    }
+    let n = n.max(0) as usize;
+    if n < HEADER_LEN || n > MAX_PEEK {
+        return false;
+    }
+    let mut buf = vec![0u8; n];
+    // SAFETY: buf is valid for n bytes; MSG_PEEK leaves the input in place.
+    let got = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), n, libc::MSG_PEEK | libc::MSG_DONTWAIT) };
+    got == n as isize && buf[n - HEADER_LEN..] == FrameHeader::bare(Kind::Close).encode()
+}
+
 impl Drop for Watch {
     fn drop(&mut self) {
-        let _ = self.sock.shutdown(Shutdown::Both);
+        let mut st = self.link.lock();
+        st.over = true;
+        if let Some(s) = st.sock.take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        drop(st);
+        self.link.changed.notify_all();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -73,9 +247,7 @@ impl Drop for Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
     use std::net::TcpListener;
-    use std::time::{Duration, Instant};
 
     fn pair() -> (TcpStream, TcpStream) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -99,7 +271,7 @@ mod tests {
     fn a_closed_peer_raises_the_flag_even_with_unread_input() {
         let (mut client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
-        let _w = Watch::start(server, ended.clone()).unwrap();
+        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true).unwrap();
         client.write_all(&[0u8; 1000]).unwrap();
         assert!(!raised_within(&ended, Duration::from_millis(100)), "data alone is no hang-up");
         drop(client);
@@ -107,11 +279,49 @@ mod tests {
     }
 
     #[test]
+    fn with_a_grace_the_flag_waits_for_it_and_a_new_connection_cancels_it() {
+        let grace = Duration::from_millis(300);
+        let (client, server) = pair();
+        let ended = Arc::new(AtomicBool::new(false));
+        let w = Watch::start(server, ended.clone(), grace, true).unwrap();
+        drop(client);
+        assert!(!raised_within(&ended, Duration::from_millis(150)), "raised within the grace");
+        let (client2, server2) = pair();
+        w.link().attach(server2, true);
+        assert!(!raised_within(&ended, Duration::from_millis(400)), "raised although the session came back");
+        drop(client2);
+        assert!(raised_within(&ended, Duration::from_millis(600)), "not raised after the grace");
+    }
+
+    #[test]
+    fn an_orderly_close_ends_at_once_despite_the_grace() {
+        let (mut client, server) = pair();
+        let ended = Arc::new(AtomicBool::new(false));
+        let _w = Watch::start(server, ended.clone(), Duration::from_secs(30), true).unwrap();
+        client.write_all(&[7u8; 512]).unwrap();
+        client.write_all(&FrameHeader::bare(Kind::Close).encode()).unwrap();
+        drop(client);
+        assert!(raised_within(&ended, Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn a_busy_session_sends_keepalives() {
+        let (mut client, server) = pair();
+        let ended = Arc::new(AtomicBool::new(false));
+        let w = Watch::start(server, ended, Duration::ZERO, true).unwrap();
+        w.link().set_busy(true);
+        client.set_read_timeout(Some(KEEPALIVE_EVERY * 2)).unwrap();
+        let mut b = [0u8; HEADER_LEN];
+        std::io::Read::read_exact(&mut client, &mut b).unwrap();
+        assert_eq!(FrameHeader::decode(&b).unwrap().kind, Kind::Keepalive);
+    }
+
+    #[test]
     fn shutting_the_socket_on_this_side_raises_it() {
         let (_client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
         let other = server.try_clone().unwrap();
-        let _w = Watch::start(server, ended.clone()).unwrap();
+        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true).unwrap();
         other.shutdown(Shutdown::Both).unwrap();
         assert!(raised_within(&ended, Duration::from_millis(100)));
     }
@@ -121,7 +331,7 @@ mod tests {
         let (_client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
         let t = Instant::now();
-        drop(Watch::start(server, ended).unwrap());
+        drop(Watch::start(server, ended, Duration::from_secs(30), true).unwrap());
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

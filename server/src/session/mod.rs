@@ -19,12 +19,23 @@
 //! then cleared. A frame that cannot be decoded ends the session: the stream
 //! is out of sync and nothing after it can be trusted. Whatever the reason
 //! the session ends, dropping its [`SessionState`] frees everything it held.
+//!
+//! A connection that breaks without the client's Close frame does not end
+//! the session at once: with a [`Resumer`], the loop waits out the
+//! reconnect grace for the client to come back ([`registry::Resume`]),
+//! tells it the last request it executed, sends again the replies it missed
+//! ([`window`]) and goes on serving on the new connection; the requests the
+//! client then sends again start right after the last one executed, so
+//! nothing runs twice.
 
 pub mod hangup;
 pub mod registry;
+pub mod window;
 
 use std::io;
 use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use rgpu_protocol::data_capnp::request;
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
@@ -58,6 +69,31 @@ impl Pending for DataTransport {
     }
 }
 
+/// A transport a resumed TCP connection can become.
+pub trait FromTcp {
+    fn from_tcp(t: TcpTransport) -> Self;
+}
+
+impl FromTcp for TcpTransport {
+    fn from_tcp(t: TcpTransport) -> Self {
+        t
+    }
+}
+
+impl FromTcp for DataTransport {
+    fn from_tcp(t: TcpTransport) -> Self {
+        DataTransport::Tcp(t)
+    }
+}
+
+/// What a session needs to take resumed connections.
+pub struct Resumer {
+    pub rx: mpsc::Receiver<registry::Resume>,
+    pub link: Arc<hangup::Link>,
+    /// Read polling of the new connection (the server's --spin-us).
+    pub spin: Duration,
+}
+
 /// How a session ended.
 #[derive(Debug, thiserror::Error)]
 pub enum End {
@@ -74,6 +110,16 @@ pub enum End {
     /// still queued: they were dropped and the running one stopped.
     #[error("connection ended; its queued and running work was stopped")]
     Stopped,
+    /// The client closed the session in order (its Close frame).
+    #[error("closed by the client in order")]
+    Goodbye,
+}
+
+impl End {
+    /// The connection broke under a session the client may come back to.
+    fn resumable(&self) -> bool {
+        matches!(self, End::Closed | End::Io(_))
+    }
 }
 
 /// Requests still served once the session's device is in a sticky error:
@@ -114,9 +160,15 @@ pub struct Session<T> {
     out: Vec<u8>,
     scratch: Vec<u8>,
     deferred: Option<CuError>,
+    /// The last request run (its result known), whatever the result.
+    executed: u64,
+    window: window::ReplyWindow,
+    resumer: Option<Resumer>,
+    /// The connection-limit slots of a resumed connection.
+    _hold: Option<Box<dyn std::any::Any + Send>>,
 }
 
-impl<T: Transport + Pending> Session<T> {
+impl<T: Transport + Pending + FromTcp> Session<T> {
     pub fn new(transport: T, state: SessionState) -> Self {
         Session {
             transport,
@@ -126,22 +178,153 @@ impl<T: Transport + Pending> Session<T> {
             out: Vec::with_capacity(4096),
             scratch: Vec::new(),
             deferred: None,
+            executed: 0,
+            window: window::ReplyWindow::default(),
+            resumer: None,
+            _hold: None,
         }
     }
 
-    /// Serves requests until the connection ends; the session's objects are
+    /// Takes resumed connections through `r` when the connection breaks.
+    pub fn resumable(mut self, r: Resumer) -> Self {
+        self.resumer = Some(r);
+        self
+    }
+
+    /// Serves requests until the session ends; the session's objects are
     /// freed when `self` is dropped.
     pub fn run(mut self) -> End {
-        let end = loop {
-            match self.step() {
+        loop {
+            let end = loop {
+                match self.step() {
+                    Ok(()) => {}
+                    Err(e) => break e,
+                }
+            };
+            // Replies queued before the end still go out if the socket allows.
+            let _ = self.flush();
+            self.transport.shutdown();
+            if !end.resumable() || self.resumer.is_none() {
+                return end;
+            }
+            info!("data connection lost ({end}); keeping the session for the client to resume");
+            let Some(r) = self.wait_for_resume() else {
+                info!("no resumed connection within the reconnect grace");
+                return end;
+            };
+            match self.resume(r) {
                 Ok(()) => {}
-                Err(e) => break e,
+                Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return end,
+                // The new connection broke too (cut again mid-handshake):
+                // the next step sees it, and the session waits again.
+                Err(e) => warn!("resumed connection lost during the resume: {e}"),
+            }
+        }
+    }
+
+    fn wait_for_resume(&mut self) -> Option<registry::Resume> {
+        let r = self.resumer.as_ref()?;
+        let deadline = r.link.grace_deadline();
+        loop {
+            if self.state.ended.load(Ordering::Relaxed) {
+                return None;
+            }
+            // Wake now and then to see the ended flag (a close raises it).
+            let wait = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
+            match r.rx.recv_timeout(wait) {
+                Ok(mut got) => {
+                    // Only the newest of several connections is served.
+                    while let Ok(newer) = r.rx.try_recv() {
+                        let _ = got.stream.shutdown(std::net::Shutdown::Both);
+                        got = newer;
+                    }
+                    return Some(got);
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// Continues on a resumed connection: says the last request executed,
+    /// sends again the replies the client missed, then serves as before.
+    fn resume(&mut self, r: registry::Resume) -> io::Result<()> {
+        let registry::Resume { stream, last_reply, hold } = r;
+        self._hold = Some(hold);
+        let mut answer = [0u8; 16];
+        let status = match self.window.after(last_reply) {
+            Ok(_) if last_reply <= self.executed => 0,
+            Ok(_) => {
+                warn!(last_reply, executed = self.executed, "client claims a reply to a request never run");
+                CuError::INVALID_VALUE.code()
+            }
+            Err(e) => {
+                warn!("cannot resume: {e}");
+                CuError::INVALID_HANDLE.code()
             }
         };
-        // Replies queued before the end still go out if the socket allows.
-        let _ = self.flush();
-        self.transport.shutdown();
-        end
+        answer[..4].copy_from_slice(&status.to_le_bytes());
+        answer[4..8].copy_from_slice(&rgpu_protocol::PROTOCOL_VERSION.to_le_bytes());
+        answer[8..].copy_from_slice(&self.executed.to_le_bytes());
+        let watched = stream.try_clone()?;
+        let mut t = TcpTransport::new(stream)?;
+        if let Err(e) = t.send(&[&answer]) {
+            // Continue on the old (broken) connection: its next step ends
+            // it, and the session waits for another resume.
+            return Err(e);
+        }
+        if status != 0 {
+            t.shutdown();
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "resume refused"));
+        }
+        let spin = self.resumer.as_ref().map_or(rgpu_transport::tcp::DEFAULT_SPIN, |r| r.spin);
+        t.set_spin(spin);
+        self.out.clear();
+        self.transport = T::from_tcp(t);
+        // Watched (and kept alive) while the replies are replayed: a read
+        // again may wait for the stream's work before its first byte.
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.attach(watched, true);
+        }
+        let kept: Vec<(Vec<u8>, Option<DeviceBytes>)> =
+            self.window.after(last_reply).map_err(io::Error::other)?.map(|k| (k.frame.clone(), k.device)).collect();
+        let n = kept.len();
+        for (mut frame, device) in kept {
+            let Some(DeviceBytes { src, len, stream }) = device else {
+                self.transport.send(&[&frame])?;
+                continue;
+            };
+            let transport = &mut self.transport;
+            let mut sent = 0u64;
+            if let Some(l) = &link {
+                l.set_busy(true);
+            }
+            let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
+                if sent == 0 {
+                    if let Some(l) = &link {
+                        l.set_busy(false);
+                    }
+                    transport.send(&[&frame, chunk])?;
+                    frame.clear();
+                } else {
+                    transport.send(&[chunk])?;
+                }
+                sent += chunk.len() as u64;
+                Ok(())
+            });
+            if let Some(l) = &link {
+                l.set_busy(false);
+            }
+            match r {
+                Ok(()) if sent == len => {}
+                Ok(()) => return Err(io::Error::other("backend produced fewer bytes than asked")),
+                Err(TransferError::Io(e)) => return Err(e),
+                Err(TransferError::Device(e)) => return Err(io::Error::other(format!("replayed read failed: {e}"))),
+            }
+        }
+        info!(last_reply, executed = self.executed, replayed = n, "session resumed on a new connection");
+        Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -167,6 +350,9 @@ impl<T: Transport + Pending> Session<T> {
             Err(e) => return Err(End::Io(e)),
         }
         let h = FrameHeader::decode(&hb).map_err(|e| End::OutOfSync(e.to_string()))?;
+        if h.kind == Kind::Close {
+            return Err(End::Goodbye);
+        }
         if h.kind != Kind::Request {
             return Err(End::OutOfSync(format!("got a {:?} frame; clients send requests", h.kind)));
         }
@@ -222,19 +408,27 @@ impl<T: Transport + Pending> Session<T> {
             Command::LaunchKernel(l) => self.state.modules.get(&l.module).map(|m| m.device),
             _ => None,
         };
+        // The client has every reply to the requests before this one.
+        self.window.received_below(h.seq);
         let started = std::time::Instant::now();
         let mut bulk = Bulk::new(&mut self.transport, h.bulk_len, &mut self.scratch);
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.set_busy(true);
+        }
         let result = match self.state.sticky {
-            Some(e) if !RELEASES.contains(&name) => {
-                bulk.discard().map_err(End::Io)?;
-                Err(e)
-            }
+            Some(e) if !RELEASES.contains(&name) => bulk.discard().map(|()| Err(e)).map_err(End::Io),
             _ => match cmd.apply(&mut self.state, &mut bulk) {
-                Ok(body) => Ok(body),
-                Err(Fail::Cuda(e)) => Err(e),
-                Err(Fail::Io(e)) => return Err(End::Io(e)),
+                Ok(body) => Ok(Ok(body)),
+                Err(Fail::Cuda(e)) => Ok(Err(e)),
+                Err(Fail::Io(e)) => Err(End::Io(e)),
             },
         };
+        if let Some(l) = &link {
+            l.set_busy(false);
+        }
+        let result = result?;
+        self.executed = self.executed.max(h.seq);
         let took = started.elapsed();
         self.state.meter.request(name, took, code_of(&result));
         if let (Some(device), Ok(_), false) = (launch_on, &result, self.state.backend_times_kernels) {
@@ -280,20 +474,31 @@ impl<T: Transport + Pending> Session<T> {
             Ok(b) => b,
             Err(e) => {
                 self.encode(seq, e.code(), deferred, &(), 0, &output);
+                self.window.keep(seq, &self.out[mark..], None);
                 return Ok(());
             }
         };
         let bytes = body.device_bytes();
         self.encode(seq, 0, deferred, &body, bytes.map_or(0, |b| b.len), &output);
+        self.window.keep(seq, &self.out[mark..], bytes);
         let Some(DeviceBytes { src, len, stream }) = bytes else {
             return Ok(());
         };
         // Send everything queued, this reply's header and message, then the
         // bytes as the backend produces them.
         let mut sent = 0u64;
+        // The read may first wait for the stream's work (a long kernel):
+        // the client hears keepalives until the reply's first bytes go.
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.set_busy(true);
+        }
         let (out, transport, meter) = (&mut self.out, &mut self.transport, &self.state.meter);
         let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
             if sent == 0 {
+                if let Some(l) = &link {
+                    l.set_busy(false);
+                }
                 transport.send(&[out, chunk])?;
                 meter.sent(out.len() as u64);
                 out.clear();
@@ -304,6 +509,9 @@ impl<T: Transport + Pending> Session<T> {
             sent += chunk.len() as u64;
             Ok(())
         });
+        if let Some(l) = &link {
+            l.set_busy(false);
+        }
         match r {
             Ok(()) if sent == len => Ok(()),
             Ok(()) => Err(End::Io(io::Error::other("backend produced fewer bytes than asked"))),
@@ -312,6 +520,7 @@ impl<T: Transport + Pending> Session<T> {
                 // Nothing of this reply went out yet: answer the error instead.
                 self.out.truncate(mark);
                 self.encode(seq, e.code(), deferred, &(), 0, &output);
+                self.window.keep(seq, &self.out[mark..], None);
                 Ok(())
             }
             Err(TransferError::Device(e)) => Err(End::Io(io::Error::other(format!(
@@ -338,10 +547,14 @@ impl<T: Transport + Pending> Session<T> {
 
 /// Runs a session on the calling thread (inside the session's span, which
 /// names it) and logs how it ended.
-pub fn serve(transport: DataTransport, state: SessionState) {
+pub fn serve(transport: DataTransport, state: SessionState, resumer: Option<Resumer>) {
     state.meter.set_transport(transport.kind());
-    match Session::new(transport, state).run() {
-        e @ (End::Closed | End::Io(_)) => debug!("session {e}"),
+    let mut session = Session::new(transport, state);
+    if let Some(r) = resumer {
+        session = session.resumable(r);
+    }
+    match session.run() {
+        e @ (End::Closed | End::Io(_) | End::Goodbye) => debug!("session {e}"),
         e @ End::Stopped => info!("session {e}"),
         e @ End::OutOfSync(_) => warn!("closing data connection: {e}"),
     }

@@ -1,10 +1,20 @@
 //! Sessions known to the server: opened on the control plane and waiting
 //! for their data connection (pending), or attached and being served
-//! (active). Cold path: touched once per open, attach and close.
+//! (active). Cold path: touched once per open, attach, resume and close.
+//!
+//! An active session whose connection broke is still active: its thread
+//! waits out the reconnect grace for a resumed connection, which comes
+//! through the session's [`Resume`] channel. A resume with the session's
+//! key replaces the connection the session has, dead or not (the key is the
+//! client's proof; a client that lost its connection may know before the
+//! server does): the old socket is shut, so one connection at a time is
+//! served. Closing a session drops its channel, which ends the wait at once.
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 
 use rgpu_protocol::SESSION_KEY_LEN;
 
@@ -18,9 +28,37 @@ pub struct Registry {
 #[derive(Default)]
 struct Inner {
     pending: HashMap<u64, Pending>,
-    /// A handle on each active session's socket, to unblock its thread at shutdown.
-    active: HashMap<u64, TcpStream>,
+    active: HashMap<u64, Active>,
     closing: bool,
+}
+
+struct Active {
+    key: SessionKey,
+    /// A handle on the session's current socket, to unblock its thread.
+    socket: TcpStream,
+    resume: mpsc::Sender<Resume>,
+    /// The session's ended flag, once it has one: closing raises it, which
+    /// stops its work.
+    ended: Option<Arc<AtomicBool>>,
+}
+
+impl Active {
+    fn close(&self) {
+        if let Some(e) = &self.ended {
+            e.store(true, Ordering::Relaxed);
+        }
+        let _ = self.socket.shutdown(Shutdown::Both);
+    }
+}
+
+/// A client coming back to its session on a new connection.
+pub struct Resume {
+    pub stream: TcpStream,
+    /// The last reply sequence number the client received.
+    pub last_reply: u64,
+    /// What the connection holds of the server's connection limits, kept
+    /// while it is served.
+    pub hold: Box<dyn std::any::Any + Send>,
 }
 
 struct Pending {
@@ -66,9 +104,10 @@ impl Registry {
     }
 
     /// Claims pending session `id` with `key`: at most one data connection
-    /// per session ever gets it. Returns the client's name. `socket` is kept
-    /// so that shutdown can close the connection.
-    pub fn attach(&self, id: u64, key: &[u8], socket: TcpStream) -> Result<String, AttachError> {
+    /// per session ever gets it (later ones come back with [`Registry::resume`]).
+    /// Returns the client's name and where resumed connections arrive.
+    /// `socket` is kept so that shutdown can close the connection.
+    pub fn attach(&self, id: u64, key: &[u8], socket: TcpStream) -> Result<(String, mpsc::Receiver<Resume>), AttachError> {
         let mut inner = self.lock();
         if inner.closing {
             return Err(AttachError::ShuttingDown);
@@ -78,8 +117,33 @@ impl Registry {
             return Err(AttachError::Unknown);
         }
         let p = inner.pending.remove(&id).ok_or(AttachError::Unknown)?;
-        inner.active.insert(id, socket);
-        Ok(p.client_name)
+        let (tx, rx) = mpsc::channel();
+        inner.active.insert(id, Active { key: p.key, socket, resume: tx, ended: None });
+        Ok((p.client_name, rx))
+    }
+
+    /// Gives active session `id` its ended flag, raised if it is closed.
+    pub fn bind_ended(&self, id: u64, ended: Arc<AtomicBool>) {
+        if let Some(a) = self.lock().active.get_mut(&id) {
+            a.ended = Some(ended);
+        }
+    }
+
+    /// Hands `resume` to active session `id` if `key` is its key; the
+    /// connection it had is shut (dead or not: see the module's comment).
+    /// `socket` is a handle on the new connection.
+    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), AttachError> {
+        let mut inner = self.lock();
+        if inner.closing {
+            return Err(AttachError::ShuttingDown);
+        }
+        let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
+            return Err(AttachError::Unknown);
+        };
+        a.resume.send(resume).map_err(|_| AttachError::Unknown)?;
+        let old = std::mem::replace(&mut a.socket, socket);
+        let _ = old.shutdown(Shutdown::Both);
+        Ok(())
     }
 
     /// Forgets an active session (its thread is ending).
@@ -88,30 +152,30 @@ impl Registry {
     }
 
     /// Closes one session (its lease ended): a pending one is dropped, an
-    /// active one's connection is shut, which ends its thread. `true` if
-    /// there was such a session.
+    /// active one's work is stopped and its connection shut, which ends its
+    /// thread, in the reconnect grace or not. `true` if there was such a session.
     pub fn close(&self, id: u64) -> bool {
         let mut inner = self.lock();
         if inner.pending.remove(&id).is_some() {
             return true;
         }
-        match inner.active.get(&id) {
-            Some(s) => {
-                let _ = s.shutdown(Shutdown::Both);
+        match inner.active.remove(&id) {
+            Some(a) => {
+                a.close();
                 true
             }
             None => false,
         }
     }
 
-    /// Refuses new sessions and closes every active connection, which makes
-    /// each session thread end and free what it held.
+    /// Refuses new sessions and closes every active one, which makes each
+    /// session thread end and free what it held.
     pub fn close_all(&self) {
         let mut inner = self.lock();
         inner.closing = true;
         inner.pending.clear();
-        for s in inner.active.values() {
-            let _ = s.shutdown(Shutdown::Both);
+        for (_, a) in inner.active.drain() {
+            a.close();
         }
     }
 

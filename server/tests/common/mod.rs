@@ -12,7 +12,7 @@ use rgpu_protocol::control_capnp::gpu_server;
 use rgpu_protocol::data_capnp::{reply, request};
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
 use rgpu_protocol::message::{Encoder, RecvBuf};
-use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION};
+use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, RESUME_PREAMBLE};
 use rgpu_server::backend::sim::{SimBackend, SimConfig};
 use rgpu_server::config::{BackendKind, Config};
 use rgpu_transport::tcp::{self, TcpTransport};
@@ -308,6 +308,24 @@ pub struct DataClient {
     enc: Encoder,
     recv: RecvBuf,
     seq: u64,
+    addr: String,
+    id: u64,
+    key: Vec<u8>,
+    /// The last reply received.
+    pub last_reply: u64,
+    /// Keepalive frames read so far.
+    pub keepalives: u64,
+    /// Dropping sends the orderly Close (as the shim does at exit); `cut`
+    /// drops without it, as a killed client or a broken network does.
+    close_on_drop: bool,
+}
+
+impl Drop for DataClient {
+    fn drop(&mut self) {
+        if self.close_on_drop {
+            let _ = self.t.send(&[&FrameHeader::bare(Kind::Close).encode()]);
+        }
+    }
 }
 
 /// Opens a data connection; `Err(status)` when the server refuses it.
@@ -329,7 +347,59 @@ impl DataClient {
         if status != 0 {
             return Err(status);
         }
-        Ok(DataClient { t, enc: Encoder::default(), recv: RecvBuf::default(), seq: 0 })
+        Ok(DataClient {
+            t,
+            enc: Encoder::default(),
+            recv: RecvBuf::default(),
+            seq: 0,
+            addr: addr.into(),
+            id,
+            key: key.to_vec(),
+            last_reply: 0,
+            keepalives: 0,
+            close_on_drop: true,
+        })
+    }
+
+    /// Drops the connection without the orderly Close.
+    pub fn cut(mut self) {
+        self.close_on_drop = false;
+        self.t.shutdown();
+    }
+
+    /// Breaks the connection (without Close) and comes back on a new one,
+    /// saying `last_reply` was the last reply received. Returns the status
+    /// and the last request the server executed.
+    pub fn resume_with(&mut self, last_reply: u64, key: Option<&[u8]>) -> (u32, u64) {
+        self.t.shutdown();
+        let mut t = tcp::connect(&self.addr, IO_TIMEOUT).unwrap();
+        t.stream().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let key = key.map(<[u8]>::to_vec).unwrap_or_else(|| self.key.clone());
+        t.send(&[RESUME_PREAMBLE, &self.id.to_le_bytes(), &key, &last_reply.to_le_bytes()]).unwrap();
+        let mut st = [0u8; 8];
+        t.recv_exact(&mut st).unwrap();
+        let status = u32::from_le_bytes(st[..4].try_into().unwrap());
+        let mut executed = [0u8; 8];
+        if status == 0 {
+            t.recv_exact(&mut executed).unwrap();
+        }
+        self.t = t;
+        (status, u64::from_le_bytes(executed))
+    }
+
+    /// As `resume_with`, from the last reply this client read.
+    pub fn resume(&mut self) -> (u32, u64) {
+        self.resume_with(self.last_reply, None)
+    }
+
+    /// The next request's sequence number; `set_seq` makes it `seq + 1`
+    /// (to send a request again after a resume).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    pub fn set_seq(&mut self, seq: u64) {
+        self.seq = seq;
     }
 
     fn frame(&mut self, wants_reply: bool, bulk: &[u8], build: impl FnOnce(request::Builder<'_>)) -> u64 {
@@ -367,8 +437,15 @@ impl DataClient {
 
     pub fn read_reply(&mut self) -> std::io::Result<Reply> {
         let mut hb = [0u8; HEADER_LEN];
-        self.t.recv_exact(&mut hb)?;
-        let h = FrameHeader::decode(&hb).expect("reply header");
+        let h = loop {
+            self.t.recv_exact(&mut hb)?;
+            let h = FrameHeader::decode(&hb).expect("reply header");
+            // A long request's keepalives carry nothing.
+            if h.kind != Kind::Keepalive {
+                break h;
+            }
+            self.keepalives += 1;
+        };
         assert_eq!(h.kind, Kind::Reply);
         let buf = self.recv.prepare(h.msg_len as usize);
         self.t.recv_exact(buf)?;
@@ -411,6 +488,7 @@ impl DataClient {
         let (result, deferred) = (r.get_result(), r.get_deferred_error());
         let mut bulk = vec![0u8; h.bulk_len as usize];
         self.t.recv_exact(&mut bulk)?;
+        self.last_reply = h.seq;
         Ok(Reply { seq: h.seq, result, deferred, body, bulk })
     }
 

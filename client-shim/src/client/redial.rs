@@ -1,0 +1,146 @@
+//! Coming back to a session on a new connection after the old one broke,
+//! and the bounds on how long the shim waits for a silent server.
+//!
+//! The shim's knobs are environment variables:
+//! - `RGPU_SERVER_TIMEOUT` (seconds, default 15): a read or a send on the
+//!   data connection that waits this long counts as a broken connection.
+//!   The server sends keepalives every 2 s while it runs a long request, so
+//!   only a server that stopped answering (stopped, hung, cut off) is silent
+//!   that long.
+//! - `RGPU_RECONNECT_TIMEOUT` (seconds, default 15; 0: never reconnect) and
+//!   `RGPU_RECONNECT_ATTEMPTS` (default 50): how long, and how many times,
+//!   the shim tries to resume the session before the call fails with
+//!   `CUDA_ERROR_DEVICE_UNAVAILABLE` (and every later call on that server).
+//!
+//! So a server that stops answering becomes an error within
+//! `RGPU_SERVER_TIMEOUT + RGPU_RECONNECT_TIMEOUT` (30 s by default).
+
+use std::io;
+use std::time::Duration;
+
+use rgpu_protocol::{PROTOCOL_VERSION, RESUME_PREAMBLE};
+use rgpu_transport::select::DataTransport;
+use rgpu_transport::tcp;
+use rgpu_transport::Transport;
+
+pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_secs(15);
+pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+pub const DEFAULT_RECONNECT_ATTEMPTS: u32 = 50;
+
+/// How a connection comes back, and for how long it tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    pub server_timeout: Duration,
+    /// Zero: a broken connection is not resumed.
+    pub reconnect_timeout: Duration,
+    pub attempts: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            server_timeout: DEFAULT_SERVER_TIMEOUT,
+            reconnect_timeout: DEFAULT_RECONNECT_TIMEOUT,
+            attempts: DEFAULT_RECONNECT_ATTEMPTS,
+        }
+    }
+}
+
+impl Policy {
+    pub fn from_env() -> Self {
+        Self::from_vars(|n| std::env::var(n).ok())
+    }
+
+    fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+        let secs = |n: &str| {
+            let v = var(n)?;
+            match v.trim().parse::<f64>().ok().and_then(|s| Duration::try_from_secs_f64(s).ok()) {
+                Some(d) => Some(d),
+                None => {
+                    tracing::warn!("{n}={v:?} is not a number of seconds; using the default");
+                    None
+                }
+            }
+        };
+        let d = Policy::default();
+        Policy {
+            server_timeout: secs("RGPU_SERVER_TIMEOUT").filter(|d| !d.is_zero()).unwrap_or(d.server_timeout),
+            reconnect_timeout: secs("RGPU_RECONNECT_TIMEOUT").unwrap_or(d.reconnect_timeout),
+            attempts: var("RGPU_RECONNECT_ATTEMPTS").and_then(|v| v.trim().parse().ok()).unwrap_or(d.attempts),
+        }
+    }
+}
+
+/// Why a new connection did not resume the session.
+#[derive(Debug)]
+pub enum Redialed {
+    /// The server answered: it no longer has the session (or refuses it).
+    /// Trying again cannot help.
+    Refused(String),
+    /// No answer (refused connection, timeout, reset): worth another try.
+    Failed(io::Error),
+}
+
+/// Opens a new connection to a session's server.
+pub trait Redial<T>: Send {
+    /// Connects, says `last_reply` was the last reply received; returns the
+    /// connection and the last request the server ran. `timeout` bounds the
+    /// whole attempt.
+    fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(T, u64), Redialed>;
+}
+
+/// Over TCP, to the address the session was opened at. A resumed
+/// connection is TCP even where the first one was RDMA.
+pub struct TcpRedial {
+    pub addr: String,
+    pub session_id: u64,
+    pub key: Vec<u8>,
+    pub server_timeout: Duration,
+}
+
+impl Redial<DataTransport> for TcpRedial {
+    fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(DataTransport, u64), Redialed> {
+        let timeout = timeout.max(Duration::from_millis(1));
+        let mut t = tcp::connect(&self.addr, timeout).map_err(Redialed::Failed)?;
+        t.set_spin(tcp::spin_from_env());
+        // The handshake may wait as long as the attempt may: the session
+        // answers once the request it is running has finished.
+        t.stream().set_read_timeout(Some(timeout)).map_err(Redialed::Failed)?;
+        t.stream().set_write_timeout(Some(timeout)).map_err(Redialed::Failed)?;
+        t.send(&[RESUME_PREAMBLE, &self.session_id.to_le_bytes(), &self.key, &last_reply.to_le_bytes()])
+            .map_err(Redialed::Failed)?;
+        let mut answer = [0u8; 8];
+        t.recv_exact(&mut answer).map_err(Redialed::Failed)?;
+        let status = u32::from_le_bytes(answer[..4].try_into().unwrap_or_default());
+        let version = u32::from_le_bytes(answer[4..].try_into().unwrap_or_default());
+        if version != PROTOCOL_VERSION {
+            return Err(Redialed::Refused(format!("the server now speaks protocol {version}, not {PROTOCOL_VERSION}")));
+        }
+        if status != 0 {
+            return Err(Redialed::Refused(format!("status {status}")));
+        }
+        let mut executed = [0u8; 8];
+        t.recv_exact(&mut executed).map_err(Redialed::Failed)?;
+        t.stream().set_read_timeout(Some(self.server_timeout)).map_err(Redialed::Failed)?;
+        t.stream().set_write_timeout(Some(self.server_timeout)).map_err(Redialed::Failed)?;
+        Ok((DataTransport::Tcp(t), u64::from_le_bytes(executed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(vars: &[(&str, &str)]) -> Policy {
+        Policy::from_vars(|n| vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn bounds_from_the_environment() {
+        assert_eq!(policy(&[]), Policy::default());
+        let p = policy(&[("RGPU_SERVER_TIMEOUT", "1.5"), ("RGPU_RECONNECT_TIMEOUT", "0"), ("RGPU_RECONNECT_ATTEMPTS", "3")]);
+        assert_eq!(p, Policy { server_timeout: Duration::from_millis(1500), reconnect_timeout: Duration::ZERO, attempts: 3 });
+        assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "soon")]).server_timeout, DEFAULT_SERVER_TIMEOUT);
+        assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "0")]).server_timeout, DEFAULT_SERVER_TIMEOUT, "0 would mean no bound");
+    }
+}

@@ -1,0 +1,106 @@
+//! A dropped connection costs a program nothing but time, and a stopped
+//! server becomes an error within the configured bound. The program runs
+//! through `rgpu run`; a proxy between the shim and the server cuts the
+//! connection in the middle of a large copy and of a batch of asynchronous
+//! launches and copies.
+
+use rgpu_integration::proxy::Proxy;
+use rgpu_integration::*;
+use std::time::{Duration, Instant};
+
+const ROUNDS: &str = "3";
+
+/// Runs rt_reconnect through `proxy`; with `cut`, cuts every connection
+/// shortly after each "copying" and "launching" line. Returns the output
+/// and the number of cuts that cut something.
+fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool) -> (RunOutput, usize) {
+    // The shim says how long each resume took.
+    let envs = [("RGPU_LOG", "warn,cuda::client::connection=info")];
+    let run = spawn_rgpu_env(&proxy.addr_string(), exe, &["--rounds", ROUNDS, "--copy-mib", "64"], &envs);
+    let mut cuts = 0;
+    let deadline = Instant::now() + run_timeout();
+    while let Ok(line) = run.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        if !cut {
+            continue;
+        }
+        // In the middle of the 64 MiB copy; among the asynchronous batch.
+        let after = if line.starts_with("copying") {
+            Duration::from_millis(40)
+        } else if line.starts_with("launching") {
+            Duration::from_millis(3)
+        } else {
+            continue;
+        };
+        std::thread::sleep(after);
+        if proxy.cut() > 0 {
+            cuts += 1;
+        }
+    }
+    (run.wait(Duration::from_secs(10)), cuts)
+}
+
+#[test]
+fn a_cut_connection_costs_the_program_nothing_but_time() {
+    let exe = build("rt_reconnect", Variant::Cudart13Shared);
+    let server = Server::start_default();
+    let proxy = Proxy::start(server.addr);
+    let (quiet, _) = run_through(&proxy, &exe, false);
+    quiet.assert_pass("rt_reconnect", &[&server]);
+    let before = proxy.accepted();
+    let (out, cuts) = run_through(&proxy, &exe, true);
+    out.assert_pass("rt_reconnect", &[&server]);
+    let report = out.describe(&[&server]);
+    assert!(cuts >= 4, "only {cuts} of the 6 cuts found a connection to cut\n{report}");
+    // The control connection and the data connection, then one per resume.
+    assert!(proxy.accepted() - before >= 2 + cuts, "the shim did not reconnect after each cut\n{report}");
+    assert!(!out.stderr.contains("lost"), "the program saw a lost connection\n{report}");
+    let resumed = server.log().matches("session resumed on a new connection").count();
+    assert!(resumed >= cuts, "the server resumed {resumed} times for {cuts} cuts\n{report}");
+    // "session resumed on ADDR after 1.234ms (1 attempt(s)); ..."
+    let took: Vec<f64> = out
+        .stderr
+        .lines()
+        .filter_map(|l| l.split("session resumed on ").nth(1)?.split(" after ").nth(1)?.split(' ').next().map(str::to_string))
+        .filter_map(|d| match d.strip_suffix("ms") {
+            Some(ms) => ms.parse::<f64>().ok(),
+            None => d.strip_suffix("µs").and_then(|us| us.parse::<f64>().ok()).map(|us| us / 1e3),
+        })
+        .collect();
+    assert!(took.len() >= cuts, "the shim logged {} resumes for {cuts} cuts\n{report}", took.len());
+    let max = took.iter().cloned().fold(0.0, f64::max);
+    eprintln!(
+        "rt_reconnect --rounds {ROUNDS}: {:?} without cuts, {:?} with {cuts} cuts; resumes took {:.2} ms on average, {max:.2} ms at most",
+        quiet.elapsed,
+        out.elapsed,
+        took.iter().sum::<f64>() / took.len() as f64
+    );
+}
+
+/// The server is stopped (SIGSTOP: alive, its sockets open, answering
+/// nothing) while the program copies in a loop: the program's next CUDA call
+/// must fail within RGPU_SERVER_TIMEOUT + RGPU_RECONNECT_TIMEOUT.
+#[test]
+fn a_stopped_server_becomes_an_error_within_the_bound() {
+    let exe = build("rt_killed", Variant::Cudart13Shared);
+    let server = Server::start_default();
+    let envs = [("RGPU_SERVER_TIMEOUT", "2"), ("RGPU_RECONNECT_TIMEOUT", "2")];
+    let run = spawn_rgpu_env(&server.addr_string(), &exe, &["--max-seconds", "60"], &envs);
+    if !run.wait_for_line("looping", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_killed never printed 'looping'\n{}", out.describe(&[&server]));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = server.pid().expect("the server runs") as i32;
+    // SAFETY: signals the server this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let stopped_at = Instant::now();
+    let out = run.wait(Duration::from_secs(30));
+    let took = stopped_at.elapsed();
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let report = out.describe(&[]);
+    assert!(!out.timed_out, "the program still waits 30 s after the server stopped\n{report}");
+    assert_eq!(out.code(), Some(2), "expected exit 2: a CUDA call returned an error\n{report}");
+    assert!(out.stdout.contains("cudaErrorDevicesUnavailable") || out.stdout.contains("error after"), "{report}");
+    eprintln!("stopped server: the program's call failed {took:?} after SIGSTOP (bound 2 s + 2 s)");
+    assert!(took < Duration::from_secs(7), "took {took:?}, bound 4 s\n{report}");
+}
