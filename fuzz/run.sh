@@ -32,7 +32,8 @@ for t in "${targets[@]}"; do
         -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1 || status=$?
     grep -E '^#[0-9]+ *DONE|^stat::(number_of_executed_units|peak_rss_mb)|^INFO: seed corpus' "$log" || true
     if [ "$status" -ne 0 ]; then
-        tail -40 "$log" >&2
+        # (without cargo-fuzz's dump of the input as a byte list)
+        grep -v '^[[:space:]]*\[' "$log" | tail -40 >&2
         echo "fuzz target $t failed (exit $status): the input is in fuzz/artifacts/$t/, the log in $log" >&2
         exit 1
     fi
