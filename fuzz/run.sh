@@ -30,7 +30,7 @@ for t in "${targets[@]}"; do
     cargo +nightly fuzz run "${flags[@]}" "$t" "fuzz/work/$t" "fuzz/corpus/$t" -- \
         -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
         -artifact_prefix="fuzz/artifacts/$t/" >"$log" 2>&1 || status=$?
-    grep -E '^#[0-9]+ *DONE|^stat::(number_of_executed_units|peak_rss_mb)|^INFO: seed corpus' "$log" || true
+    grep -E '^#[0-9]+[[:space:]]*DONE|^stat::(number_of_executed_units|peak_rss_mb)|^INFO: seed corpus' "$log" || true
     if [ "$status" -ne 0 ]; then
         # (without cargo-fuzz's dump of the input as a byte list)
         grep -v '^[[:space:]]*\[' "$log" | tail -40 >&2
