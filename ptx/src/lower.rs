@@ -1065,6 +1065,10 @@ impl<'a> Lowerer<'a> {
             "setp" | "set" => {
                 let cmp = i.mods.first().and_then(|m| cmp_op(m)).ok_or_else(un)?;
                 check(&[i.mods[0].as_str(), "and", "or", "xor", "ftz"])?;
+                // `d, a, b`, and `c` with a boolean operation.
+                if !(3..=4).contains(&o.len()) {
+                    return Err(PtxError::Parse { line, msg: format!("{} takes 3 or 4 operands, got {}", i.text(), o.len()) });
+                }
                 let sty = ty;
                 let t = match float_ty(sty) {
                     Some(f) => CmpTy::Float(f),

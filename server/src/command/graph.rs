@@ -57,9 +57,18 @@ fn decode_ops(r: graph_exec_create::Reader<'_>) -> Result<Vec<WireOp>, CuError> 
     if list.len() > MAX_OPS {
         return Err(CuError::INVALID_VALUE);
     }
-    let mut ops = Vec::with_capacity(list.len() as usize);
+    // Not the announced length: a list of empty elements costs the sender
+    // nothing (48 bytes announced 2^20 ops), each decoded op costs us ~100.
+    let mut ops = Vec::with_capacity((list.len() as usize).min(1024));
     for op in list.iter() {
         use graph_op::Which as W;
+        // An op the shim sends always has its operand struct (a null one is
+        // an empty list element, which holds no op at all).
+        let set = op.has_kernel() || op.has_memcpy_hto_d() || op.has_memcpy_dto_h() || op.has_memcpy_dto_d() || op.has_memset();
+        let needs_struct = !matches!(op.which(), Ok(W::EventRecord(_) | W::EventWait(_)));
+        if needs_struct && !set {
+            return Err(CuError::INVALID_VALUE);
+        }
         ops.push(match op.which().map_err(|_| CuError::INVALID_VALUE)? {
             W::Kernel(k) => WireOp::Kernel(LaunchKernel::decode(k.map_err(bad)?)),
             W::MemcpyHtoD(c) => {
@@ -315,6 +324,36 @@ mod tests {
             "test"
         }
         fn shutdown(&self) {}
+    }
+
+    /// Found in the `frame` fuzz target's corpus (its peak memory): a 48-byte request whose ops are
+    /// a list of 2^20 empty elements (a `List(Void)` read as structs) was
+    /// decoded into 2^20 kernel launches, about 100 MiB, before `apply`
+    /// refused the first.
+    #[test]
+    fn a_list_of_empty_ops_is_refused_not_decoded() {
+        use capnp::message::ReaderOptions;
+        use rgpu_protocol::data_capnp::request;
+        let which = crate::command::Command::NAMES.iter().position(|&n| n == "graphExecCreate").unwrap() as u64;
+        let words: [u64; 6] = [
+            5 << 32,                      // segment table: one segment of 5 words
+            0x0001_0001 << 32,            // root: Request, 1 data word, 1 pointer
+            which,                        // its union discriminant
+            0x0001_0000 << 32,            // GraphExecCreate: no data, 1 pointer
+            ((1u64 << 20) << 35) | 1,     // ops: a list of 2^20 void elements
+            0,
+        ];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut opts = ReaderOptions::new();
+        opts.traversal_limit_in_words(Some(4 << 20)).nesting_limit(16);
+        let msg = capnp::serialize::read_message_from_flat_slice(&mut &bytes[..], opts).unwrap();
+        let req = msg.get_root::<request::Reader<'_>>().unwrap();
+        match crate::command::Command::decode(req).unwrap() {
+            crate::command::Command::GraphExecCreate(g) => {
+                assert!(matches!(g.ops, Err(CuError::INVALID_VALUE)), "decoded {:?} ops", g.ops.map(|o| o.len()))
+            }
+            other => panic!("decoded as {}", other.name()),
+        }
     }
 
     fn session() -> SessionState {

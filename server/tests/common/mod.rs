@@ -303,6 +303,39 @@ impl Reply {
     }
 }
 
+/// With `RGPU_FUZZ_RECORD=DIR`, each request frame a test sends (header and
+/// message, without bulk) is kept in DIR as a seed of the `frame` fuzz
+/// target: at most 3 per request kind, each different
+/// (`fuzz/regen-corpus.sh`).
+fn record_frame(header: &[u8], msg: &[u8]) {
+    let Some(dir) = std::env::var_os("RGPU_FUZZ_RECORD") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let Ok(m) = capnp::serialize::read_message_from_flat_slice(&mut &msg[..], Default::default()) else {
+        return;
+    };
+    let Ok(cmd) = m.get_root::<request::Reader>().and_then(rgpu_server::command::Command::decode) else {
+        return;
+    };
+    let name = cmd.name();
+    let frame = [header, msg].concat();
+    // FNV-1a of the frame, without its seq (bytes 8..16), names the file.
+    let hash = frame
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !(8..16).contains(i))
+        .fold(0xcbf29ce484222325u64, |h, (_, &b)| (h ^ b as u64).wrapping_mul(0x100000001b3));
+    let _ = std::fs::create_dir_all(&dir);
+    let kept = std::fs::read_dir(&dir)
+        .map(|d| d.filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().starts_with(&format!("{name}-")))).count())
+        .unwrap_or(0);
+    let path = dir.join(format!("{name}-{hash:016x}"));
+    if kept < 3 && !path.exists() {
+        let _ = std::fs::write(path, frame);
+    }
+}
+
 pub struct DataClient {
     pub t: TcpTransport,
     enc: Encoder,
@@ -318,12 +351,24 @@ pub struct DataClient {
     /// Dropping sends the orderly Close (as the shim does at exit); `cut`
     /// drops without it, as a killed client or a broken network does.
     close_on_drop: bool,
+    /// With `RGPU_FUZZ_RECORD`, everything this client sent (a seed of the
+    /// `session` fuzz target, written when it is dropped).
+    recorded: Option<Vec<u8>>,
 }
 
 impl Drop for DataClient {
     fn drop(&mut self) {
         if self.close_on_drop {
             let _ = self.t.send(&[&FrameHeader::bare(Kind::Close).encode()]);
+        }
+        let (Some(dir), Some(r)) = (std::env::var_os("RGPU_FUZZ_RECORD"), self.recorded.take()) else {
+            return;
+        };
+        let dir = std::path::PathBuf::from(dir).join("../session");
+        let n = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+        if !r.is_empty() && r.len() <= 32 << 10 && n < 40 {
+            let _ = std::fs::create_dir_all(&dir);
+            let _ = std::fs::write(dir.join(format!("session-{}-{n:02}", std::process::id())), r);
         }
     }
 }
@@ -358,6 +403,7 @@ impl DataClient {
             last_reply: 0,
             keepalives: 0,
             close_on_drop: true,
+            recorded: std::env::var_os("RGPU_FUZZ_RECORD").map(|_| Vec::new()),
         })
     }
 
@@ -407,6 +453,10 @@ impl DataClient {
         let mut msg = Vec::new();
         let n = self.enc.request(&mut msg, build);
         let h = FrameHeader::request(self.seq, wants_reply, n, bulk.len() as u64).encode();
+        record_frame(&h, &msg);
+        if let Some(r) = &mut self.recorded {
+            r.extend_from_slice(&[&h[..], &msg, bulk].concat());
+        }
         self.t.send(&[&h, &msg, bulk]).unwrap();
         self.seq
     }
@@ -418,6 +468,9 @@ impl DataClient {
         let mut msg = Vec::new();
         let n = self.enc.request(&mut msg, build);
         let h = FrameHeader::request(self.seq, true, n, bulk_len).encode();
+        record_frame(&h, &msg);
+        // The rest of its bulk goes outside this client: not a session to replay.
+        self.recorded = None;
         self.t.send(&[&h, &msg, prefix]).unwrap();
         self.seq
     }
