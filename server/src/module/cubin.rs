@@ -308,6 +308,13 @@ fn pow2_divisor(v: u64, cap: u64) -> u64 {
     }
 }
 
+/// Threads in a block of `dims` (a zero counts as one), saturating at
+/// `u32::MAX`: three u32 dimensions overflow even a u64 product.
+fn block_threads(dims: [u32; 3]) -> u32 {
+    let n = dims.iter().fold(1u64, |n, &d| n.saturating_mul(d.max(1) as u64));
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
 /// Reads kernels and globals from an ELF cubin.
 pub fn parse_cubin(bytes: &[u8]) -> Result<Cubin, ImageError> {
     let elf = Elf::parse(bytes)?;
@@ -370,10 +377,8 @@ pub fn parse_cubin(bytes: &[u8]) -> Result<Cubin, ImageError> {
                         cbank_size = Some(r16(a.data, 0).unwrap_or(0) as u32);
                     }
                     EIATTR_MAX_THREADS | EIATTR_REQNTID if a.data.len() >= 12 => {
-                        let n = (0..3)
-                            .map(|i| r32(a.data, i * 4).unwrap_or(1).max(1) as u64)
-                            .product::<u64>();
-                        let n = u32::try_from(n).unwrap_or(u32::MAX);
+                        let dims = [0, 1, 2].map(|i| r32(a.data, i * 4).unwrap_or(1));
+                        let n = block_threads(dims);
                         max_threads = Some(max_threads.map_or(n, |m| m.min(n)));
                     }
                     _ => {}
@@ -521,6 +526,19 @@ fn is_global_section(name: &str) -> Option<GlobalSpace> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `module` fuzz target: a cubin whose REQNTID/MAX_THREADS
+    /// attribute holds three huge dimensions overflowed the u64 product
+    /// (a panic with overflow checks, a wrapped wrong limit without).
+    #[test]
+    fn huge_block_dimensions_saturate_instead_of_overflowing() {
+        assert_eq!(block_threads([u32::MAX; 3]), u32::MAX);
+        // 2^31 * 2^31 * 4 wraps a u64 to exactly 0: a limit of no threads.
+        assert_eq!(block_threads([1 << 31, 1 << 31, 4]), u32::MAX);
+        assert_eq!(block_threads([0x0010_0000, 0x0010_0000, 0x0010_0000]), u32::MAX);
+        assert_eq!(block_threads([128, 0, 2]), 256, "a zero dimension counts as one");
+        assert_eq!(block_threads([1024, 1, 1]), 1024);
+    }
 
     #[test]
     fn global_sections() {
