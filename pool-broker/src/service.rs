@@ -623,6 +623,23 @@ mod tests {
         assert!(jobs.try_recv().is_err(), "a follower does not tick");
     }
 
+    fn active_lease(tenant: &str, gpus: Vec<crate::state::LeasedGpu>) -> Lease {
+        Lease {
+            id: 1,
+            key: String::new(),
+            tenant: tenant.into(),
+            generation: 1,
+            gpus,
+            memory_limit: 0,
+            compute_milli: 0,
+            priority: 0,
+            granted: 0,
+            ttl_ms: 1000,
+            deadline: 5000,
+            state: crate::state::LeaseState::Active,
+        }
+    }
+
     #[test]
     fn lease_tokens_carry_the_tenants_pkey() {
         let key = [1u8; 32];
@@ -631,20 +648,7 @@ mod tests {
         tenants.insert("ib".to_string(), policy(Some(0x8001)));
         tenants.insert("plain".to_string(), policy(None));
         let s = service(tenants, &key);
-        let lease = |tenant: &str| Lease {
-            id: 1,
-            key: String::new(),
-            tenant: tenant.into(),
-            generation: 1,
-            gpus: vec![],
-            memory_limit: 0,
-            compute_milli: 0,
-            priority: 0,
-            granted: 0,
-            ttl_ms: 1000,
-            deadline: 5000,
-            state: crate::state::LeaseState::Active,
-        };
+        let lease = |tenant: &str| active_lease(tenant, vec![]);
         let pkey = |tenant: &str| Claims::verify(&s.token_for(&lease(tenant)), &key, 0).map(|c| c.pkey);
         assert_eq!(pkey("ib"), Ok(Some(0x8001)));
         assert_eq!(pkey("plain"), Ok(None));
@@ -664,20 +668,7 @@ mod tests {
             take_memory,
             take_milli,
         };
-        let lease = |gpus| Lease {
-            id: 1,
-            key: String::new(),
-            tenant: "t".into(),
-            generation: 1,
-            gpus,
-            memory_limit: 0,
-            compute_milli: 0,
-            priority: 0,
-            granted: 0,
-            ttl_ms: 1000,
-            deadline: 5000,
-            state: crate::state::LeaseState::Active,
-        };
+        let lease = |gpus| active_lease("t", gpus);
         let share = |gpus| Claims::verify(&s.token_for(&lease(gpus)), &key, 0).map(|c| c.compute_milli);
         assert_eq!(share(vec![gpu(1000, 1000)]), Ok(0), "a whole GPU competes for nothing");
         assert_eq!(share(vec![gpu(1000, 1000), gpu(1000, 1000)]), Ok(0));
