@@ -10,6 +10,7 @@ use std::io;
 pub mod rdma;
 pub mod select;
 pub mod tcp;
+mod tls;
 
 /// A reliable, ordered, bidirectional byte stream to one peer.
 ///
