@@ -10,6 +10,7 @@ mod frames;
 mod paths;
 mod pool;
 mod server_process;
+mod tls;
 mod top;
 
 use clap::{Parser, Subcommand};

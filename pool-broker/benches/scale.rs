@@ -128,7 +128,7 @@ fn run_local<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 async fn connect(addr: &str) -> Connection<broker::Client> {
-    rgpu_broker_client::rpc::connect(addr, CONNECT_TIMEOUT).await.unwrap()
+    rgpu_broker_client::rpc::connect(addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap()
 }
 
 fn server_id(i: usize) -> String {

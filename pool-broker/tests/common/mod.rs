@@ -33,6 +33,9 @@ pub fn start(bin: &str, args: &[&str]) -> Proc {
     let mut child = Command::new(&path)
         .args(args)
         .env("RGPU_LOG", "info")
+        // Plaintext, said explicitly; the TLS tests (tls.rs) start theirs
+        // with certificates.
+        .env(if bin == "rgpu-broker" { "RGPU_BROKER_PLAINTEXT" } else { "RGPU_SERVER_PLAINTEXT" }, "1")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -72,7 +75,7 @@ pub fn credential(dir: &Path, name: &str, tenant: &str, role: Role) -> Credentia
 
 /// A client logged in as `tenant` with a credential from the broker's admin key.
 pub fn login(addr: &str, dir: &Path, tenant: &str, role: Role) -> BrokerClient {
-    BrokerClient::connect(addr, &credential(dir, "admin.key", tenant, role)).unwrap()
+    BrokerClient::connect(addr, &credential(dir, "admin.key", tenant, role), &rgpu_tls::ClientSecurity::Plaintext).unwrap()
 }
 
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {

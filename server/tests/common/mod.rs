@@ -100,6 +100,8 @@ impl TestServer {
             transport: Default::default(),
             pool,
             metrics: None,
+            // The tests of TLS itself start servers of their own.
+            security: rgpu_tls::ServerSecurity::Plaintext,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
