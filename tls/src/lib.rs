@@ -24,6 +24,7 @@ mod error;
 pub mod guard;
 pub mod pki;
 pub mod server;
+pub mod testing;
 
 pub use client::{ClientSecurity, TlsClient};
 pub use error::TlsError;

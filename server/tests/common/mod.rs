@@ -70,6 +70,13 @@ impl TestServer {
         Self::start_configured(devices, memory, Duration::from_secs(30), Default::default(), Default::default(), limit, true)
     }
 
+    /// As `start`, serving both planes as `security` says (TLS with a
+    /// certificate, for the tests of TLS).
+    pub fn start_secured(security: rgpu_tls::ServerSecurity) -> TestServer {
+        Self::start_inner(1, 256 << 20, Duration::from_secs(30), Default::default(), Default::default(),
+            rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false, security)
+    }
+
     /// As `start`, with this kernel time limit.
     pub fn start_with_kernel_limit(limit: Duration) -> TestServer {
         Self::start_configured(1, 256 << 20, Duration::from_secs(30), Default::default(), Default::default(), limit, false)
@@ -83,6 +90,22 @@ impl TestServer {
         limits: rgpu_server::limits::Limits,
         kernel_time_limit: Duration,
         metrics: bool,
+    ) -> TestServer {
+        // The tests of TLS itself start theirs with `start_secured`.
+        let plaintext = rgpu_tls::ServerSecurity::Plaintext;
+        Self::start_inner(devices, memory, attach_timeout, pool, limits, kernel_time_limit, metrics, plaintext)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_inner(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+        limits: rgpu_server::limits::Limits,
+        kernel_time_limit: Duration,
+        metrics: bool,
+        security: rgpu_tls::ServerSecurity,
     ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
@@ -100,8 +123,7 @@ impl TestServer {
             transport: Default::default(),
             pool,
             metrics: None,
-            // The tests of TLS itself start servers of their own.
-            security: rgpu_tls::ServerSecurity::Plaintext,
+            security,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
@@ -325,6 +347,11 @@ pub fn attach_raw(addr: &str, id: u64, key: &[u8]) -> (TcpTransport, u32, u32) {
 }
 
 impl DataClient {
+    /// Over a transport whose session is already attached.
+    pub fn over(t: TcpTransport) -> DataClient {
+        DataClient { t, enc: Encoder::default(), recv: RecvBuf::default(), seq: 0 }
+    }
+
     pub fn attach(addr: &str, id: u64, key: &[u8]) -> Result<DataClient, u32> {
         let (t, status, version) = attach_raw(addr, id, key);
         assert_eq!(version, PROTOCOL_VERSION);
