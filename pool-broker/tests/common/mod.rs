@@ -33,9 +33,10 @@ pub fn start(bin: &str, args: &[&str]) -> Proc {
     let mut child = Command::new(&path)
         .args(args)
         .env("RGPU_LOG", "info")
-        // Plaintext, said explicitly; the TLS tests (tls.rs) start theirs
-        // with certificates.
-        .env(if bin == "rgpu-broker" { "RGPU_BROKER_PLAINTEXT" } else { "RGPU_SERVER_PLAINTEXT" }, "1")
+        // Plaintext, said explicitly, unless the arguments name a
+        // certificate (the TLS tests, tls.rs).
+        .env(if bin == "rgpu-broker" { "RGPU_BROKER_PLAINTEXT" } else { "RGPU_SERVER_PLAINTEXT" },
+            if args.contains(&"--tls-cert") { "0" } else { "1" })
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
