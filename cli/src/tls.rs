@@ -21,7 +21,8 @@ pub struct TlsArgs {
     #[arg(long, env = SERVER_NAME_ENV, value_name = "NAME")]
     pub tls_server_name: Option<String>,
     /// Talk to servers and the broker in clear: only on a trusted network.
-    #[arg(long, env = PLAINTEXT_ENV)]
+    #[arg(long, env = PLAINTEXT_ENV, action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub plaintext: bool,
 }
 

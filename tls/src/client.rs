@@ -72,8 +72,8 @@ impl ClientSecurity {
         let var = |n: &str| std::env::var(n).ok().filter(|v| !v.trim().is_empty());
         let ca = var(CA_ENV);
         let plaintext = match var(PLAINTEXT_ENV).as_deref().map(str::trim) {
-            None | Some("0") | Some("false") | Some("no") => false,
-            Some("1") | Some("true") | Some("yes") => true,
+            None | Some("0" | "false" | "no" | "off") => false,
+            Some("1" | "true" | "yes" | "on") => true,
             Some(o) => return Err(TlsError::Config(format!("{PLAINTEXT_ENV}={o:?}: expected 1 or 0"))),
         };
         ClientSecurity::new(ca.as_deref().map(Path::new), var(SERVER_NAME_ENV), plaintext)
