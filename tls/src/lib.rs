@@ -49,9 +49,16 @@ pub fn is_tls_record(first: u8) -> bool {
     first == 0x16
 }
 
-/// The crypto provider every rgpu endpoint uses.
+/// The crypto provider every rgpu endpoint uses: ring's, AES-128-GCM
+/// preferred (TLS 1.3's mandatory suite; a quarter fewer AES rounds than
+/// AES-256 on the data plane's bulk).
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    let mut p = rustls::crypto::ring::default_provider();
+    if let Some(i) = p.cipher_suites.iter().position(|s| s.suite() == rustls::CipherSuite::TLS13_AES_128_GCM_SHA256) {
+        let first = p.cipher_suites.remove(i);
+        p.cipher_suites.insert(0, first);
+    }
+    Arc::new(p)
 }
 
 /// Reads and writes: what capnp-rpc and the preamble reader run over,
