@@ -28,6 +28,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_two_devices",
     "rt_killed",
     "rt_async_device",
+    "rt_tls_canary",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).
