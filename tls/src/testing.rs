@@ -30,10 +30,15 @@ impl Tap {
                     std::thread::spawn(move || {
                         let mut buf = vec![0u8; 1 << 16];
                         while let Ok(n) = from.read(&mut buf) {
-                            if n == 0 || to.write_all(&buf[..n]).is_err() {
+                            if n == 0 {
                                 break;
                             }
+                            // Recorded before it is passed on: once a peer
+                            // has a byte, the capture holds it.
                             rec.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
                         }
                         let _ = to.shutdown(std::net::Shutdown::Write);
                     });
