@@ -106,11 +106,6 @@ impl TcpTransport {
         self.tls.is_some()
     }
 
-    /// The TLS state, for an exporter value bound to this connection.
-    pub fn tls_connection(&self) -> Option<&rustls::Connection> {
-        self.tls.as_ref().map(|t| t.conn())
-    }
-
     /// How long each read polls before it sleeps in the kernel; zero turns
     /// polling off.
     pub fn set_spin(&mut self, spin: Duration) {
@@ -265,7 +260,7 @@ pub(crate) fn eof(peer: &str) -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, format!("connection to {peer} closed"))
 }
 
-pub(crate) fn write_all_vectored(stream: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+fn write_all_vectored(stream: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
     // sendmsg with MSG_NOSIGNAL, not writev: inside a user's program a peer
     // that went away must be an error we report, never a SIGPIPE that kills
     // the program.

@@ -33,10 +33,6 @@ impl Tls {
         Tls { conn: Box::new(conn), plain }
     }
 
-    pub(crate) fn conn(&self) -> &rustls::Connection {
-        &self.conn
-    }
-
     pub(crate) fn plaintext(&self) -> usize {
         self.plain
     }
