@@ -34,6 +34,8 @@ pub struct Service {
     pub meters: Meters,
     /// Server-wide counters the sessions feed; served with `--metrics`.
     pub metrics: Arc<ServerMetrics>,
+    /// TLS on the port (both planes), or plaintext (`--plaintext`).
+    pub security: rgpu_tls::ServerSecurity,
 }
 
 impl Service {
@@ -51,7 +53,15 @@ impl Service {
             per_address: PerAddress::new(Limits::default().max_connections_per_address),
             buffered: ByteQuota::new(Limits::default().max_buffered_input),
             limits: Limits::default(),
+            // In-process servers built without settings (tests) are
+            // plaintext; the binary always says which (`Config::security`).
+            security: rgpu_tls::ServerSecurity::Plaintext,
         }
+    }
+
+    pub fn with_security(mut self, security: rgpu_tls::ServerSecurity) -> Self {
+        self.security = security;
+        self
     }
 
     /// Applies `limits` (the default ones otherwise).

@@ -235,7 +235,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 Ok(mut got) => {
                     // Only the newest of several connections is served.
                     while let Ok(newer) = r.rx.try_recv() {
-                        let _ = got.stream.shutdown(std::net::Shutdown::Both);
+                        got.transport.shutdown();
                         got = newer;
                     }
                     return Some(got);
@@ -249,7 +249,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
     /// Continues on a resumed connection: says the last request executed,
     /// sends again the replies the client missed, then serves as before.
     fn resume(&mut self, r: registry::Resume) -> io::Result<()> {
-        let registry::Resume { stream, last_reply, hold } = r;
+        let registry::Resume { transport: mut t, last_reply, hold } = r;
         self._hold = Some(hold);
         let mut answer = [0u8; 16];
         let status = match self.window.after(last_reply) {
@@ -266,8 +266,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         answer[..4].copy_from_slice(&status.to_le_bytes());
         answer[4..8].copy_from_slice(&rgpu_protocol::PROTOCOL_VERSION.to_le_bytes());
         answer[8..].copy_from_slice(&self.executed.to_le_bytes());
-        let watched = stream.try_clone()?;
-        let mut t = TcpTransport::new(stream)?;
+        let watched = t.stream().try_clone()?;
+        let sealer = t.sealer();
         if let Err(e) = t.send(&[&answer]) {
             // Continue on the old (broken) connection: its next step ends
             // it, and the session waits for another resume.
@@ -285,7 +285,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         // again may wait for the stream's work before its first byte.
         let link = self.resumer.as_ref().map(|r| r.link.clone());
         if let Some(l) = &link {
-            l.attach(watched, true);
+            l.attach(watched, true, sealer);
         }
         let kept: Vec<(Vec<u8>, Option<DeviceBytes>)> =
             self.window.after(last_reply).map_err(io::Error::other)?.map(|k| (k.frame.clone(), k.device)).collect();

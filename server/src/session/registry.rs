@@ -17,6 +17,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use rgpu_protocol::SESSION_KEY_LEN;
+use rgpu_transport::tcp::TcpTransport;
 
 pub type SessionKey = [u8; SESSION_KEY_LEN];
 
@@ -53,7 +54,8 @@ impl Active {
 
 /// A client coming back to its session on a new connection.
 pub struct Resume {
-    pub stream: TcpStream,
+    /// The new connection, TLS and all when the server serves TLS.
+    pub transport: TcpTransport,
     /// The last reply sequence number the client received.
     pub last_reply: u64,
     /// What the connection holds of the server's connection limits, kept
@@ -132,15 +134,16 @@ impl Registry {
     /// Hands `resume` to active session `id` if `key` is its key; the
     /// connection it had is shut (dead or not: see the module's comment).
     /// `socket` is a handle on the new connection.
-    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), AttachError> {
+    /// A refused resume comes back, for the caller to answer on it.
+    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), (AttachError, Resume)> {
         let mut inner = self.lock();
         if inner.closing {
-            return Err(AttachError::ShuttingDown);
+            return Err((AttachError::ShuttingDown, resume));
         }
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
-            return Err(AttachError::Unknown);
+            return Err((AttachError::Unknown, resume));
         };
-        a.resume.send(resume).map_err(|_| AttachError::Unknown)?;
+        a.resume.send(resume).map_err(|e| (AttachError::Unknown, e.0))?;
         let old = std::mem::replace(&mut a.socket, socket);
         let _ = old.shutdown(Shutdown::Both);
         Ok(())
