@@ -127,12 +127,44 @@ fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
     ClientError::Protocol { addr: addr.into(), reason: e.to_string() }
 }
 
-async fn open_async(
+/// A device's memory now, as [`device_status`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceStatus {
+    pub ordinal: u32,
+    /// The lease's memory limit where it has one, else the device's memory.
+    pub total_mem: u64,
+    /// Bytes the lease's sessions (without a lease: all sessions) hold.
+    pub used_mem: u64,
+}
+
+/// The memory of each device on `addr` as this process may see it: with a
+/// lease token (`RGPU_TOKEN`) for the server, its lease's devices and use.
+pub fn device_status(addr: &str, client_name: &str, security: &ClientSecurity) -> Result<Vec<DeviceStatus>, ClientError> {
+    run(addr, async {
+        let inventory = open_async(addr, client_name, security, false).await?.0;
+        let (server, driver, _) = connect(addr, security).await?;
+        let result = async {
+            let mut req = server.device_status_request();
+            req.get().set_token(inventory.token.as_ref().map_or(&[][..], |(t, _)| t.as_slice()));
+            let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+            let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
+            Ok(list
+                .iter()
+                .map(|d| DeviceStatus { ordinal: d.get_ordinal(), total_mem: d.get_total_mem(), used_mem: d.get_used_mem() })
+                .collect())
+        }
+        .await;
+        driver.abort();
+        result
+    })
+}
+
+/// A control connection to `addr` (TLS first as `security` says, then the
+/// preamble), the task driving its RPC system, and what the TLS layer saw.
+async fn connect(
     addr: &str,
-    client_name: &str,
     security: &ClientSecurity,
-    session: bool,
-) -> Result<(Inventory, Option<Hello>), ClientError> {
+) -> Result<(gpu_server::Client, tokio::task::JoinHandle<Result<(), capnp::Error>>, rgpu_tls::guard::Refusal), ClientError> {
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| unreachable_err(addr, "connection timed out"))?
@@ -155,7 +187,16 @@ async fn open_async(
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
     let driver = tokio::task::spawn_local(rpc);
+    Ok((server, driver, refusal))
+}
 
+async fn open_async(
+    addr: &str,
+    client_name: &str,
+    security: &ClientSecurity,
+    session: bool,
+) -> Result<(Inventory, Option<Hello>), ClientError> {
+    let (server, driver, refusal) = connect(addr, security).await?;
     let result = async {
         let mut req = server.hello_request();
         req.get().set_client_version(PROTOCOL_VERSION);

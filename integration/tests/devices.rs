@@ -88,6 +88,8 @@ fn smi_lists_the_devices_in_cuda_order() {
     assert_eq!(gpus.len(), 3);
     let mem: Vec<u64> = gpus.iter().map(|g| g["memory_total"].as_u64().unwrap()).collect();
     assert_eq!(mem, vec![MEM_A, MEM_B, MEM_B], "server order, then device order");
+    let used: Vec<u64> = gpus.iter().map(|g| g["memory_used"].as_u64().expect("memory use known")).collect();
+    assert_eq!(used, vec![0, 0, 0], "nothing allocated yet");
     for (i, g) in gpus.iter().enumerate() {
         assert_eq!(g["index"].as_u64(), Some(i as u64));
         let uuid = g["uuid"].as_str().unwrap();

@@ -3,10 +3,10 @@
 //! numbers them as CUDA devices), so that pynvml, monitoring agents and job launchers that
 //! count GPUs through NVML see what CUDA will see.
 //!
+//! Memory info asks the device's server each time (`deviceStatus` on its control plane): with
+//! a lease token the lease's limit is the total and its own sessions' allocations are used.
 //! What rgpu does not know about a device is `NVML_ERROR_NOT_SUPPORTED`, never a made-up
-//! value: utilization, temperature, power, serial numbers, processes, and memory use (a
-//! device's free and used bytes need a session on its server; the total alone is not an
-//! `nvmlMemory_t`), NVLink and fabric state. Some clients resolve a fixed list of functions
+//! value: utilization, temperature, power, serial numbers, processes, NVLink and fabric state. Some clients resolve a fixed list of functions
 //! at once and stop at the first one missing (PyTorch's c10 asserts on each of its seven), so
 //! every query they name is exported, answering `NVML_ERROR_NOT_SUPPORTED` where rgpu has no
 //! answer. Other functions NVML has and this library lacks are not exported.
@@ -56,9 +56,11 @@ struct State {
     /// nvmlInit calls not yet matched by nvmlShutdown.
     refs: u32,
     devices: Vec<RemoteDevice>,
+    /// Each device's server, by the same index.
+    servers: Vec<String>,
 }
 
-static STATE: Mutex<State> = Mutex::new(State { refs: 0, devices: Vec::new() });
+static STATE: Mutex<State> = Mutex::new(State { refs: 0, devices: Vec::new(), servers: Vec::new() });
 
 fn state() -> std::sync::MutexGuard<'static, State> {
     STATE.lock().unwrap_or_else(|e| e.into_inner())
@@ -74,38 +76,53 @@ fn entry(f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
     }
 }
 
-/// The devices of every server in `RGPU_SERVERS`, as the shim would number them.
-fn discover() -> Result<Vec<RemoteDevice>, NvmlReturn> {
+/// The devices of every server in `RGPU_SERVERS`, as the shim would number them, with the
+/// server of each.
+fn discover() -> Result<(Vec<RemoteDevice>, Vec<String>), NvmlReturn> {
     let list = std::env::var("RGPU_SERVERS").unwrap_or_default();
     let addrs: Vec<&str> = list.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
     if addrs.is_empty() {
         eprintln!("rgpu NVML: no GPU server configured: set RGPU_SERVERS or run under `rgpu run`");
         return Err(NVML_ERROR_DRIVER_NOT_LOADED);
     }
-    let name = format!("nvml (pid {})", std::process::id());
-    // The shim's rule (RGPU_TLS_CA / RGPU_PLAINTEXT), so both see the same servers.
-    let security = match rgpu_control_client::ClientSecurity::from_env() {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("rgpu NVML: {e}");
-            return Err(NVML_ERROR_DRIVER_NOT_LOADED);
-        }
-    };
-    let mut devices = Vec::new();
+    let security = security().map_err(|e| {
+        eprintln!("rgpu NVML: {e}");
+        NVML_ERROR_DRIVER_NOT_LOADED
+    })?;
+    let (mut devices, mut servers) = (Vec::new(), Vec::new());
     for addr in addrs {
-        match rgpu_control_client::inventory(addr, &name, &security) {
-            Ok(inv) => devices.extend(inv.devices),
+        match rgpu_control_client::inventory(addr, &client_name(), &security) {
+            Ok(inv) => {
+                servers.extend(inv.devices.iter().map(|_| addr.to_string()));
+                devices.extend(inv.devices);
+            }
             Err(e) => {
                 eprintln!("rgpu NVML: {e}");
                 return Err(NVML_ERROR_DRIVER_NOT_LOADED);
             }
         }
     }
-    Ok(devices)
+    Ok((devices, servers))
+}
+
+fn client_name() -> String {
+    format!("nvml (pid {})", std::process::id())
+}
+
+/// The shim's rule (RGPU_TLS_CA / RGPU_PLAINTEXT), so both see the same servers.
+fn security() -> Result<rgpu_control_client::ClientSecurity, String> {
+    rgpu_control_client::ClientSecurity::from_env().map_err(|e| e.to_string())
 }
 
 fn with_device<R>(dev: NvmlDevice, f: impl FnOnce(usize, &RemoteDevice) -> Result<R, NvmlReturn>) -> Result<R, NvmlReturn> {
-    let st = state();
+    with_state_device(&state(), dev, f)
+}
+
+fn with_state_device<R>(
+    st: &State,
+    dev: NvmlDevice,
+    f: impl FnOnce(usize, &RemoteDevice) -> Result<R, NvmlReturn>,
+) -> Result<R, NvmlReturn> {
     if st.refs == 0 {
         return Err(NVML_ERROR_UNINITIALIZED);
     }
@@ -155,7 +172,7 @@ pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
     entry(|| {
         let mut st = state();
         if st.refs == 0 {
-            st.devices = discover()?;
+            (st.devices, st.servers) = discover()?;
         }
         st.refs += 1;
         Ok(())
@@ -183,6 +200,7 @@ pub extern "C" fn nvmlShutdown() -> NvmlReturn {
         st.refs -= 1;
         if st.refs == 0 {
             st.devices.clear();
+            st.servers.clear();
         }
         Ok(())
     })
@@ -198,6 +216,7 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         NVML_ERROR_NOT_FOUND => c"Not Found",
         NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
         NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
+        NVML_ERROR_ARGUMENT_VERSION_MISMATCH => c"Argument Version Mismatch",
         _ => c"Unknown Error",
     };
     s.as_ptr()
@@ -382,9 +401,69 @@ macro_rules! not_supported {
     )*};
 }
 
+/// `nvmlMemory_t`.
+#[repr(C)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2_t`.
+#[repr(C)]
+pub struct NvmlMemoryV2 {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2` (NVML_STRUCT_VERSION(Memory, 2)).
+pub const NVML_MEMORY_V2: c_uint = std::mem::size_of::<NvmlMemoryV2>() as c_uint | (2 << 24);
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+
+/// (total, used) of device `i` now, from its server. The lock is not held while the server is
+/// asked.
+fn memory_now(dev: NvmlDevice) -> Result<(u64, u64), NvmlReturn> {
+    let (addr, ordinal) = {
+        let st = state();
+        with_state_device(&st, dev, |i, d| Ok((st.servers.get(i).cloned().ok_or(NVML_ERROR_UNKNOWN)?, d.ordinal)))?
+    };
+    let security = security().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
+    let status = rgpu_control_client::device_status(&addr, &client_name(), &security).map_err(|e| {
+        eprintln!("rgpu NVML: memory info: {e}");
+        NVML_ERROR_UNKNOWN
+    })?;
+    let s = status.iter().find(|s| s.ordinal == ordinal).ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+    Ok((s.total_mem, s.used_mem.min(s.total_mem)))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo(dev: NvmlDevice, memory: *mut NvmlMemory) -> NvmlReturn {
+    entry(|| {
+        let m = out(memory)?;
+        let (total, used) = memory_now(dev)?;
+        *m = NvmlMemory { total, free: total - used, used };
+        Ok(())
+    })
+}
+
+/// rgpu reserves none of a device's memory for itself (`reserved` 0).
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: NvmlDevice, memory: *mut NvmlMemoryV2) -> NvmlReturn {
+    entry(|| {
+        let m = out(memory)?;
+        if m.version != NVML_MEMORY_V2 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, used) = memory_now(dev)?;
+        (m.total, m.reserved, m.free, m.used) = (total, 0, total - used, used);
+        Ok(())
+    })
+}
+
 not_supported! {
-    nvmlDeviceGetMemoryInfo(memory: *mut u64);
-    nvmlDeviceGetMemoryInfo_v2(memory: *mut u64);
     nvmlDeviceGetUtilizationRates(utilization: *mut u32);
     nvmlDeviceGetTemperature(sensor: c_uint, temp: *mut c_uint);
     nvmlDeviceGetPowerUsage(power: *mut c_uint);

@@ -17,6 +17,19 @@ interface GpuServer {
   # `token` is reserved for the broker's lease tokens (empty today).
   openSession @2 (token :Data, clientName :Text)
         -> (sessionId :UInt64, key :Data, attachTimeoutMs :UInt32);
+
+  # Memory each device holds now, as the caller may see it (NVML's memory
+  # info, `rgpu smi`): with a lease token, the lease's devices, its memory
+  # limit as the total and its own sessions' allocations as used; without
+  # one, on a server that admits sessions without tokens, whole devices.
+  # A pooled server refuses a caller without a valid token.
+  deviceStatus @3 (token :Data) -> (devices :List(DeviceStatus));
+}
+
+struct DeviceStatus {
+  ordinal @0 :UInt32;
+  totalMem @1 :UInt64;        # the lease's limit where it has one
+  usedMem @2 :UInt64;         # client allocations now
 }
 
 struct DeviceInfo {

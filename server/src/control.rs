@@ -106,6 +106,49 @@ impl gpu_server::Server for GpuServer {
         Ok(())
     }
 
+    async fn device_status(
+        self: Rc<Self>,
+        params: gpu_server::DeviceStatusParams,
+        mut results: gpu_server::DeviceStatusResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let token = params.get()?.get_token()?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        // What one tenant may see of a pooled server is its own lease: other
+        // tenants' use of a shared GPU is theirs.
+        let admission = match self.service.leases.admit(token, now) {
+            Ok(a) => a,
+            Err(e) => {
+                debug!(peer = %self.peer, "device status refused: {e}");
+                return Err(capnp::Error::failed(format!("device status refused: {e}")));
+            }
+        };
+        let devs = self.service.backend.devices();
+        let shown: Vec<(u32, u64, u64)> = match &admission {
+            None => devs.iter().map(|d| (d.ordinal, d.total_mem, self.service.meters.memory_on(d.ordinal))).collect(),
+            Some(a) => {
+                let ours: Vec<_> = self.service.meters.live().into_iter().filter(|m| m.lease == Some(a.lease)).collect();
+                devs.iter()
+                    .filter(|d| a.devices.contains(&d.ordinal))
+                    .map(|d| {
+                        let total = a.memory_limit.map_or(d.total_mem, |l| l.min(d.total_mem));
+                        (d.ordinal, total, ours.iter().map(|m| m.memory_on(d.ordinal)).sum())
+                    })
+                    .collect()
+            }
+        };
+        let mut list = results.get().init_devices(shown.len() as u32);
+        for (i, (ordinal, total, used)) in shown.into_iter().enumerate() {
+            let mut b = list.reborrow().get(i as u32);
+            b.set_ordinal(ordinal);
+            b.set_total_mem(total);
+            b.set_used_mem(used);
+        }
+        Ok(())
+    }
+
     async fn open_session(
         self: Rc<Self>,
         params: gpu_server::OpenSessionParams,

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{control_with_token, list_devices, DataClient, TestServer};
+use common::{control_with_token, device_status, list_devices, DataClient, TestServer};
 use rgpu_protocol::token::{sign_bytes, Claims};
 use rgpu_server::config::PoolConfig;
 
@@ -134,4 +134,41 @@ fn module_globals_count_against_the_lease() {
         std::thread::sleep(Duration::from_millis(20));
     }
     srv.stop();
+}
+
+/// What NVML's memory info shows a lease: its limit as the total and its
+/// own sessions' allocations as used, never another tenant's; without a
+/// token a pooled server shows nothing.
+#[test]
+fn device_status_shows_a_lease_its_own_memory_only() {
+    let pool = PoolConfig { broker_key: Some(KEY.to_vec()), ..Default::default() };
+    let srv = TestServer::start_pool(1, 256 * MIB, Duration::from_secs(30), pool);
+    let addr = srv.addr.to_string();
+    let gpu: [u8; 16] = list_devices(&addr)[0].uuid.clone().try_into().unwrap();
+    let (mine, theirs) = (token(21, 64 * MIB, gpu), token(22, 0, gpu));
+    let mut a = session(&addr, &mine);
+    let mut b = session(&addr, &mine);
+    let mut other = session(&addr, &theirs);
+    assert_eq!(device_status(&addr, &mine).unwrap(), vec![(0, 64 * MIB, 0)]);
+    a.alloc_ok(8 * MIB);
+    b.alloc_ok(4 * MIB);
+    other.alloc_ok(100 * MIB);
+    assert_eq!(device_status(&addr, &mine).unwrap(), vec![(0, 64 * MIB, 12 * MIB)], "both sessions of the lease, not the other's");
+    // A whole-GPU lease: the device's memory as the total, its own use.
+    assert_eq!(device_status(&addr, &theirs).unwrap(), vec![(0, 256 * MIB, 100 * MIB)]);
+    let e = device_status(&addr, &[]).expect_err("no token on a pooled server");
+    assert!(e.to_string().contains("refused"), "{e}");
+    let mut forged = mine.clone();
+    *forged.last_mut().unwrap() ^= 1;
+    assert!(device_status(&addr, &forged).is_err(), "a forged token sees nothing");
+}
+
+/// A server that admits sessions without tokens shows whole devices.
+#[test]
+fn device_status_without_a_pool_shows_whole_devices() {
+    let srv = TestServer::start_with(2, 128 * MIB, Duration::from_secs(30));
+    let addr = srv.addr.to_string();
+    let mut s = srv.session();
+    s.alloc_on(1, 16 * MIB);
+    assert_eq!(device_status(&addr, &[]).unwrap(), vec![(0, 128 * MIB, 0), (1, 128 * MIB, 16 * MIB)]);
 }

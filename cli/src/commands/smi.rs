@@ -28,6 +28,9 @@ struct Gpu {
     pci_bus_id: String,
     /// Bytes; the lease's memory limit when a token caps it.
     memory_total: u64,
+    /// Bytes allocated now (by the lease's sessions, with a token); None
+    /// where the server did not say.
+    memory_used: Option<u64>,
     compute_capability: String,
     server: String,
     backend: String,
@@ -41,13 +44,22 @@ pub fn exec(a: Args) -> Result<i32> {
     let mut gpus = Vec::new();
     for addr in &a.server {
         let inv = rgpu_control_client::inventory(addr, "rgpu smi", &security)?;
+        let status = match rgpu_control_client::device_status(addr, "rgpu smi", &security) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("{addr}: no memory use: {e}");
+                Vec::new()
+            }
+        };
         for d in inv.devices {
+            let memory_used = status.iter().find(|s| s.ordinal == d.ordinal).map(|s| s.used_mem);
             let attr = |x: A| d.attributes.iter().find(|(id, _)| *id == x.0).map_or(0, |&(_, v)| v);
             gpus.push(Gpu {
                 index: gpus.len(),
                 uuid: rgpu_control_client::uuid_text(&d.uuid),
                 pci_bus_id: format!("{:08X}:{:02X}:{:02X}.0", d.pci.0, d.pci.1, d.pci.2),
                 memory_total: d.total_mem,
+                memory_used,
                 compute_capability: format!(
                     "{}.{}",
                     attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
@@ -71,13 +83,16 @@ pub fn exec(a: Args) -> Result<i32> {
                 g.name.clone(),
                 g.uuid.clone(),
                 g.pci_bus_id.clone(),
-                format!("{} MiB", g.memory_total >> 20),
+                match g.memory_used {
+                    Some(u) => format!("{} / {} MiB", u >> 20, g.memory_total >> 20),
+                    None => format!("? / {} MiB", g.memory_total >> 20),
+                },
                 g.compute_capability.clone(),
                 format!("{} ({})", g.server, g.backend),
             ]
         })
         .collect();
-    let head = ["GPU", "NAME", "UUID", "BUS-ID", "MEMORY", "CC", "SERVER"].map(String::from);
+    let head = ["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "CC", "SERVER"].map(String::from);
     let mut width = head.clone().map(|h| h.len());
     for r in &rows {
         for (w, c) in width.iter_mut().zip(r) {

@@ -1,6 +1,7 @@
 # pynvml through rgpu's libnvidia-ml.so.1: the leased devices, named and
 # identified as CUDA (here CuPy) sees them; what rgpu cannot know is
-# NVML_ERROR_NOT_SUPPORTED, never a made-up number.
+# NVML_ERROR_NOT_SUPPORTED, never a made-up number. Memory info is asked of
+# the server each time: an allocation shows in it.
 import sys
 import pynvml
 import cupy as cp
@@ -31,10 +32,22 @@ assert (pci.bus, pci.device) == (props["pciBusID"], props["pciDeviceID"]), (pci.
 assert pynvml.nvmlDeviceGetIndex(pynvml.nvmlDeviceGetHandleByUUID(uuid)) == 0
 assert pynvml.nvmlDeviceGetMigMode(h) == [0, 0]
 assert pynvml.nvmlSystemGetCudaDriverVersion() == 13050
+m0 = pynvml.nvmlDeviceGetMemoryInfo(h)
+assert m0.total == props["totalGlobalMem"], (m0.total, props["totalGlobalMem"])
+assert m0.free + m0.used == m0.total, (m0.free, m0.used, m0.total)
+held = cp.zeros(32 << 20, dtype=cp.uint8)
+cp.cuda.runtime.deviceSynchronize()
+m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+assert m1.used >= m0.used + (32 << 20), (m0.used, m1.used)
+assert m1.free + m1.used == m1.total == m0.total
+m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+assert (m2.total, m2.reserved, m2.used) == (m1.total, 0, m1.used), (m2.total, m2.reserved, m2.used, m1.used)
+del held
 try:
-    pynvml.nvmlDeviceGetMemoryInfo(h)
-    raise AssertionError("memory info answered, but rgpu cannot know it")
+    pynvml.nvmlDeviceGetUtilizationRates(h)
+    raise AssertionError("utilization answered, but rgpu cannot know it")
 except pynvml.NVMLError_NotSupported:
     pass
 pynvml.nvmlShutdown()
-print(f"ok: pynvml lists {n} device: {name} {uuid} {bus}, compute capability {cc}")
+print(f"ok: pynvml lists {n} device: {name} {uuid} {bus}, compute capability {cc}, "
+      f"memory used {m0.used >> 20} -> {m1.used >> 20} MiB of {m1.total >> 20} MiB")

@@ -296,6 +296,25 @@ async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result
     result
 }
 
+/// deviceStatus presenting `token` (empty: none): (ordinal, total, used) per device.
+pub fn device_status(addr: &str, token: &[u8]) -> Result<Vec<(u32, u64, u64)>, capnp::Error> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(CONTROL_PREAMBLE).await.unwrap();
+        let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
+        let server = conn.client();
+        let mut req = server.device_status_request();
+        req.get().set_token(token);
+        let reply = tokio::time::timeout(IO_TIMEOUT, req.send().promise).await.expect("control plane timed out")?;
+        let list = reply.get()?.get_devices()?;
+        let out = list.iter().map(|d| (d.get_ordinal(), d.get_total_mem(), d.get_used_mem())).collect();
+        drop(conn);
+        Ok(out)
+    })
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Body {
     None,
