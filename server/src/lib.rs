@@ -14,6 +14,7 @@ pub mod module;
 
 pub mod backend;
 pub mod broker;
+pub mod checkpoint;
 pub mod command;
 pub mod config;
 pub mod control;
