@@ -3,6 +3,8 @@
 //! (`libcuda.so.1`, which then attaches the session's data plane) and by rgpu's
 //! `libnvidia-ml.so.1`, which only reads the inventory.
 
+pub mod operator;
+
 use std::time::Duration;
 
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
@@ -21,6 +23,8 @@ pub enum ControlError {
     VersionMismatch { addr: String, ours: u32, theirs: u32 },
     #[error("rgpu-server at {addr} sent a malformed reply: {reason}")]
     Protocol { addr: String, reason: String },
+    #[error("rgpu-server at {addr}: {reason}")]
+    Refused { addr: String, reason: String },
 }
 
 type ClientError = ControlError;
@@ -95,17 +99,25 @@ pub fn inventory(addr: &str, client_name: &str) -> Result<Inventory, ClientError
 /// Runs one control-plane exchange on a runtime of its own, bounded in time: the callers are
 /// synchronous C entry points.
 fn run<T>(addr: &str, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    run_for(addr, CONTROL_TIMEOUT, f)
+}
+
+fn run_for<T>(
+    addr: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| unreachable_err(addr, e))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        match tokio::time::timeout(CONTROL_TIMEOUT, f).await {
+        match tokio::time::timeout(limit, f).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::Unreachable {
                 addr: addr.into(),
-                reason: format!("no answer within {}s", CONTROL_TIMEOUT.as_secs()),
+                reason: format!("no answer within {}s", limit.as_secs()),
             }),
         }
     })
@@ -119,7 +131,9 @@ fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
     ClientError::Protocol { addr: addr.into(), reason: e.to_string() }
 }
 
-async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inventory, Option<Hello>), ClientError> {
+/// Connects to `addr`'s control plane; the returned task drives the
+/// connection (abort it when done). Must run inside a `LocalSet`.
+async fn connect(addr: &str) -> Result<(gpu_server::Client, tokio::task::JoinHandle<Result<(), capnp::Error>>), ClientError> {
     let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| unreachable_err(addr, "connection timed out"))?
@@ -135,7 +149,11 @@ async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inv
     );
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-    let driver = tokio::task::spawn_local(rpc);
+    Ok((server, tokio::task::spawn_local(rpc)))
+}
+
+async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inventory, Option<Hello>), ClientError> {
+    let (server, driver) = connect(addr).await?;
 
     let result = async {
         let mut req = server.hello_request();

@@ -185,6 +185,20 @@ rgpu_config::settings! {
         /// (docs/metrics.md); off unless set.
         #[setting(flag = "metrics", env = "RGPU_SERVER_METRICS", value_name = "ADDR")]
         metrics: Option<String> = None,
+        /// Operator key file (the format of the broker key file): `rgpu
+        /// checkpoint` and `rgpu restore` prove they hold it; without it both
+        /// are refused (docs/migration.md).
+        #[setting(flag = "admin-key-file", env = "RGPU_SERVER_ADMIN_KEY_FILE", value_name = "FILE")]
+        admin_key_file: Option<PathBuf> = None,
+        /// Directory session snapshots are written to and restored from
+        /// (by name; no paths); without it checkpoint and restore are refused.
+        #[setting(flag = "checkpoint-dir", env = "RGPU_SERVER_CHECKPOINT_DIR", value_name = "DIR")]
+        checkpoint_dir: Option<PathBuf> = None,
+        /// Snapshots in --checkpoint-dir to restore before taking any
+        /// connection (comma-separated names): a server started at a stopped
+        /// one's address takes its sessions back before their clients resume.
+        #[setting(flag = "restore", env = "RGPU_SERVER_RESTORE", value_name = "NAMES")]
+        restore: Vec<String> = Vec::new(),
     }
 }
 
@@ -204,6 +218,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<String>,
+    /// Checkpoint and restore: the operator key and the snapshot directory.
+    pub checkpoint: CheckpointConfig,
 }
 
 /// How data connections are carried (see [`crate::transport_select`]).
@@ -229,6 +245,15 @@ pub struct Labels {
     pub leaf: String,
     pub spine: String,
     pub partitions: Vec<String>,
+}
+
+/// Checkpoint and restore (docs/migration.md): both need the key and the directory.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointConfig {
+    pub admin_key: Option<Vec<u8>>,
+    pub dir: Option<PathBuf>,
+    /// Snapshots restored at start.
+    pub restore: Vec<String>,
 }
 
 /// Settings for the pool broker; the default is no broker (sessions open
@@ -265,6 +290,13 @@ impl Config {
                 let bytes =
                     std::fs::read(p).with_context(|| format!("cannot read broker key file {}", p.display()))?;
                 Some(rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("broker key file {}", p.display()))?)
+            }
+            None => None,
+        };
+        let admin_key = match &s.admin_key_file {
+            Some(p) => {
+                let bytes = std::fs::read(p).with_context(|| format!("cannot read admin key file {}", p.display()))?;
+                Some(rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("admin key file {}", p.display()))?)
             }
             None => None,
         };
@@ -308,6 +340,7 @@ impl Config {
                 drain_timeout: Duration::from_secs(s.drain_timeout),
             },
             metrics: s.metrics,
+            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore },
         })
     }
 }
@@ -383,6 +416,9 @@ mod tests {
         ("drain-timeout", ["0", "5"]),
         ("partitions", ["a,b", "c"]),
         ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
+        ("admin-key-file", ["/a1", "/a2"]),
+        ("checkpoint-dir", ["/c1", "/c2"]),
+        ("restore", ["a,b", "c"]),
     ];
 
     #[test]

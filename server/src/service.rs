@@ -34,6 +34,10 @@ pub struct Service {
     pub meters: Meters,
     /// Server-wide counters the sessions feed; served with `--metrics`.
     pub metrics: Arc<ServerMetrics>,
+    /// The operator key checkpoint and restore prove they hold (off without it).
+    pub admin_key: Option<Vec<u8>>,
+    /// Where snapshots are written and read ([`crate::relocate`]).
+    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 impl Service {
@@ -51,7 +55,17 @@ impl Service {
             per_address: PerAddress::new(Limits::default().max_connections_per_address),
             buffered: ByteQuota::new(Limits::default().max_buffered_input),
             limits: Limits::default(),
+            admin_key: None,
+            checkpoint_dir: None,
         }
+    }
+
+    /// Allows checkpoint and restore to operators holding `admin_key`, with
+    /// snapshots in `dir`.
+    pub fn with_checkpoint(mut self, cfg: &crate::config::CheckpointConfig) -> Self {
+        self.admin_key = cfg.admin_key.clone();
+        self.checkpoint_dir = cfg.dir.clone();
+        self
     }
 
     /// Applies `limits` (the default ones otherwise).

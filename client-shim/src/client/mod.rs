@@ -43,6 +43,8 @@ impl From<rgpu_control_client::ControlError> for ClientError {
             C::Unreachable { addr, reason } => ClientError::Unreachable { addr, reason },
             C::VersionMismatch { addr, ours, theirs } => ClientError::VersionMismatch { addr, ours, theirs },
             C::Protocol { addr, reason } => ClientError::Protocol { addr, reason },
+            // Only operator calls are refused this way; the shim makes none.
+            C::Refused { addr, reason } => ClientError::Protocol { addr, reason },
         }
     }
 }

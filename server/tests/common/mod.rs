@@ -100,6 +100,7 @@ impl TestServer {
             transport: Default::default(),
             pool,
             metrics: None,
+            checkpoint: Default::default(),
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
