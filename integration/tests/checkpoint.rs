@@ -157,43 +157,27 @@ fn a_checkpointed_session_restored_in_place_by_the_cli_finishes_right() {
     checkpoint_and_restore(16, 300, Then::InPlace);
 }
 
-/// Checkpoint and restore throughput of a session holding 1 GiB, beside the
-/// disk's write rate measured the same run:
+/// Checkpoint and restore throughput of a session holding 1 GiB, between two
+/// measurements of the disk's write rate (the same size, synced) in the same
+/// run, as a shared disk's rate moves a lot:
 /// `cargo test --release -p rgpu-integration --test checkpoint -- --ignored --nocapture throughput`.
 #[test]
 #[ignore = "a measurement: 1 GiB through the disk"]
 fn throughput() {
+    let dd = || {
+        let dir = scratch();
+        let out = Command::new("dd")
+            .arg("if=/dev/zero")
+            .arg(format!("of={}", dir.0.join("snapshots/dd.bin").display()))
+            .args(["bs=8M", "count=128", "conv=fdatasync"])
+            .output()
+            .expect("dd");
+        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string()
+    };
+    let before = dd();
     let moved = checkpoint_and_restore(1024, 3000, Then::InPlace);
-    let dir = scratch();
-    let dd = Command::new("dd")
-        .arg("if=/dev/zero")
-        .arg(format!("of={}", dir.0.join("snapshots/dd.bin").display()))
-        .args(["bs=8M", "count=128", "conv=fdatasync"])
-        .output()
-        .expect("dd");
-    let dd = String::from_utf8_lossy(&dd.stderr).into_owned();
-    eprintln!("disk: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {}", dd.lines().last().unwrap_or(""));
+    let after = dd();
+    eprintln!("disk before: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {before}");
+    eprintln!("disk after:  dd if=/dev/zero bs=8M count=128 conv=fdatasync: {after}");
     assert!(moved.checkpoint.contains("MiB/s") && moved.restore.contains("MiB/s"));
-}
-
-#[test]
-fn a_restore_is_refused_without_the_admin_key_and_a_snapshot_name_is_never_a_path() {
-    let dir = scratch();
-    let s = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-checkpoint-refusals", &server_flags(&dir.0));
-    let addr = s.addr_string();
-    let key = dir.0.join("admin.key");
-    let (ok, err) = rgpu(&["restore", "../admin.key", "--server", &addr], &key);
-    assert!(!ok && err.contains("snapshot name"), "{err}");
-    let (ok, err) = rgpu(&["restore", "missing.snap", "--server", &addr], &key);
-    assert!(!ok && err.contains("No such file"), "{err}");
-    // Garbage where a snapshot should be: a typed error, and the server lives on.
-    std::fs::write(dir.0.join("snapshots/junk.snap"), b"not a snapshot at all").unwrap();
-    let (ok, err) = rgpu(&["restore", "junk.snap", "--server", &addr], &key);
-    assert!(!ok && err.contains("not an rgpu session snapshot"), "{err}");
-    let (ok, err) = rgpu(&["checkpoint", "0x1234", "--server", &addr, "--to", "x.snap"], &key);
-    assert!(!ok && err.contains("no session"), "{err}");
-    // A server without the key file refuses every operator call.
-    let plain = Server::start_default();
-    let (ok, err) = rgpu(&["restore", "junk.snap", "--server", &plain.addr_string()], &key);
-    assert!(!ok && err.contains("--admin-key-file"), "{err}");
 }
