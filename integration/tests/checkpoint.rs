@@ -67,10 +67,24 @@ fn start_again(addr: &str, seed: &str, flags: &[String]) -> Server {
     }
 }
 
-/// What the CLI said about a checkpoint and a restore.
+/// What the CLI said about a checkpoint and a restore, and the disk's
+/// write rate just before and just after the checkpoint (when measured).
 struct Moved {
     checkpoint: String,
     restore: String,
+    disk: Option<(String, String)>,
+}
+
+/// `dd` writing 1 GiB, synced, into `dir`: its summary line.
+fn dd(dir: &Path) -> String {
+    let out = Command::new("dd")
+        .arg("if=/dev/zero")
+        .arg(format!("of={}", dir.join("dd.bin").display()))
+        .args(["bs=8M", "count=128", "conv=fdatasync"])
+        .output()
+        .expect("dd");
+    let _ = std::fs::remove_file(dir.join("dd.bin"));
+    String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string()
 }
 
 /// Where the checkpointed session is restored.
@@ -86,7 +100,7 @@ enum Then {
 /// Runs rt_checkpoint (holding `mib` MiB beyond its small arrays) against a
 /// server; after its second round, checkpoints the session, restores it as
 /// `then` says, and checks the program finishes right.
-fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then) -> Moved {
+fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool) -> Moved {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let dir = scratch();
     let flags = server_flags(&dir.0);
@@ -110,8 +124,10 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then) -> Moved {
     assert!(!ok && err.contains("refused"), "a wrong key was not refused: {err}");
     assert!(!dir.0.join("snapshots/job.snap").exists());
 
+    let before = measure_disk.then(|| dd(&dir.0.join("snapshots")));
     let (ok, checkpoint) = rgpu(&["checkpoint", &id, "--server", &addr, "--to", "job.snap"], &key);
     assert!(ok, "checkpoint failed: {checkpoint}\n{}", a.describe());
+    let disk = before.map(|b| (b, dd(&dir.0.join("snapshots"))));
     assert!(dir.0.join("snapshots/job.snap").exists());
 
     let stopped = Instant::now();
@@ -143,41 +159,33 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then) -> Moved {
     assert!(b.log().contains("session resumed on a new connection"), "the session was not resumed on the new server\n{report}");
     eprintln!("{}\n{}", checkpoint.trim(), restore.trim());
     eprintln!("the program resumed and finished {:?} after the checkpoint", stopped.elapsed());
-    Moved { checkpoint, restore }
+    Moved { checkpoint, restore, disk }
 }
 
 #[test]
 fn a_checkpointed_session_restored_on_a_restarted_server_finishes_right() {
-    let m = checkpoint_and_restore(64, 300, Then::Restart);
+    let m = checkpoint_and_restore(64, 300, Then::Restart, false);
     assert!(m.restore.contains("session restored"), "{}", m.restore);
 }
 
 #[test]
 fn a_checkpointed_session_restored_in_place_by_the_cli_finishes_right() {
-    checkpoint_and_restore(16, 300, Then::InPlace);
+    checkpoint_and_restore(16, 300, Then::InPlace, false);
 }
 
-/// Checkpoint and restore throughput of a session holding 1 GiB, between two
-/// measurements of the disk's write rate (the same size, synced) in the same
-/// run, as a shared disk's rate moves a lot:
+/// Checkpoint and restore throughput of a session holding 1 GiB, with the
+/// disk's write rate (the same size, synced, into the same directory)
+/// measured just before and just after the checkpoint, as a shared disk's
+/// rate moves a lot:
 /// `cargo test --release -p rgpu-integration --test checkpoint -- --ignored --nocapture throughput`.
 #[test]
 #[ignore = "a measurement: 1 GiB through the disk"]
 fn throughput() {
-    let dd = || {
-        let dir = scratch();
-        let out = Command::new("dd")
-            .arg("if=/dev/zero")
-            .arg(format!("of={}", dir.0.join("snapshots/dd.bin").display()))
-            .args(["bs=8M", "count=128", "conv=fdatasync"])
-            .output()
-            .expect("dd");
-        String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("").to_string()
-    };
-    let before = dd();
-    let moved = checkpoint_and_restore(1024, 3000, Then::InPlace);
-    let after = dd();
-    eprintln!("disk before: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {before}");
-    eprintln!("disk after:  dd if=/dev/zero bs=8M count=128 conv=fdatasync: {after}");
+    // The program sleeps 5 s after each round: the two dd runs and the
+    // checkpoint fit in one sleep, so the session is idle throughout.
+    let moved = checkpoint_and_restore(1024, 5000, Then::InPlace, true);
+    let (before, after) = moved.disk.expect("measured");
+    eprintln!("disk just before: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {before}");
+    eprintln!("disk just after:  dd if=/dev/zero bs=8M count=128 conv=fdatasync: {after}");
     assert!(moved.checkpoint.contains("MiB/s") && moved.restore.contains("MiB/s"));
 }
