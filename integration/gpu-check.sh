@@ -121,7 +121,10 @@ fi
 
 # --- the server -------------------------------------------------------------
 SERVER_LOG="$WORK/logs/server.log"
-"$BIN/rgpu-server" --listen 127.0.0.1:0 --backend cuda >"$SERVER_LOG" 2>&1 &
+# Loopback, so plaintext on both ends (TLS has its own tests).
+export RGPU_PLAINTEXT=1
+unset RGPU_TLS_CA
+"$BIN/rgpu-server" --listen 127.0.0.1:0 --backend cuda --plaintext >"$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
 cleanup() { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; }
 trap cleanup EXIT

@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::broker_capnp::{broker, session};
+use rgpu_tls::ClientSecurity;
 use thiserror::Error;
 
 use crate::credential::Credential;
@@ -37,6 +38,10 @@ pub enum ClientError {
     /// The connection dropped (the broker stopped or failed over).
     #[error("broker connection lost: {0}")]
     Lost(String),
+    /// TLS could not be set up, or one end expects it and the other does
+    /// not: not worth retrying.
+    #[error("{0}")]
+    Tls(String),
 }
 
 /// How long a call keeps looking for a leader when brokers fail over
@@ -110,6 +115,8 @@ pub struct BrokerClient {
     pub addrs: Vec<String>,
     /// Who this connection is (a copy, for reconnecting).
     pub credential: Credential,
+    /// TLS or plaintext, for reconnecting.
+    security: ClientSecurity,
 }
 
 /// The logged-in connection to the broker that leads.
@@ -127,29 +134,46 @@ fn runtime(addr: &str) -> Result<(tokio::runtime::Runtime, tokio::task::LocalSet
     Ok((rt, tokio::task::LocalSet::new()))
 }
 
-async fn dial(addr: &str) -> Result<Connection<broker::Client>, ClientError> {
-    rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT)
-        .await
-        .map_err(|e| ClientError::Unreachable { addr: addr.to_string(), reason: e.to_string() })
+async fn dial(addr: &str, security: &ClientSecurity) -> Result<Connection<broker::Client>, ClientError> {
+    rpc::connect::<broker::Client>(addr, security, CONNECT_TIMEOUT).await.map_err(|e| match e {
+        rpc::ConnectError::Tls(t) => ClientError::Tls(t.to_string()),
+        e => ClientError::Unreachable { addr: addr.to_string(), reason: e.to_string() },
+    })
+}
+
+/// What a failed first call on `conn` means: a plaintext connection the
+/// broker turned away for want of TLS says so.
+fn refused_for_tls(conn: &Connection<broker::Client>, addr: &str, e: ClientError) -> ClientError {
+    if conn.refused_for_tls() {
+        ClientError::Tls(rgpu_tls::TlsError::ServerWantsTls { addr: addr.to_string() }.to_string())
+    } else {
+        e
+    }
 }
 
 /// Logs in at the broker of `addrs` that leads, following redirects; while
 /// brokers answer that none leads yet (or the one named is away), tries
 /// again until `deadline`. A broker that refuses the login for another
 /// reason, or addresses none of which answers, end the search at once.
-async fn find_leader(addrs: &[String], credential: &Credential, deadline: Instant) -> Result<Live, ClientError> {
+async fn find_leader(
+    addrs: &[String],
+    credential: &Credential,
+    security: &ClientSecurity,
+    deadline: Instant,
+) -> Result<Live, ClientError> {
     loop {
         let mut queue: VecDeque<String> = addrs.iter().cloned().collect();
         let (mut hops, mut last, mut electing) = (0, None, false);
         while let Some(addr) = queue.pop_front() {
-            let conn = match dial(&addr).await {
+            let conn = match dial(&addr, security).await {
                 Ok(c) => c,
+                Err(e @ ClientError::Tls(_)) => return Err(e),
                 Err(e) => {
                     last = Some(e);
                     continue;
                 }
             };
-            match credential.login(conn.client()).await.map_err(from_capnp) {
+            match credential.login(conn.client()).await.map_err(from_capnp).map_err(|e| refused_for_tls(&conn, &addr, e)) {
                 Ok(session) => return Ok(Live { session, conn, addr }),
                 Err(e) if transient(&e) => {
                     electing = true;
@@ -173,13 +197,13 @@ async fn find_leader(addrs: &[String], credential: &Credential, deadline: Instan
 
 /// The broker's (version, protocol version): the one call that needs no
 /// credential (of the first address).
-pub fn version(addr: &str) -> Result<(String, u32), ClientError> {
+pub fn version(addr: &str, security: &ClientSecurity) -> Result<(String, u32), ClientError> {
     let addr = addresses(addr).into_iter().next().unwrap_or_default();
     let (rt, local) = runtime(&addr)?;
-    let conn = local.block_on(&rt, dial(&addr))?;
+    let conn = local.block_on(&rt, dial(&addr, security))?;
     let req = conn.client().version_request();
     local.block_on(&rt, async {
-        let reply = req.send().promise.await.map_err(from_capnp)?;
+        let reply = req.send().promise.await.map_err(from_capnp).map_err(|e| refused_for_tls(&conn, &addr, e))?;
         let r = reply.get().map_err(from_capnp)?;
         Ok((r.get_version().ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string(), r.get_protocol()))
     })
@@ -187,12 +211,20 @@ pub fn version(addr: &str) -> Result<(String, u32), ClientError> {
 
 impl BrokerClient {
     /// Connects and logs in as `credential` at the broker that leads of
-    /// `addr` (one address, or several comma-separated).
-    pub fn connect(addr: &str, credential: &Credential) -> Result<BrokerClient, ClientError> {
+    /// `addr` (one address, or several comma-separated), over TLS or
+    /// plaintext as `security` says.
+    pub fn connect(addr: &str, credential: &Credential, security: &ClientSecurity) -> Result<BrokerClient, ClientError> {
         let addrs = addresses(addr);
         let (rt, local) = runtime(addr)?;
-        let live = local.block_on(&rt, find_leader(&addrs, credential, Instant::now() + FAILOVER_WAIT))?;
-        Ok(BrokerClient { live: RefCell::new(live), local, rt, addrs, credential: credential.clone() })
+        let live = local.block_on(&rt, find_leader(&addrs, credential, security, Instant::now() + FAILOVER_WAIT))?;
+        Ok(BrokerClient {
+            live: RefCell::new(live),
+            local,
+            rt,
+            addrs,
+            credential: credential.clone(),
+            security: security.clone(),
+        })
     }
 
     /// The broker this client is logged in at (the leader, when it was).
@@ -212,7 +244,7 @@ impl BrokerClient {
             let fut = f(&self.live.borrow().session);
             match self.local.block_on(&self.rt, fut) {
                 Err(e) if transient(&e) && Instant::now() < deadline => {
-                    let live = self.local.block_on(&self.rt, find_leader(&self.addrs, &self.credential, deadline));
+                    let live = self.local.block_on(&self.rt, find_leader(&self.addrs, &self.credential, &self.security, deadline));
                     match live {
                         Ok(l) => *self.live.borrow_mut() = l,
                         Err(e2) if transient(&e2) || matches!(e2, ClientError::Unreachable { .. }) => {
@@ -517,7 +549,7 @@ mod tests {
     fn an_absent_broker_is_unreachable() {
         let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
         let c = Credential::issue(KEY, "ana", Role::User, 1).unwrap();
-        match BrokerClient::connect(&addr, &c) {
+        match BrokerClient::connect(&addr, &c, &ClientSecurity::Plaintext) {
             Err(e @ ClientError::Unreachable { .. }) => assert!(e.to_string().contains(&addr), "{e}"),
             Err(e) => panic!("expected Unreachable, got {e:?}"),
             Ok(_) => panic!("connected to a closed port"),
@@ -528,9 +560,9 @@ mod tests {
     fn calls_against_a_broker() {
         let addr = start_fake();
         let wrong = Credential::issue(b"another key", "ana", Role::User, 1).unwrap();
-        let e = BrokerClient::connect(&addr, &wrong).err().expect("a credential of another key logs in");
+        let e = BrokerClient::connect(&addr, &wrong, &ClientSecurity::Plaintext).err().expect("a credential of another key logs in");
         assert_eq!(e.kind(), Some("auth"), "{e}");
-        let c = BrokerClient::connect(&addr, &Credential::issue(KEY, "ana", Role::User, 1).unwrap()).unwrap();
+        let c = BrokerClient::connect(&addr, &Credential::issue(KEY, "ana", Role::User, 1).unwrap(), &ClientSecurity::Plaintext).unwrap();
         let spec = LeaseSpec { gpus: 3, ..LeaseSpec::default() };
         let l = c.lease(&spec).unwrap();
         assert_eq!((l.id.as_str(), l.tenant.as_str(), l.generation), ("000000000000002a", "ana", 3));

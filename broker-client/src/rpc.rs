@@ -1,5 +1,6 @@
-//! A capnp-rpc connection from the client's side: TCP, the two-party
-//! network, and the bootstrap capability of the interface the caller names.
+//! A capnp-rpc connection from the client's side: TCP, TLS (or plaintext,
+//! when the caller's settings say so), the two-party network, and the
+//! bootstrap capability of the interface the caller names.
 //! Every rgpu client of a capnp interface sets it up the same way (the
 //! broker's clients, the GPU server's agent, the shim's control plane), so
 //! it is written once, generic over the interface.
@@ -12,6 +13,8 @@ use capnp::capability::FromClientHook;
 use capnp_rpc::rpc_twoparty_capnp::Side;
 use capnp_rpc::{twoparty, RpcSystem};
 use futures::AsyncReadExt;
+use rgpu_tls::guard::Refusal;
+use rgpu_tls::{ClientSecurity, TlsError};
 use thiserror::Error;
 use tokio_util::compat::TokioAsyncReadCompatExt;
 
@@ -24,6 +27,8 @@ pub enum ConnectError {
     TimedOut,
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 /// A capnp-rpc connection and the capability it bootstrapped. A task on
@@ -34,11 +39,19 @@ pub enum ConnectError {
 pub struct Connection<C> {
     client: C,
     driver: tokio::task::JoinHandle<Result<(), capnp::Error>>,
+    refusal: Refusal,
 }
 
 impl<C> Connection<C> {
     pub fn client(&self) -> &C {
         &self.client
+    }
+
+    /// True when this plaintext connection was turned away by a peer that
+    /// requires TLS: a failed call then means that, and says so
+    /// ([`TlsError::ServerWantsTls`]).
+    pub fn refused_for_tls(&self) -> bool {
+        self.refusal.needs_tls()
     }
 
     /// True once the peer closed the connection or it failed.
@@ -80,13 +93,24 @@ where
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let client: C = rpc.bootstrap(Side::Server);
     let driver = tokio::task::spawn_local(rpc);
-    Connection { client, driver }
+    Connection { client, driver, refusal: Refusal::default() }
 }
 
-/// [`dial`] then [`bootstrap`]: for servers that speak capnp-rpc from the
-/// first byte (the broker). Must be called on a `LocalSet`.
-pub async fn connect<C: FromClientHook>(addr: &str, timeout: Duration) -> Result<Connection<C>, ConnectError> {
-    Ok(bootstrap(dial(addr, timeout).await?))
+/// [`dial`], TLS as `security` says, then [`bootstrap`]: for servers that
+/// speak capnp-rpc from the first byte (the broker). Must be called on a
+/// `LocalSet`.
+pub async fn connect<C: FromClientHook>(
+    addr: &str,
+    security: &ClientSecurity,
+    timeout: Duration,
+) -> Result<Connection<C>, ConnectError> {
+    let tcp = dial(addr, timeout).await?;
+    let (stream, refusal) = tokio::time::timeout(timeout, rgpu_tls::client::connect(security, addr, tcp))
+        .await
+        .map_err(|_| ConnectError::TimedOut)??;
+    let mut conn = bootstrap(stream);
+    conn.refusal = refusal;
+    Ok(conn)
 }
 
 #[cfg(test)]
@@ -153,7 +177,7 @@ mod tests {
                 let (s, _) = listener.accept().await.unwrap();
                 serve_one(s, 7).await;
             });
-            let conn = connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+            let conn = connect::<broker::Client>(&addr, &ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
             let reply = conn.client().version_request().send().promise.await.unwrap();
             assert_eq!(reply.get().unwrap().get_protocol(), 7);
         });
@@ -164,7 +188,7 @@ mod tests {
         local(async {
             // Bind, learn the port, close it: nothing listens there now.
             let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
-            match connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await {
+            match connect::<broker::Client>(&addr, &ClientSecurity::Plaintext, CONNECT_TIMEOUT).await {
                 Err(ConnectError::Io(e)) => assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused),
                 Err(e) => panic!("expected a refused connection, got {e}"),
                 Ok(_) => panic!("connected to a closed port"),

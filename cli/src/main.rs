@@ -11,6 +11,7 @@ mod paths;
 mod pool;
 mod server_process;
 mod supervise;
+mod tls;
 mod top;
 
 use clap::{Parser, Subcommand};

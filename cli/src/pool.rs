@@ -28,6 +28,8 @@ pub struct BrokerArgs {
     /// admin key): without --credential, act as admin with it.
     #[arg(long, env = "RGPU_ADMIN_KEY_FILE", value_name = "FILE")]
     pub admin_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 /// Reads a key file as the broker writes them.
@@ -58,7 +60,7 @@ impl BrokerArgs {
 
     pub fn connect(&self) -> Result<BrokerClient> {
         let cred = self.credential()?;
-        BrokerClient::connect(&self.broker, &cred).map_err(|e| match e {
+        BrokerClient::connect(&self.broker, &cred, &self.tls.security()?).map_err(|e| match e {
             ClientError::Unreachable { .. } => anyhow::anyhow!(
                 "{e}\n  help: is rgpu-broker running there? Point --broker ADDR (or RGPU_BROKER) at the pool's broker"
             ),

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
+use crate::tls::Pki;
+
 pub struct ServerProcess {
     child: Child,
     pub addr: String,
@@ -61,16 +63,19 @@ fn spawn_listening(bin: &Path, args: &[&str], log_env: &'static str) -> Result<(
 }
 
 impl ServerProcess {
-    /// Starts `rgpu-server --listen 127.0.0.1:0 --backend <backend>` and
-    /// waits for it to say where it listens.
-    pub fn start(backend: &str) -> Result<Self> {
-        Self::start_with(backend, &[])
+    /// Starts `rgpu-server --listen 127.0.0.1:0 --backend <backend>`, under
+    /// TLS with `pki`'s certificate (else `--plaintext`), and waits for it
+    /// to say where it listens.
+    pub fn start(backend: &str, pki: Option<&Pki>) -> Result<Self> {
+        Self::start_with(backend, pki, &[])
     }
 
     /// As [`ServerProcess::start`], with more flags.
-    pub fn start_with(backend: &str, extra: &[&str]) -> Result<Self> {
+    pub fn start_with(backend: &str, pki: Option<&Pki>, extra: &[&str]) -> Result<Self> {
         let bin = crate::paths::server_binary()?;
+        let tls = tls_args(pki, true);
         let mut args = vec!["--listen", "127.0.0.1:0", "--backend", backend];
+        args.extend(tls.iter().map(String::as_str));
         args.extend_from_slice(extra);
         let (child, addr, rest) = spawn_listening(&bin, &args, "RGPU_DEMO_SERVER_LOG")?;
         // "(backend sim, 1 device)"
@@ -95,8 +100,24 @@ pub struct BrokerProcess {
     pub dir: PathBuf,
 }
 
+/// A daemon's TLS flags: `pki`'s certificate (and, for a server, its CA
+/// to check the broker with), or `--plaintext`.
+fn tls_args(pki: Option<&Pki>, server: bool) -> Vec<String> {
+    match pki {
+        Some(p) => {
+            let mut a = p.serve_args();
+            if server {
+                a.extend(["--tls-ca".to_string(), p.files.ca.display().to_string()]);
+            }
+            a
+        }
+        None => vec!["--plaintext".to_string()],
+    }
+}
+
 impl BrokerProcess {
-    pub fn start() -> Result<Self> {
+    /// Under TLS with `pki`'s certificate, else `--plaintext`.
+    pub fn start(pki: Option<&Pki>) -> Result<Self> {
         let bin = crate::paths::broker_binary()?;
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
         let dir = std::env::temp_dir().join(format!("rgpu-demo-{}-{nanos:08x}", std::process::id()));
@@ -113,6 +134,8 @@ impl BrokerProcess {
             admin.to_str().context("temporary folder name is not UTF-8")?,
             "--create-key",
         ];
+        let tls = tls_args(pki, false);
+        let args: Vec<&str> = args.into_iter().chain(tls.iter().map(String::as_str)).collect();
         match spawn_listening(&bin, &args, "RGPU_DEMO_BROKER_LOG") {
             Ok((child, addr, _)) => Ok(BrokerProcess { child, addr, dir }),
             Err(e) => {

@@ -94,7 +94,7 @@ fn check_all(cases: &[(&str, &[&str])]) {
 }
 
 const SUBCOMMANDS: &[&str] =
-    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top"];
+    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top", "checkpoint", "restore"];
 
 #[test]
 fn help_of_every_command() {
@@ -133,10 +133,11 @@ fn errors_of_common_mistakes() {
         ("error-run-no-server", &["run", "--", "true"]),
         ("error-run-no-program", &["run", "--server", "127.0.0.1:1"]),
         ("error-leases-no-credential", &["leases", "--broker", "127.0.0.1:1"]),
-        ("error-leases-unreachable-broker", &["leases", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key"]),
+        ("error-leases-unreachable-broker", &["leases", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key", "--plaintext"]),
+        ("error-leases-no-tls-setting", &["leases", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key"]),
         (
             "error-run-unreachable-broker",
-            &["run", "--gpus", "1", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key", "--", "true"],
+            &["run", "--gpus", "1", "--broker", "127.0.0.1:1", "--admin-key-file", "tests/fixtures/admin.key", "--plaintext", "--", "true"],
         ),
         ("error-credential-bad-tenant", &["credential", "issue", "--tenant", "a:b", "--out", "/nonexistent/x", "--admin-key-file", "tests/fixtures/admin.key"]),
         ("error-memory-unknown-unit", &["run", "--memory", "20XB", "--", "true"]),

@@ -28,8 +28,16 @@ impl Drop for Proc {
 
 /// Starts a daemon and waits for its "listening on ADDR" line.
 fn start(name: &str, args: &[&str]) -> (Proc, String) {
-    let mut child =
-        Command::new(bin(name)).args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
+    // Plaintext, said explicitly (loopback); TLS has its own tests.
+    let plaintext = if name == "rgpu-broker" { "RGPU_BROKER_PLAINTEXT" } else { "RGPU_SERVER_PLAINTEXT" };
+    let mut child = Command::new(bin(name))
+        .args(args)
+        .env(plaintext, "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let err = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -124,7 +132,7 @@ fn top_shows_the_pool_sorts_and_quits_in_a_real_terminal() {
         &["--listen", "127.0.0.1:0", "--backend", "sim", "--sim-devices", "2", "--broker", &baddr,
           "--broker-key-file", key.to_str().unwrap()],
     );
-    let env = [("RGPU_BROKER", baddr.as_str()), ("RGPU_ADMIN_KEY_FILE", admin.to_str().unwrap())];
+    let env = [("RGPU_BROKER", baddr.as_str()), ("RGPU_ADMIN_KEY_FILE", admin.to_str().unwrap()), ("RGPU_PLAINTEXT", "1")];
     wait_until("the server to register", Duration::from_secs(15), || {
         String::from_utf8_lossy(&rgpu(&env, &["servers"]).stdout).contains(&saddr)
     });

@@ -12,6 +12,7 @@ use futures::AsyncReadExt;
 use rgpu_protocol::control_capnp::gpu_server;
 use rgpu_protocol::token::Claims;
 use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
+pub use rgpu_tls::ClientSecurity;
 use tokio::io::AsyncWriteExt;
 
 /// Why the control plane could not be used.
@@ -23,6 +24,10 @@ pub enum ControlError {
     VersionMismatch { addr: String, ours: u32, theirs: u32 },
     #[error("rgpu-server at {addr} sent a malformed reply: {reason}")]
     Protocol { addr: String, reason: String },
+    /// TLS could not be set up, or this client and the server disagree on
+    /// whether to use it; `reason` names the address.
+    #[error("{reason}")]
+    Tls { addr: String, reason: String },
     #[error("rgpu-server at {addr}: {reason}")]
     Refused { addr: String, reason: String },
 }
@@ -86,14 +91,17 @@ pub struct Hello {
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Says hello, lists the devices and opens a session on `addr`.
-pub fn open(addr: &str, client_name: &str) -> Result<Hello, ClientError> {
-    run(addr, open_async(addr, client_name, true)).map(|(_, hello)| hello.expect("a session was opened"))
+/// Says hello, lists the devices and opens a session on `addr`, over TLS
+/// or plaintext as `security` says.
+pub fn open(addr: &str, client_name: &str, security: &ClientSecurity) -> Result<Hello, ClientError> {
+    run(addr, open_async(addr, client_name, security, true)).and_then(|(_, hello)| {
+        hello.ok_or_else(|| ClientError::Protocol { addr: addr.into(), reason: "no session was opened".into() })
+    })
 }
 
 /// Says hello and lists the devices on `addr`, opening no session.
-pub fn inventory(addr: &str, client_name: &str) -> Result<Inventory, ClientError> {
-    run(addr, open_async(addr, client_name, false)).map(|(inventory, _)| inventory)
+pub fn inventory(addr: &str, client_name: &str, security: &ClientSecurity) -> Result<Inventory, ClientError> {
+    run(addr, open_async(addr, client_name, security, false)).map(|(inventory, _)| inventory)
 }
 
 /// Runs one control-plane exchange on a runtime of its own, bounded in time: the callers are
@@ -131,15 +139,24 @@ fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
     ClientError::Protocol { addr: addr.into(), reason: e.to_string() }
 }
 
-/// Connects to `addr`'s control plane; the returned task drives the
-/// connection (abort it when done). Must run inside a `LocalSet`.
-async fn connect(addr: &str) -> Result<(gpu_server::Client, tokio::task::JoinHandle<Result<(), capnp::Error>>), ClientError> {
-    let mut stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+async fn open_async(
+    addr: &str,
+    client_name: &str,
+    security: &ClientSecurity,
+    session: bool,
+) -> Result<(Inventory, Option<Hello>), ClientError> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| unreachable_err(addr, "connection timed out"))?
         .map_err(|e| unreachable_err(addr, e))?;
-    stream.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    tcp.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    // TLS first, the preamble inside it (the server reads it after the
+    // handshake): an observer sees neither the plane nor anything after.
+    let (mut stream, refusal) = rgpu_tls::client::connect(security, addr, tcp)
+        .await
+        .map_err(|e| ClientError::Tls { addr: addr.into(), reason: e.to_string() })?;
     stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
+    stream.flush().await.map_err(|e| unreachable_err(addr, e))?;
     let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
     let network = twoparty::VatNetwork::new(
         futures::io::BufReader::new(reader),
@@ -149,11 +166,7 @@ async fn connect(addr: &str) -> Result<(gpu_server::Client, tokio::task::JoinHan
     );
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-    Ok((server, tokio::task::spawn_local(rpc)))
-}
-
-async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inventory, Option<Hello>), ClientError> {
-    let (server, driver) = connect(addr).await?;
+    let driver = tokio::task::spawn_local(rpc);
 
     let result = async {
         let mut req = server.hello_request();
@@ -229,6 +242,10 @@ async fn open_async(addr: &str, client_name: &str, session: bool) -> Result<(Inv
     }
     .await;
     driver.abort();
+    if result.is_err() && refusal.needs_tls() {
+        let reason = rgpu_tls::TlsError::ServerWantsTls { addr: addr.into() }.to_string();
+        return Err(ClientError::Tls { addr: addr.into(), reason });
+    }
     result
 }
 

@@ -4,12 +4,42 @@
 
 use std::time::Duration;
 
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
 use rgpu_protocol::auth::{server_op_message, ServerOp};
 use rgpu_protocol::control_capnp::gpu_server;
 use rgpu_protocol::token::sign_bytes;
-use rgpu_protocol::PROTOCOL_VERSION;
+use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
+use tokio::io::AsyncWriteExt;
 
-use crate::{connect, rpc_err, run_for, ControlError};
+use crate::{rpc_err, run_for, unreachable_err, ClientSecurity, ControlError, CONNECT_TIMEOUT};
+
+type Driver = tokio::task::JoinHandle<Result<(), capnp::Error>>;
+
+/// Connects to `addr`'s control plane (TLS as `security` says); the returned
+/// task drives the connection (abort it when done). Inside a `LocalSet`.
+async fn connect(addr: &str, security: &ClientSecurity) -> Result<(gpu_server::Client, Driver), ControlError> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable_err(addr, "connection timed out"))?
+        .map_err(|e| unreachable_err(addr, e))?;
+    tcp.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    let (mut stream, _refusal) = rgpu_tls::client::connect(security, addr, tcp)
+        .await
+        .map_err(|e| ControlError::Tls { addr: addr.into(), reason: e.to_string() })?;
+    stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
+    stream.flush().await.map_err(|e| unreachable_err(addr, e))?;
+    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(network), None);
+    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    Ok((server, tokio::task::spawn_local(rpc)))
+}
 
 /// What a checkpoint or restore did, as the server measured it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,8 +73,10 @@ async fn hello_and_nonce(addr: &str, server: &gpu_server::Client) -> Result<Vec<
 /// Checkpoints session `session` on `addr` as snapshot `name` (in the
 /// server's checkpoint directory); `leave`: the session is served there no
 /// more. `limit` bounds the whole call.
+#[allow(clippy::too_many_arguments)]
 pub fn checkpoint(
     addr: &str,
+    security: &ClientSecurity,
     admin_key: &[u8],
     session: u64,
     name: &str,
@@ -53,7 +85,7 @@ pub fn checkpoint(
     limit: Duration,
 ) -> Result<OpResult, ControlError> {
     run_for(addr, limit, async {
-        let (server, driver) = connect(addr).await?;
+        let (server, driver) = connect(addr, security).await?;
         let r = async {
             let nonce = hello_and_nonce(addr, &server).await?;
             let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Checkpoint, session, name));
@@ -81,9 +113,15 @@ pub fn checkpoint(
 }
 
 /// Restores snapshot `name` (in the server's checkpoint directory) on `addr`.
-pub fn restore(addr: &str, admin_key: &[u8], name: &str, limit: Duration) -> Result<OpResult, ControlError> {
+pub fn restore(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    limit: Duration,
+) -> Result<OpResult, ControlError> {
     run_for(addr, limit, async {
-        let (server, driver) = connect(addr).await?;
+        let (server, driver) = connect(addr, security).await?;
         let r = async {
             let nonce = hello_and_nonce(addr, &server).await?;
             let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Restore, 0, name));

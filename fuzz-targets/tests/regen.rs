@@ -18,6 +18,7 @@ use std::time::Duration;
 use rgpu_broker_client::views::LeaseSpec;
 use rgpu_broker_client::{BrokerClient, Credential, Role};
 use rgpu_protocol::token::{self, Claims};
+use rgpu_tls::ClientSecurity;
 
 fn bin(name: &str) -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release").join(name);
@@ -143,6 +144,8 @@ fn regenerate_the_capnp_and_token_seeds() {
         &[
             "--listen", &broker_port, "--data-dir", &p("data"), "--key-file", &p("key"),
             "--admin-key-file", &p("admin.key"), "--create-key", "--heartbeat-ms", "200",
+            // Recorded traffic is the corpus: in clear.
+            "--plaintext",
         ],
     );
     let (broker_proxy, broker_rec) = proxy(broker_addr);
@@ -150,7 +153,7 @@ fn regenerate_the_capnp_and_token_seeds() {
         "rgpu-server",
         &[
             "--listen", "127.0.0.1:0", "--backend", "sim", "--sim-devices", "2", "--sim-memory", "256MiB",
-            "--broker", &broker_proxy, "--broker-key-file", &p("key"),
+            "--broker", &broker_proxy, "--broker-key-file", &p("key"), "--plaintext",
         ],
     );
     let (control_proxy, control_rec) = proxy(server_addr);
@@ -159,8 +162,8 @@ fn regenerate_the_capnp_and_token_seeds() {
     let now = rgpu_pool_broker::service::now_ms();
     let cred = Credential::issue(&admin_key, "alice", Role::User, now).unwrap();
     let op = Credential::issue(&admin_key, "ops", Role::Operator, now).unwrap();
-    let c = BrokerClient::connect(&broker_proxy, &cred).unwrap();
-    let o = BrokerClient::connect(&broker_proxy, &op).unwrap();
+    let c = BrokerClient::connect(&broker_proxy, &cred, &ClientSecurity::Plaintext).unwrap();
+    let o = BrokerClient::connect(&broker_proxy, &op, &ClientSecurity::Plaintext).unwrap();
     // The server registers and heartbeats through the proxy.
     for _ in 0..100 {
         if !c.servers().unwrap().is_empty() {
@@ -182,9 +185,9 @@ fn regenerate_the_capnp_and_token_seeds() {
     let _ = o.undrain(&server_id);
 
     // The control plane, with and without the lease's token.
-    let _ = rgpu_control_client::inventory(&control_proxy, "fuzz-seed");
+    let _ = rgpu_control_client::inventory(&control_proxy, "fuzz-seed", &ClientSecurity::Plaintext);
     std::env::set_var("RGPU_TOKEN", &lease.token);
-    let _ = rgpu_control_client::open(&control_proxy, "fuzz-seed");
+    let _ = rgpu_control_client::open(&control_proxy, "fuzz-seed", &ClientSecurity::Plaintext);
     std::env::remove_var("RGPU_TOKEN");
     let _ = c.release(id);
     std::thread::sleep(Duration::from_millis(500));

@@ -61,8 +61,12 @@ NVCC_FOUND=$(ls "$CACHE"/cuda-venv/lib/python3*/site-packages/nvidia/cu13/bin/nv
 LOGS=$(mktemp -d)
 PIDS=()
 trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$LOGS"' EXIT
+# Loopback servers, so plaintext, said on both ends (the TLS path has its
+# own tests: integration/tests/tls.rs, server/tests/tls.rs).
+export RGPU_PLAINTEXT=1
+unset RGPU_TLS_CA
 start() { # start NAME CC -> prints the address
-    "$SERVER" --listen 127.0.0.1:0 --backend sim --sim-memory 4GiB --sim-compute-capability "$2" \
+    "$SERVER" --listen 127.0.0.1:0 --backend sim --sim-memory 4GiB --sim-compute-capability "$2" --plaintext \
         > "$LOGS/$1.log" 2>&1 &
     PIDS+=($!)
     for _ in $(seq 100); do

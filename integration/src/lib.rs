@@ -581,11 +581,14 @@ pub struct ServerOpts {
     pub memory: u64,
     /// `--sim-compute-capability` (the server's default, 9.0, when None).
     pub compute_capability: Option<&'static str>,
+    /// Serve under TLS with this certificate and key; None: `--plaintext`
+    /// (every test but the TLS ones: `tests/tls.rs`).
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 impl Default for ServerOpts {
     fn default() -> Self {
-        ServerOpts { devices: 1, memory: DEFAULT_SIM_MEMORY, compute_capability: None }
+        ServerOpts { devices: 1, memory: DEFAULT_SIM_MEMORY, compute_capability: None, tls: None }
     }
 }
 
@@ -622,6 +625,15 @@ impl Server {
         if let Some(cc) = opts.compute_capability {
             args.extend(["--sim-compute-capability".to_string(), cc.to_string()]);
         }
+        match &opts.tls {
+            Some((cert, key)) => args.extend([
+                "--tls-cert".to_string(),
+                cert.display().to_string(),
+                "--tls-key".to_string(),
+                key.display().to_string(),
+            ]),
+            None => args.push("--plaintext".to_string()),
+        }
         args.extend(extra.iter().cloned());
         Server::spawn(args, &[])
     }
@@ -632,11 +644,13 @@ impl Server {
     /// That runs the cuda backend on a machine without a GPU.
     pub fn start_chain(upstream: &Server) -> Server {
         let args: Vec<String> =
-            ["--listen", "127.0.0.1:0", "--backend", "cuda"].iter().map(|s| s.to_string()).collect();
+            ["--listen", "127.0.0.1:0", "--backend", "cuda", "--plaintext"].iter().map(|s| s.to_string()).collect();
         let dir = shim_driver_dir();
         let envs = [
             ("LD_LIBRARY_PATH".to_string(), dir.display().to_string()),
             ("RGPU_SERVERS".to_string(), upstream.addr_string()),
+            // The server's own driver, rgpu's shim, to a plaintext upstream.
+            ("RGPU_PLAINTEXT".to_string(), "1".to_string()),
         ];
         Server::spawn(args, &envs)
     }
@@ -838,17 +852,32 @@ pub struct Running {
     readers: Vec<thread::JoinHandle<()>>,
 }
 
-/// Starts `rgpu run --server ADDRS -- exe args` in its own process group.
+/// Starts `rgpu run --server ADDRS -- exe args` in its own process group,
+/// in plaintext, as the servers [`Server::start`] starts by default serve.
 pub fn spawn_rgpu(server_addrs: &str, exe: &Path, args: &[&str]) -> Running {
     spawn_rgpu_env(server_addrs, exe, args, &[])
 }
 
-/// As [`spawn_rgpu`], with these environment variables set for the program.
+/// As [`spawn_rgpu`] (plaintext), with these environment variables set for
+/// the program.
 pub fn spawn_rgpu_env(server_addrs: &str, exe: &Path, args: &[&str], envs: &[(&str, &str)]) -> Running {
+    let mut env: Vec<(&str, Option<&str>)> = vec![("RGPU_PLAINTEXT", Some("1")), ("RGPU_TLS_CA", None)];
+    env.extend(envs.iter().map(|&(k, v)| (k, Some(v))));
+    spawn_rgpu_with(server_addrs, exe, args, &env)
+}
+
+/// As [`spawn_rgpu`], with these variables set (`Some`) or removed
+/// (`None`): the TLS settings, for the TLS tests.
+pub fn spawn_rgpu_with(server_addrs: &str, exe: &Path, args: &[&str], env: &[(&str, Option<&str>)]) -> Running {
     let bins = binaries();
     let mut cmd = Command::new(&bins.rgpu);
     cmd.arg("run").arg("--server").arg(server_addrs).arg("--").arg(exe).args(args);
-    cmd.envs(envs.iter().copied());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
     cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let command = format!(
         "{} run --server {} -- {} {}",

@@ -42,6 +42,7 @@ fn rgpu(args: &[&str], key: &Path) -> (bool, String) {
         .args(args)
         .arg("--key-file")
         .arg(key)
+        .arg("--plaintext")
         .env("NO_COLOR", "1")
         .output()
         .expect("running rgpu");
@@ -188,4 +189,26 @@ fn throughput() {
     eprintln!("disk just before: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {before}");
     eprintln!("disk just after:  dd if=/dev/zero bs=8M count=128 conv=fdatasync: {after}");
     assert!(moved.checkpoint.contains("MiB/s") && moved.restore.contains("MiB/s"));
+}
+
+#[test]
+fn a_restore_is_refused_without_the_admin_key_and_a_snapshot_name_is_never_a_path() {
+    let dir = scratch();
+    let s = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-checkpoint-refusals", &server_flags(&dir.0));
+    let addr = s.addr_string();
+    let key = dir.0.join("admin.key");
+    let (ok, err) = rgpu(&["restore", "../admin.key", "--server", &addr], &key);
+    assert!(!ok && err.contains("snapshot name"), "{err}");
+    let (ok, err) = rgpu(&["restore", "missing.snap", "--server", &addr], &key);
+    assert!(!ok && err.contains("No such file"), "{err}");
+    // Garbage where a snapshot should be: a typed error, and the server lives on.
+    std::fs::write(dir.0.join("snapshots/junk.snap"), b"not a snapshot at all").unwrap();
+    let (ok, err) = rgpu(&["restore", "junk.snap", "--server", &addr], &key);
+    assert!(!ok && err.contains("not an rgpu session snapshot"), "{err}");
+    let (ok, err) = rgpu(&["checkpoint", "0x1234", "--server", &addr, "--to", "x.snap"], &key);
+    assert!(!ok && err.contains("no session"), "{err}");
+    // A server without the key file refuses every operator call.
+    let plain = Server::start_default();
+    let (ok, err) = rgpu(&["restore", "junk.snap", "--server", &plain.addr_string()], &key);
+    assert!(!ok && err.contains("--admin-key-file"), "{err}");
 }

@@ -79,7 +79,7 @@ fn smi_lists_the_devices_in_cuda_order() {
     let b = Server::start(ServerOpts { devices: 2, memory: MEM_B, ..ServerOpts::default() });
     let servers = format!("{},{}", a.addr_string(), b.addr_string());
     let out = std::process::Command::new(&binaries().rgpu)
-        .args(["smi", "--json", "--server", &servers])
+        .args(["smi", "--json", "--plaintext", "--server", &servers])
         .output()
         .expect("rgpu smi runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -13,10 +13,15 @@ const ROUNDS: &str = "3";
 /// Runs rt_reconnect through `proxy`; with `cut`, cuts every connection
 /// shortly after each "copying" and "launching" line. Returns the output
 /// and the number of cuts that cut something.
-fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool) -> (RunOutput, usize) {
+/// `tls_ca`: the shim talks TLS, trusting this CA.
+fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool, tls_ca: Option<&str>) -> (RunOutput, usize) {
     // The shim says how long each resume took.
-    let envs = [("RGPU_LOG", "warn,cuda::client::connection=info")];
-    let run = spawn_rgpu_env(&proxy.addr_string(), exe, &["--rounds", ROUNDS, "--copy-mib", "64"], &envs);
+    let log = ("RGPU_LOG", Some("warn,cuda::client::connection=info"));
+    let envs = match tls_ca {
+        Some(ca) => [log, ("RGPU_TLS_CA", Some(ca)), ("RGPU_PLAINTEXT", None)],
+        None => [log, ("RGPU_PLAINTEXT", Some("1")), ("RGPU_TLS_CA", None)],
+    };
+    let run = spawn_rgpu_with(&proxy.addr_string(), exe, &["--rounds", ROUNDS, "--copy-mib", "64"], &envs);
     let mut cuts = 0;
     let deadline = Instant::now() + run_timeout();
     while let Ok(line) = run.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
@@ -44,10 +49,10 @@ fn a_cut_connection_costs_the_program_nothing_but_time() {
     let exe = build("rt_reconnect", Variant::Cudart13Shared);
     let server = Server::start_default();
     let proxy = Proxy::start(server.addr);
-    let (quiet, _) = run_through(&proxy, &exe, false);
+    let (quiet, _) = run_through(&proxy, &exe, false, None);
     quiet.assert_pass("rt_reconnect", &[&server]);
     let before = proxy.accepted();
-    let (out, cuts) = run_through(&proxy, &exe, true);
+    let (out, cuts) = run_through(&proxy, &exe, true, None);
     out.assert_pass("rt_reconnect", &[&server]);
     let report = out.describe(&[&server]);
     assert!(cuts >= 4, "only {cuts} of the 6 cuts found a connection to cut\n{report}");
@@ -74,6 +79,27 @@ fn a_cut_connection_costs_the_program_nothing_but_time() {
         out.elapsed,
         took.iter().sum::<f64>() / took.len() as f64
     );
+}
+
+/// The same cuts against a server under TLS: every resumed connection
+/// makes its own TLS handshake (the session goes on under TLS, never in
+/// clear), and the program still sees nothing.
+#[test]
+fn a_cut_connection_under_tls_costs_the_program_nothing_but_time() {
+    let exe = build("rt_reconnect", Variant::Cudart13Shared);
+    let dir = std::env::temp_dir().join(format!("rgpu-integration-tls-reconnect-{}", std::process::id()));
+    let files = rgpu_tls::pki::write_throwaway(&dir, &["127.0.0.1"]).unwrap();
+    let server = Server::start(ServerOpts { tls: Some((files.cert.clone(), files.key.clone())), ..ServerOpts::default() });
+    let proxy = Proxy::start(server.addr);
+    let (out, cuts) = run_through(&proxy, &exe, true, Some(files.ca.to_str().unwrap()));
+    out.assert_pass("rt_reconnect", &[&server]);
+    let report = out.describe(&[&server]);
+    assert!(cuts >= 4, "only {cuts} of the 6 cuts found a connection to cut\n{report}");
+    assert!(!out.stderr.contains("lost"), "the program saw a lost connection\n{report}");
+    let resumed = server.log().matches("session resumed on a new connection").count();
+    assert!(resumed >= cuts, "the server resumed {resumed} times for {cuts} cuts\n{report}");
+    eprintln!("rt_reconnect --rounds {ROUNDS} under TLS: {:?} with {cuts} cuts, {resumed} resumes", out.elapsed);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The server is stopped (SIGSTOP: alive, its sockets open, answering

@@ -83,9 +83,17 @@ fn discover() -> Result<Vec<RemoteDevice>, NvmlReturn> {
         return Err(NVML_ERROR_DRIVER_NOT_LOADED);
     }
     let name = format!("nvml (pid {})", std::process::id());
+    // The shim's rule (RGPU_TLS_CA / RGPU_PLAINTEXT), so both see the same servers.
+    let security = match rgpu_control_client::ClientSecurity::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("rgpu NVML: {e}");
+            return Err(NVML_ERROR_DRIVER_NOT_LOADED);
+        }
+    };
     let mut devices = Vec::new();
     for addr in addrs {
-        match rgpu_control_client::inventory(addr, &name) {
+        match rgpu_control_client::inventory(addr, &name, &security) {
             Ok(inv) => devices.extend(inv.devices),
             Err(e) => {
                 eprintln!("rgpu NVML: {e}");

@@ -57,6 +57,8 @@ fn main() {
         default_max_rate: u32::MAX / 4,
         // A gang is one tenant's lease of many GPUs: no GPU quota in the way.
         default_max_gpus: 80,
+        // Loopback, and the cost measured is the broker's, not TLS's.
+        plaintext: true,
         ..Settings::default()
     })
     .expect("config");
@@ -70,8 +72,8 @@ fn main() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let stop = CancellationToken::new();
-    let (svc, s2) = (service.clone(), stop.clone());
-    std::thread::spawn(move || rgpu_pool_broker::rpc::serve(listener, svc, 2, s2));
+    let (svc, s2, security) = (service.clone(), stop.clone(), config.security.clone());
+    std::thread::spawn(move || rgpu_pool_broker::rpc::serve(listener, svc, 2, security, s2));
 
     // Register 1,000 servers x 10 GPUs, then keep them heartbeating.
     let t = Instant::now();
@@ -128,7 +130,7 @@ fn run_local<T>(f: impl std::future::Future<Output = T>) -> T {
 }
 
 async fn connect(addr: &str) -> Connection<broker::Client> {
-    rgpu_broker_client::rpc::connect(addr, CONNECT_TIMEOUT).await.unwrap()
+    rgpu_broker_client::rpc::connect(addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap()
 }
 
 fn server_id(i: usize) -> String {

@@ -96,6 +96,18 @@ rgpu_config::settings! {
         /// (docs/metrics.md); off unless set.
         #[setting(flag = "metrics", env = "RGPU_BROKER_METRICS", value_name = "ADDR")]
         metrics: Option<String> = None,
+        /// TLS: the broker's certificate chain (PEM, leaf first; it must name
+        /// the host clients and GPU servers dial). With --tls-key the broker
+        /// serves TLS; without them it needs --plaintext.
+        #[setting(flag = "tls-cert", env = "RGPU_BROKER_TLS_CERT", value_name = "FILE")]
+        tls_cert: Option<PathBuf> = None,
+        /// TLS: the private key of --tls-cert (PEM).
+        #[setting(flag = "tls-key", env = "RGPU_BROKER_TLS_KEY", value_name = "FILE")]
+        tls_key: Option<PathBuf> = None,
+        /// Serve in clear: only on a network where nobody untrusted can read
+        /// or inject traffic (lease tokens cross it as they are).
+        #[setting(flag = "plaintext", env = "RGPU_BROKER_PLAINTEXT")]
+        plaintext: bool = false,
     }
 }
 
@@ -206,6 +218,8 @@ pub struct Config {
     pub leader_ttl_s: u64,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<String>,
+    /// TLS on the listening port, or plaintext (`--plaintext`).
+    pub security: rgpu_tls::ServerSecurity,
 }
 
 impl Config {
@@ -270,7 +284,9 @@ impl Config {
             default_max_rate: s.default_max_rate.max(1),
             ..Limits::default()
         };
+        let security = rgpu_tls::ServerSecurity::new(s.tls_cert.as_deref(), s.tls_key.as_deref(), s.plaintext)?;
         Ok(Config {
+            security,
             data_dir: s.data_dir,
             key_file: s.key_file,
             create_key: s.create_key,
@@ -336,6 +352,9 @@ mod tests {
         ("advertise", ["a:1", "b:2"]),
         ("leader-ttl", ["3", "4"]),
         ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
+        ("tls-cert", ["/c1", "/c2"]),
+        ("tls-key", ["/k1", "/k2"]),
+        ("plaintext", ["true", "false"]),
     ];
 
     #[test]
@@ -353,9 +372,31 @@ mod tests {
         assert_eq!(Settings::CONFIG_ENV, "RGPU_BROKER_CONFIG");
     }
 
+    /// Plaintext unless the arguments name a certificate: the tests below
+    /// that are not about TLS.
     fn load(args: &[&str]) -> anyhow::Result<Config> {
+        let env = if args.iter().any(|a| a.starts_with("--tls")) {
+            HashMap::new()
+        } else {
+            HashMap::from([("RGPU_BROKER_PLAINTEXT".to_string(), "1".to_string())])
+        };
         let argv = std::iter::once("rgpu-broker").chain(args.iter().copied());
-        Config::load(Settings::load_from(argv, &HashMap::new())?)
+        Config::load(Settings::load_from(argv, &env)?)
+    }
+
+    #[test]
+    fn tls_or_plaintext_is_chosen_explicitly() {
+        let argv = ["rgpu-broker"];
+        let e = format!("{:#}", Config::load(Settings::load_from(argv, &HashMap::new()).unwrap()).unwrap_err());
+        assert!(e.contains("--tls-cert") && e.contains("--plaintext"), "{e}");
+        let dir = std::env::temp_dir().join(format!("rgpu-broker-tls-cfg-{}", std::process::id()));
+        let f = rgpu_tls::pki::write_throwaway(&dir, &["localhost"]).unwrap();
+        let c = load(&["--tls-cert", f.cert.to_str().unwrap(), "--tls-key", f.key.to_str().unwrap()]).unwrap();
+        assert!(c.security.is_tls());
+        assert!(!load(&[]).unwrap().security.is_tls());
+        let both = ["--tls-cert", f.cert.to_str().unwrap(), "--tls-key", f.key.to_str().unwrap(), "--plaintext"];
+        assert!(load(&both).is_err());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     fn temp_file(name: &str, text: &str) -> PathBuf {

@@ -173,7 +173,10 @@ pub fn run(config: config::Config) -> anyhow::Result<()> {
     // line scripts wait for.
     std::thread::sleep(std::time::Duration::from_millis(20));
     eprintln!("rgpu-broker listening on {addr} (data {}, store {})", config.data_dir.display(), store_name(&config.store));
-    rpc::serve(listener, service.clone(), config.threads, shutdown)?;
+    if !config.security.is_tls() {
+        tracing::warn!("--plaintext: lease tokens cross the network in clear");
+    }
+    rpc::serve(listener, service.clone(), config.threads, config.security.clone(), shutdown)?;
     service.stop();
     Ok(())
 }

@@ -54,6 +54,7 @@ fn spec(tenant: &str, gpus: u32) -> LeaseSpec {
 fn demo(server: &str, token: &str, size_mib: u32) -> Output {
     let mut c = Command::new(bin_dir().join("rgpu"));
     c.args(["demo", "--server", server, "--size-mib", &size_mib.to_string()])
+        .env("RGPU_PLAINTEXT", "1")
         .env("RGPU_SHIM", bin_dir().join("libcuda.so"))
         .env("RGPU_TOKEN", token)
         .stdin(Stdio::null());
@@ -230,7 +231,7 @@ fn pool_with_three_servers() {
     let bob = c.credential.clone();
     let baddr2 = baddr.clone();
     let waiter = std::thread::spawn(move || {
-        let c = BrokerClient::connect(&baddr2, &bob).unwrap();
+        let c = BrokerClient::connect(&baddr2, &bob, &rgpu_tls::ClientSecurity::Plaintext).unwrap();
         let mut w = spec("bob", 1);
         w.wait_ms = 10_000;
         c.lease(&w)
@@ -273,7 +274,7 @@ fn pool_with_three_servers() {
     assert_eq!(refused.kind(), Some("auth"), "{refused}");
     assert_eq!(c.undrain(&drained).unwrap_err().kind(), Some("auth"));
     std::fs::write(dir.join("wrong.key"), format!("{}\n", "ab".repeat(32))).unwrap();
-    let wrong = BrokerClient::connect(&baddr, &credential(&dir, "wrong.key", "ops", Role::Admin)).err().unwrap();
+    let wrong = BrokerClient::connect(&baddr, &credential(&dir, "wrong.key", "ops", Role::Admin), &rgpu_tls::ClientSecurity::Plaintext).err().unwrap();
     assert_eq!(wrong.kind(), Some("auth"), "{wrong}");
     assert!(!c.servers().unwrap().iter().any(|s| s.draining), "nothing drained by the refused requests");
     ops.drain(&drained, 0).unwrap();

@@ -142,7 +142,7 @@ struct Ledger {
 }
 
 fn burst(addrs: String, cred: rgpu_broker_client::Credential, ledger: Arc<Mutex<Ledger>>, stop: Arc<AtomicBool>) {
-    let c = BrokerClient::connect(&addrs, &cred).expect("the client logs in");
+    let c = BrokerClient::connect(&addrs, &cred, &rgpu_tls::ClientSecurity::Plaintext).expect("the client logs in");
     let spec = LeaseSpec { gpus: 1, ttl_ms: 600_000, ..LeaseSpec::default() };
     while !stop.load(Ordering::Relaxed) {
         let oldest = {
@@ -208,7 +208,7 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
     let _servers: Vec<Proc> = (0..3).map(|_| server(&dir, &all)).collect();
     let admin = credential(&dir, "admin.key", "ops", Role::Admin);
     let gpus_up = |c: &BrokerClient| c.status().map(|s| (s.gpus, s.servers_up)).unwrap_or((0, 0));
-    let ops = BrokerClient::connect(&all, &admin).expect("an operator logs in at the leader");
+    let ops = BrokerClient::connect(&all, &admin, &rgpu_tls::ClientSecurity::Plaintext).expect("an operator logs in at the leader");
     wait_for("12 GPUs on 3 servers at the leader", || gpus_up(&ops) == (12, 3));
     drop(ops);
 
@@ -232,7 +232,7 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
         // Grants flow, then the leader dies in the middle of them.
         let before = ledger.lock().unwrap().granted;
         wait_for("grants before the kill", || ledger.lock().unwrap().granted >= before + 20);
-        let leader = BrokerClient::connect(&all, &admin).expect("find the leader").addr();
+        let leader = BrokerClient::connect(&all, &admin, &rgpu_tls::ClientSecurity::Plaintext).expect("find the leader").addr();
         let i = addrs.iter().position(|a| *a == leader).expect("the leader is one of ours");
         let mut p = brokers[i].take().unwrap();
         let signal = |sig: &str, p: &Proc| {
@@ -269,7 +269,7 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
         } else if paused {
             // Thawed, it follows.
             wait_for("the thawed broker to stop leading", || {
-                BrokerClient::connect(&all, &admin).is_ok_and(|c| c.addr() != leader)
+                BrokerClient::connect(&all, &admin, &rgpu_tls::ClientSecurity::Plaintext).is_ok_and(|c| c.addr() != leader)
             });
         } else {
             resumed_in.push(first - killed);
@@ -286,7 +286,7 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
             brokers[i] = Some(broker(&dir, i, &addrs[i], &store));
         }
 
-        let ops = BrokerClient::connect(&all, &admin).expect("an operator logs in at the new leader");
+        let ops = BrokerClient::connect(&all, &admin, &rgpu_tls::ClientSecurity::Plaintext).expect("an operator logs in at the new leader");
         // The GPU servers found the new leader: each heartbeat it since the kill.
         wait_for("every GPU server to heartbeat the new leader", || {
             ops.servers().is_ok_and(|v| v.len() == 3 && v.iter().all(|s| s.state == "up" && s.last_heartbeat_ms > killed_ms))

@@ -102,7 +102,7 @@ async fn register(
 fn register_server(addr: &str, dir: &Path, id: &str, gpus: u32) {
     let key = token_key(dir);
     local(async {
-        let conn = rpc::connect::<broker::Client>(addr, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         register(conn.client(), &key, id, gpus, Tamper::default(), None).await.unwrap();
     });
 }
@@ -179,13 +179,13 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
     register_server(&addr, &dir, "10.0.0.1:7767", 4);
 
     // Without a credential: the version, and nothing else.
-    let (version, protocol) = rgpu_broker_client::client::version(&addr).unwrap();
+    let (version, protocol) = rgpu_broker_client::client::version(&addr, &rgpu_tls::ClientSecurity::Plaintext).unwrap();
     assert_eq!((version.as_str(), protocol), (env!("CARGO_PKG_VERSION"), rgpu_protocol::PROTOCOL_VERSION));
     let forged = credential(&dir, "key", "alice", Role::Admin);
     // (issued with the token key, not the admin key the broker issues with)
-    assert_eq!(kind(BrokerClient::connect(&addr, &forged).map(|_| ())), "auth");
+    assert_eq!(kind(BrokerClient::connect(&addr, &forged, &rgpu_tls::ClientSecurity::Plaintext).map(|_| ())), "auth");
     let no_challenge = local(async {
-        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(&addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         let mut req = conn.client().login_request();
         req.get().set_tenant("alice");
         req.get().set_role("user");
@@ -194,7 +194,7 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
     assert!(no_challenge.unwrap_err().contains("[auth]"));
     // Nor can it hand the broker a huge message to hold.
     let huge = local(async {
-        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(&addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         let mut req = conn.client().login_request();
         req.get().set_tenant(&"x".repeat(2 << 20));
         req.send().promise.await.map(|_| ()).map_err(|e| e.to_string())
@@ -279,7 +279,7 @@ fn default_quotas_and_the_request_rate_hold() {
     // second (bursts of 10), so they cannot fill the audit log; a moment
     // later that host logs in again.
     let forged = credential(&dir, "key", "carol", Role::User);
-    let kinds: Vec<String> = (0..30).map(|_| kind(BrokerClient::connect(&addr, &forged).map(|_| ()))).collect();
+    let kinds: Vec<String> = (0..30).map(|_| kind(BrokerClient::connect(&addr, &forged, &rgpu_tls::ClientSecurity::Plaintext).map(|_| ()))).collect();
     assert_eq!(kinds.iter().filter(|k| *k == "auth").count(), 10, "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| *k == "rate").count(), 20, "{kinds:?}");
     let ops = login_when_allowed(&addr, &dir);
@@ -293,7 +293,7 @@ fn login_when_allowed(addr: &str, dir: &Path) -> BrokerClient {
     let cred = credential(dir, "admin.key", "ops", Role::Operator);
     let mut out = None;
     wait_for("the failed-login limit to let a good login through", || {
-        out = BrokerClient::connect(addr, &cred).ok();
+        out = BrokerClient::connect(addr, &cred, &rgpu_tls::ClientSecurity::Plaintext).ok();
         out.is_some()
     });
     out.unwrap()
@@ -312,7 +312,7 @@ fn replayed_or_tampered_registrations_are_refused() {
     // The real server registers (2 GPUs) and heartbeats through a wiretap.
     let (tap, recorded) = recording_proxy(&addr);
     local(async {
-        let conn = rpc::connect::<broker::Client>(&tap, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(&tap, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         let agent = register(conn.client(), &key, id, 2, Tamper::default(), None).await.unwrap();
         let hb = agent.heartbeat_request().send().promise.await.unwrap();
         assert!(hb.get().unwrap().get_known());
@@ -337,8 +337,8 @@ fn replayed_or_tampered_registrations_are_refused() {
     // Fresh proofs, but over an inventory edited after signing, or over
     // another connection's nonce, or with the wrong key.
     local(async {
-        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
-        let other = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(&addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
+        let other = rpc::connect::<broker::Client>(&addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         let c = conn.client();
         let more = Tamper { gpus_after_signing: Some(8), ..Tamper::default() };
         let e = register(c, &key, id, 2, more, None).await.err().expect("8 fake GPUs registered");
@@ -367,8 +367,8 @@ fn a_recorded_drain_replayed_before_or_after_a_restart_is_refused() {
 
     let (tap, recorded) = recording_proxy(&addr);
     let ops_cred = credential(&dir, "admin.key", "ops", Role::Operator);
-    BrokerClient::connect(&tap, &ops_cred).unwrap().drain(s1, 0).unwrap();
-    let ops = BrokerClient::connect(&addr, &ops_cred).unwrap();
+    BrokerClient::connect(&tap, &ops_cred, &rgpu_tls::ClientSecurity::Plaintext).unwrap().drain(s1, 0).unwrap();
+    let ops = BrokerClient::connect(&addr, &ops_cred, &rgpu_tls::ClientSecurity::Plaintext).unwrap();
     let draining = |ops: &BrokerClient, id: &str| ops.servers().unwrap().iter().any(|s| s.id == id && s.draining);
     wait_for("the tapped drain", || draining(&ops, s1));
     ops.undrain(s1).unwrap();
@@ -382,14 +382,14 @@ fn a_recorded_drain_replayed_before_or_after_a_restart_is_refused() {
     let _ = b.child.wait();
     let _b = broker(&dir, &addr);
     replay(&addr, &bytes);
-    let ops = BrokerClient::connect(&addr, &ops_cred).unwrap();
+    let ops = BrokerClient::connect(&addr, &ops_cred, &rgpu_tls::ClientSecurity::Plaintext).unwrap();
     assert!(!draining(&ops, s1), "replayed to the restarted broker");
     let refused = ops.audit("", 1000).unwrap().into_iter().filter(|r| r.op == "login" && !r.ok).count();
     assert!(refused >= 2, "both replays' logins refused: {refused}");
 
     // A drain for shutdown comes only from the server itself, for itself.
     local(async {
-        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.unwrap();
+        let conn = rpc::connect::<broker::Client>(&addr, &rgpu_tls::ClientSecurity::Plaintext, CONNECT_TIMEOUT).await.unwrap();
         let agent = register(conn.client(), &token_key(&dir), s2, 1, Tamper::default(), None).await.unwrap();
         let mut req = agent.drain_for_shutdown_request();
         req.get().set_deadline_ms(0);
@@ -408,20 +408,20 @@ fn revoked_credentials_stay_revoked_across_a_restart() {
     let addr = free_port();
     let mut b = broker(&dir, &addr);
     let old = credential(&dir, "admin.key", "erin", Role::User);
-    let erin = BrokerClient::connect(&addr, &old).unwrap();
+    let erin = BrokerClient::connect(&addr, &old, &rgpu_tls::ClientSecurity::Plaintext).unwrap();
     assert!(erin.whoami().is_ok());
     std::thread::sleep(Duration::from_millis(5));
     let admin = login(&addr, &dir, "root", Role::Admin);
     let before = admin.revoke("erin", rgpu_pool_broker::service::now_ms()).unwrap();
     assert!(before > old.serial);
     assert_eq!(kind(erin.whoami()), "auth", "the open session is refused");
-    assert_eq!(kind(BrokerClient::connect(&addr, &old).map(|_| ())), "auth");
+    assert_eq!(kind(BrokerClient::connect(&addr, &old, &rgpu_tls::ClientSecurity::Plaintext).map(|_| ())), "auth");
     drop((erin, admin));
     b.child.kill().unwrap();
     let _ = b.child.wait();
     let _b = broker(&dir, &addr);
-    assert_eq!(kind(BrokerClient::connect(&addr, &old).map(|_| ())), "auth", "after a restart");
+    assert_eq!(kind(BrokerClient::connect(&addr, &old, &rgpu_tls::ClientSecurity::Plaintext).map(|_| ())), "auth", "after a restart");
     let new = credential(&dir, "admin.key", "erin", Role::User);
-    assert!(BrokerClient::connect(&addr, &new).unwrap().whoami().is_ok());
+    assert!(BrokerClient::connect(&addr, &new, &rgpu_tls::ClientSecurity::Plaintext).unwrap().whoami().is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }

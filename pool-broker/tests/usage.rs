@@ -46,6 +46,7 @@ fn server(dir: &Path, broker: &str) -> Proc {
 fn demo(server: &str, token: &str) -> Output {
     let child = Command::new(bin_dir().join("rgpu"))
         .args(["demo", "--server", server, "--size-mib", "4"])
+        .env("RGPU_PLAINTEXT", "1")
         .env("RGPU_SHIM", bin_dir().join("libcuda.so"))
         .env("RGPU_TOKEN", token)
         .stdin(Stdio::null())

@@ -54,6 +54,8 @@ pub struct Agent {
     pub stopping: Stopping,
     /// Unix ms at which the drain for stopping ends (set when asked).
     drain_deadline: OnceCell<u64>,
+    /// TLS to the broker (`--tls-ca`), or plaintext (`--plaintext`).
+    security: rgpu_tls::ClientSecurity,
 }
 
 /// The drain a stopping server does first.
@@ -81,7 +83,13 @@ impl Agent {
             key,
             stopping,
             drain_deadline: OnceCell::new(),
+            security: rgpu_tls::ClientSecurity::Plaintext,
         }
+    }
+
+    pub fn with_security(mut self, security: rgpu_tls::ClientSecurity) -> Self {
+        self.security = security;
+        self
     }
 
     /// Asks the broker to drain this server for its stop.
@@ -140,9 +148,17 @@ impl Agent {
             Some(a) => a,
             None => self.addrs.get(self.next.get()).cloned().unwrap_or_default(),
         };
-        let conn = rpc::connect::<broker::Client>(&addr, CONNECT_TIMEOUT).await.map_err(|e| format!("{addr}: {e}"))?;
+        let conn = rpc::connect::<broker::Client>(&addr, &self.security, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))?;
         // Dropping `conn` on the way out closes the connection.
-        self.talk(conn.client(), service).await
+        self.talk(conn.client(), service).await.map_err(|e| {
+            if conn.refused_for_tls() {
+                rgpu_tls::TlsError::ServerWantsTls { addr: addr.clone() }.to_string()
+            } else {
+                e
+            }
+        })
     }
 
     async fn register(&self, client: &broker::Client, service: &Service) -> Result<(server_agent::Client, u64), String> {

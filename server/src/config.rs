@@ -185,6 +185,23 @@ rgpu_config::settings! {
         /// (docs/metrics.md); off unless set.
         #[setting(flag = "metrics", env = "RGPU_SERVER_METRICS", value_name = "ADDR")]
         metrics: Option<String> = None,
+        /// TLS: this server's certificate chain (PEM, leaf first; it must
+        /// name the host clients dial). With --tls-key, both planes are
+        /// served under TLS; without them the server needs --plaintext.
+        #[setting(flag = "tls-cert", env = "RGPU_SERVER_TLS_CERT", value_name = "FILE")]
+        tls_cert: Option<PathBuf> = None,
+        /// TLS: the private key of --tls-cert (PEM).
+        #[setting(flag = "tls-key", env = "RGPU_SERVER_TLS_KEY", value_name = "FILE")]
+        tls_key: Option<PathBuf> = None,
+        /// TLS: the CA file the broker's certificate is checked against
+        /// (with --broker, unless --plaintext).
+        #[setting(flag = "tls-ca", env = "RGPU_SERVER_TLS_CA", value_name = "FILE")]
+        tls_ca: Option<PathBuf> = None,
+        /// Serve both planes, and talk to the broker, in clear: only on a
+        /// network where nobody untrusted can read or inject traffic
+        /// (lease tokens, session keys and CUDA data cross it as they are).
+        #[setting(flag = "plaintext", env = "RGPU_SERVER_PLAINTEXT")]
+        plaintext: bool = false,
         /// Operator key file (the format of the broker key file): `rgpu
         /// checkpoint` and `rgpu restore` prove they hold it; without it both
         /// are refused (docs/migration.md).
@@ -218,6 +235,8 @@ pub struct Config {
     pub pool: PoolConfig,
     /// Where to serve Prometheus metrics, if anywhere.
     pub metrics: Option<String>,
+    /// TLS on the listening port, or plaintext (`--plaintext`).
+    pub security: rgpu_tls::ServerSecurity,
     /// Checkpoint and restore: the operator key and the snapshot directory.
     pub checkpoint: CheckpointConfig,
 }
@@ -258,7 +277,7 @@ pub struct CheckpointConfig {
 
 /// Settings for the pool broker; the default is no broker (sessions open
 /// to anyone, nothing registered).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct PoolConfig {
     pub broker: Option<String>,
     /// The key read from the broker key file.
@@ -268,6 +287,24 @@ pub struct PoolConfig {
     /// How long a stopping server waits for its leases to end (zero: it
     /// stops at once, as without a broker).
     pub drain_timeout: Duration,
+    /// How the broker is spoken to: TLS checked against `--tls-ca`, or
+    /// plaintext with `--plaintext`.
+    pub broker_security: rgpu_tls::ClientSecurity,
+}
+
+impl Default for PoolConfig {
+    /// No broker. (A broker named in code rather than settings, as tests
+    /// do, is spoken to in plaintext: set `broker_security` for TLS.)
+    fn default() -> Self {
+        PoolConfig {
+            broker: None,
+            broker_key: None,
+            advertise: None,
+            labels: Labels::default(),
+            drain_timeout: Duration::ZERO,
+            broker_security: rgpu_tls::ClientSecurity::Plaintext,
+        }
+    }
 }
 
 impl Config {
@@ -304,7 +341,16 @@ impl Config {
             // The broker takes registrations only with a proof under its key.
             bail!("--broker needs --broker-key-file: a server registers by proving it holds the broker's key");
         }
+        let security = rgpu_tls::ServerSecurity::new(s.tls_cert.as_deref(), s.tls_key.as_deref(), s.plaintext)?;
+        let broker_security = match (&s.broker, s.plaintext) {
+            (_, true) => rgpu_tls::ClientSecurity::Plaintext,
+            (Some(_), false) => rgpu_tls::ClientSecurity::new(s.tls_ca.as_deref(), None, false)
+                .context("--broker under TLS needs --tls-ca, the CA that signed the broker's certificate")?,
+            // No broker to speak to.
+            (None, false) => rgpu_tls::ClientSecurity::Plaintext,
+        };
         Ok(Config {
+            security,
             listen: s.listen,
             backend: s.backend,
             sim: SimConfig {
@@ -338,6 +384,7 @@ impl Config {
                     partitions: s.partitions,
                 },
                 drain_timeout: Duration::from_secs(s.drain_timeout),
+                broker_security,
             },
             metrics: s.metrics,
             checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore },
@@ -416,6 +463,10 @@ mod tests {
         ("drain-timeout", ["0", "5"]),
         ("partitions", ["a,b", "c"]),
         ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
+        ("tls-cert", ["/c1", "/c2"]),
+        ("tls-key", ["/k1", "/k2"]),
+        ("tls-ca", ["/ca1", "/ca2"]),
+        ("plaintext", ["true", "false"]),
         ("admin-key-file", ["/a1", "/a2"]),
         ("checkpoint-dir", ["/c1", "/c2"]),
         ("restore", ["a,b", "c"]),
@@ -444,10 +495,46 @@ mod tests {
         assert_eq!(Settings::CONFIG_ENV, "RGPU_SERVER_CONFIG");
     }
 
+    /// As the binary loads its settings, plaintext chosen by the
+    /// environment unless `env` says otherwise (the tests below that are
+    /// not about TLS).
     fn load(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Config> {
+        let mut env = env.to_vec();
+        if !env.iter().any(|(k, _)| *k == "RGPU_SERVER_PLAINTEXT") {
+            env.push(("RGPU_SERVER_PLAINTEXT", "1"));
+        }
+        load_raw(args, &env)
+    }
+
+    fn load_raw(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<Config> {
         let env: HashMap<String, String> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let argv = std::iter::once("rgpu-server").chain(args.iter().copied());
         Config::from_settings(Settings::load_from(argv, &env)?.settings)
+    }
+
+    #[test]
+    fn tls_or_plaintext_is_chosen_explicitly() {
+        let e = format!("{:#}", load_raw(&[], &[]).unwrap_err());
+        assert!(e.contains("--tls-cert") && e.contains("--plaintext"), "{e}");
+        assert!(!load_raw(&["--plaintext"], &[]).unwrap().security.is_tls());
+        let dir = std::env::temp_dir().join(format!("rgpu-server-tls-cfg-{}", std::process::id()));
+        let f = rgpu_tls::pki::write_throwaway(&dir, &["localhost"]).unwrap();
+        let (cert, key, ca) = (f.cert.to_str().unwrap(), f.key.to_str().unwrap(), f.ca.to_str().unwrap());
+        let c = load_raw(&["--tls-cert", cert, "--tls-key", key], &[]).unwrap();
+        assert!(c.security.is_tls());
+        let e = format!("{:#}", load_raw(&["--tls-cert", cert, "--tls-key", key, "--plaintext"], &[]).unwrap_err());
+        assert!(e.contains("choose one"), "{e}");
+        assert!(load_raw(&["--tls-cert", cert], &[]).is_err(), "a certificate without its key");
+        assert!(load_raw(&["--tls-cert", key, "--tls-key", key], &[]).is_err(), "a key is no certificate");
+        // The broker is checked against a CA under TLS.
+        let kf = dir.join("broker.key");
+        std::fs::write(&kf, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n").unwrap();
+        let broker = ["--broker", "b:1", "--broker-key-file", kf.to_str().unwrap(), "--tls-cert", cert, "--tls-key", key];
+        let e = format!("{:#}", load_raw(&broker, &[]).unwrap_err());
+        assert!(e.contains("--tls-ca"), "{e}");
+        let with_ca: Vec<&str> = broker.iter().copied().chain(["--tls-ca", ca]).collect();
+        assert!(load_raw(&with_ca, &[]).unwrap().pool.broker_security.is_tls());
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

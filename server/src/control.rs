@@ -258,14 +258,15 @@ impl gpu_server::Server for GpuServer {
 /// client leaves, it idles, or the server shuts down: the client must say
 /// hello by `hello_by` and then make a call at least every
 /// `--control-idle-timeout`. Must run inside a `LocalSet`.
-pub async fn serve(
-    stream: tokio::net::TcpStream,
+pub async fn serve<S>(
+    stream: S,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
     hello_by: Instant,
-) {
-    let _ = stream.set_nodelay(true);
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static,
+{
     let idle = service.limits.control_idle_timeout;
     let (reader, writer) = stream.compat().split();
     let mut opts = capnp::message::ReaderOptions::new();

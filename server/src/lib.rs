@@ -113,6 +113,7 @@ pub async fn serve_draining(
     let mut service = service::Service::new(backend, config.attach_timeout)
         .with_data_plane(data_plane)
         .with_limits(config.limits.clone())
+        .with_security(config.security.clone())
         .with_checkpoint(&config.checkpoint);
     if let Some(key) = &config.pool.broker_key {
         service = service.with_broker_key(key.clone());
@@ -129,7 +130,8 @@ pub async fn serve_draining(
         if labels.node.is_empty() {
             labels.node = id.clone();
         }
-        let agent = broker::Agent::new(b.clone(), id, labels, config.pool.broker_key.clone(), stopping);
+        let agent = broker::Agent::new(b.clone(), id, labels, config.pool.broker_key.clone(), stopping)
+            .with_security(config.pool.broker_security.clone());
         let (svc, stop) = (service.clone(), shutdown.clone());
         let spawned = std::thread::Builder::new().name("rgpu-broker-agent".into()).spawn(move || {
             match tokio::runtime::Builder::new_current_thread().enable_all().build() {

@@ -1,6 +1,9 @@
 //! The accept loop (mini-redis `server.rs`): takes a bound listener and a
-//! shutdown token, caps concurrent connections with a semaphore, and
-//! dispatches each connection by its 8-byte preamble:
+//! shutdown token, caps concurrent connections with a semaphore, sets up
+//! TLS (or, with `--plaintext`, checks that the client did not ask for it;
+//! `rgpu_tls::server::accept`), and dispatches each connection by the
+//! 8-byte preamble it sends next (inside TLS, so an observer cannot tell
+//! the planes apart):
 //!
 //! - `RGPUCTL1`: capnp-rpc control plane, served on this (local) task set;
 //! - `RGPUDAT1` + session id + key: a session's data connection, handed to a
@@ -9,13 +12,14 @@
 //! Shutdown: stop accepting, close every session's socket, then wait until
 //! every handler has dropped its guard (a clone of one mpsc sender).
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, RESUME_PREAMBLE, SESSION_KEY_LEN};
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
+use rgpu_transport::Transport;
+use rgpu_tls::server::{Accepted, Refused};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
@@ -110,7 +114,7 @@ async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
 /// preamble, and on the data plane its credentials; the control plane
 /// checks its hello against it).
 async fn handle(
-    mut sock: TcpStream,
+    sock: TcpStream,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
@@ -118,12 +122,23 @@ async fn handle(
     guard: Guard,
     deadline: Instant,
 ) {
+    let _ = sock.set_nodelay(true);
+    let secs = service.limits.handshake_timeout.as_secs_f64();
+    let accepted = tokio::select! {
+        r = tokio::time::timeout_at(deadline.into(), rgpu_tls::server::accept(&service.security, sock)) => r,
+        _ = shutdown.cancelled() => return,
+    };
+    let mut sock = match accepted {
+        Ok(Ok(s)) => s,
+        Ok(Err(e @ (Refused::PlaintextClient | Refused::TlsClient))) => return warn!(%peer, "connection refused: {e}"),
+        Ok(Err(e)) => return debug!(%peer, "connection closed: {e}"),
+        Err(_) => return debug!(%peer, "no TLS handshake within {secs} s (--handshake-timeout); closing"),
+    };
     let mut preamble = [0u8; 8];
     let got = tokio::select! {
         r = tokio::time::timeout_at(deadline.into(), sock.read_exact(&mut preamble)) => r,
         _ = shutdown.cancelled() => return,
     };
-    let secs = service.limits.handshake_timeout.as_secs_f64();
     match got {
         Ok(Ok(_)) => {}
         Ok(Err(e)) => return debug!(%peer, "connection closed before its preamble: {e}"),
@@ -152,7 +167,7 @@ fn status_bytes(status: u32) -> [u8; 8] {
 
 /// A client coming back to its session: handed to the session's thread,
 /// which answers it (see `session::Session::resume`).
-async fn resume(mut sock: TcpStream, peer: String, service: Arc<Service>, shutdown: CancellationToken, held: Held, deadline: Instant) {
+async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdown: CancellationToken, held: Held, deadline: Instant) {
     let mut creds = [0u8; 8 + SESSION_KEY_LEN + 8];
     let got = tokio::select! {
         r = tokio::time::timeout_at(deadline.into(), sock.read_exact(&mut creds)) => r,
@@ -163,25 +178,33 @@ async fn resume(mut sock: TcpStream, peer: String, service: Arc<Service>, shutdo
     }
     let id = u64::from_le_bytes(creds[..8].try_into().unwrap_or([0; 8]));
     let last_reply = u64::from_le_bytes(creds[8 + SESSION_KEY_LEN..].try_into().unwrap_or([0; 8]));
+    // The resumed connection is encrypted as the first one was: the
+    // session continues on this transport, TLS state and all.
+    let (sock, tls) = sock.into_parts();
     let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
         Ok(s) => s,
         Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
     };
     let _ = client_timeouts(&std, &service);
-    let registered = match std.try_clone() {
+    let transport = match tls {
+        Some(tls) => TcpTransport::with_tls(std, tls),
+        None => TcpTransport::new(std),
+    };
+    let transport = match transport {
+        Ok(t) => t,
+        Err(e) => return warn!(%peer, "cannot set up resumed data connection: {e}"),
+    };
+    let registered = match transport.stream().try_clone() {
         Ok(c) => c,
         Err(e) => return warn!(%peer, "cannot clone socket: {e}"),
     };
-    let mut refused = std.try_clone().ok();
-    let r = Resume { stream: std, last_reply, hold: Box::new(held) };
+    let r = Resume { transport, last_reply, hold: Box::new(held) };
     match service.sessions.resume(id, &creds[8..8 + SESSION_KEY_LEN], registered, r) {
         Ok(()) => info!(%peer, session = format_args!("{id:#x}"), last_reply, "data connection resumed"),
-        Err(e) => {
+        Err((e, mut r)) => {
             warn!(%peer, session = format_args!("{id:#x}"), "resume refused: {e:?} (unknown session or wrong key)");
-            if let Some(s) = refused.as_mut() {
-                let _ = s.write_all(&status_bytes(CuError::INVALID_HANDLE.code()));
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
+            let _ = r.transport.send(&[&status_bytes(CuError::INVALID_HANDLE.code())]);
+            r.transport.shutdown();
         }
     }
 }
@@ -195,7 +218,7 @@ fn client_timeouts(s: &std::net::TcpStream, service: &Service) -> std::io::Resul
 
 #[allow(clippy::too_many_arguments)]
 async fn attach(
-    mut sock: TcpStream,
+    mut sock: Accepted,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
@@ -214,28 +237,38 @@ async fn attach(
     }
     let id = u64::from_le_bytes(creds[..8].try_into().unwrap_or([0; 8]));
     let key = &creds[8..];
-    // From here on the connection is blocking std I/O.
+    // From here on the connection is blocking std I/O, its TLS state (if
+    // any) carried over with what it has read.
+    let (sock, tls) = sock.into_parts();
     let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
         Ok(s) => s,
         Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
     };
-    let refuse = |mut s: std::net::TcpStream, code: CuError, why: &str| {
+    let transport = match tls {
+        Some(tls) => TcpTransport::with_tls(std, tls),
+        None => TcpTransport::new(std),
+    };
+    let mut transport = match transport {
+        Ok(t) => t,
+        Err(e) => return warn!(%peer, "cannot set up data connection: {e}"),
+    };
+    let refuse = |mut t: TcpTransport, code: CuError, why: &str| {
         warn!(%peer, session = format_args!("{id:#x}"), "data connection refused: {why}");
-        let _ = s.write_all(&status_bytes(code.code()));
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        let _ = t.send(&[&status_bytes(code.code())]);
+        t.shutdown();
     };
-    let registered = match std.try_clone() {
+    let registered = match transport.stream().try_clone() {
         Ok(c) => c,
-        Err(e) => return refuse(std, CuError::UNKNOWN, &format!("cannot clone socket: {e}")),
+        Err(e) => return refuse(transport, CuError::UNKNOWN, &format!("cannot clone socket: {e}")),
     };
-    let _ = client_timeouts(&std, &service);
+    let _ = client_timeouts(transport.stream(), &service);
     let (client, resumed) = match service.sessions.attach(id, key, registered) {
         Ok(c) => c,
         Err(AttachError::Unknown) => {
-            return refuse(std, CuError::INVALID_HANDLE, "unknown session or wrong key")
+            return refuse(transport, CuError::INVALID_HANDLE, "unknown session or wrong key")
         }
         Err(AttachError::ShuttingDown) => {
-            return refuse(std, CuError::NOT_INITIALIZED, "server is shutting down")
+            return refuse(transport, CuError::NOT_INITIALIZED, "server is shutting down")
         }
     };
     // A lease's token may cap the memory of all the lease's sessions
@@ -248,7 +281,7 @@ async fn attach(
         Ok(b) => b,
         Err(e) => {
             service.sessions.detach(id);
-            return refuse(std, e, "backend cannot open a session");
+            return refuse(transport, e, "backend cannot open a session");
         }
     };
     let input = service.session_input(admission.as_ref());
@@ -260,29 +293,20 @@ async fn attach(
     if let Some(a) = admission {
         state = state.with_compute_share(a.lease, a.compute_milli).restrict(a.devices);
     }
-    let watched = match std.try_clone() {
+    let watched = match transport.stream().try_clone() {
         Ok(c) => c,
         Err(e) => {
             service.sessions.detach(id);
-            return refuse(std, CuError::UNKNOWN, &format!("cannot clone socket: {e}"));
+            return refuse(transport, CuError::UNKNOWN, &format!("cannot clone socket: {e}"));
         }
     };
     let ended = state.ended.clone();
     service.sessions.bind_ended(id, ended.clone());
-    let mut std = std;
-    if let Err(e) = std.write_all(&status_bytes(0)) {
+    if let Err(e) = transport.send(&[&status_bytes(0)]) {
         service.sessions.detach(id);
         service.meters.remove(id);
         return debug!(%peer, "data connection lost during attach: {e}");
     }
-    let transport = match TcpTransport::new(std) {
-        Ok(t) => t,
-        Err(e) => {
-            service.sessions.detach(id);
-            service.meters.remove(id);
-            return warn!(%peer, "cannot set up data connection: {e}");
-        }
-    };
     // Every event of the session, down to each forwarded call, is logged in
     // this span, so none of them needs to name the session itself. Info
     // level: the default filter keeps it, and it costs once per session.
@@ -301,13 +325,15 @@ async fn attach(
             let span = thread_span;
             let _in_session = span.enter();
             let _held = (held, guard);
+            // Taken before an upgrade to RDMA, which sends no keepalives.
+            let sealer = transport.sealer();
             if let Some(transport) = svc.data_plane.upgrade(transport, rdma, pkey) {
                 span.record("transport", transport.kind());
                 // The session's work stops soon after its connection ends for
                 // good (the reconnect grace passed), even mid-kernel.
                 let keepalive = transport.kind() == "tcp";
                 let grace = svc.limits.reconnect_grace;
-                let watch = match crate::session::hangup::Watch::start(watched, ended, grace, keepalive) {
+                let watch = match crate::session::hangup::Watch::start(watched, ended, grace, keepalive, sealer) {
                     Ok(w) => Some(w),
                     Err(e) => {
                         warn!("cannot watch the connection for its end: {e}; running work finishes before the session ends");

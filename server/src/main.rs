@@ -6,7 +6,7 @@ use anyhow::Context;
 use rgpu_config::Settings as _;
 use rgpu_server::config::{Config, Settings};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
@@ -63,6 +63,11 @@ fn run(settings: Settings) -> anyhow::Result<()> {
             devices.len(),
             if devices.len() == 1 { "" } else { "s" }
         );
+        if config.security.is_tls() {
+            info!("serving both planes under TLS");
+        } else {
+            warn!("--plaintext: lease tokens, session keys and CUDA data cross the network in clear");
+        }
         for d in devices {
             info!(ordinal = d.ordinal, name = %d.name, total_mem = d.total_mem, "device");
         }

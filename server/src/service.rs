@@ -34,6 +34,8 @@ pub struct Service {
     pub meters: Meters,
     /// Server-wide counters the sessions feed; served with `--metrics`.
     pub metrics: Arc<ServerMetrics>,
+    /// TLS on the port (both planes), or plaintext (`--plaintext`).
+    pub security: rgpu_tls::ServerSecurity,
     /// The operator key checkpoint and restore prove they hold (off without it).
     pub admin_key: Option<Vec<u8>>,
     /// Where snapshots are written and read ([`crate::relocate`]).
@@ -55,9 +57,17 @@ impl Service {
             per_address: PerAddress::new(Limits::default().max_connections_per_address),
             buffered: ByteQuota::new(Limits::default().max_buffered_input),
             limits: Limits::default(),
+            // In-process servers built without settings (tests) are
+            // plaintext; the binary always says which (`Config::security`).
+            security: rgpu_tls::ServerSecurity::Plaintext,
             admin_key: None,
             checkpoint_dir: None,
         }
+    }
+
+    pub fn with_security(mut self, security: rgpu_tls::ServerSecurity) -> Self {
+        self.security = security;
+        self
     }
 
     /// Allows checkpoint and restore to operators holding `admin_key`, with

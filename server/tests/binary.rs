@@ -38,7 +38,8 @@ impl std::ops::DerefMut for Proc {
 /// returns the process, the address, and a channel with the rest of stderr.
 fn start(args: &[&str], envs: &[(&str, &str)]) -> (Proc, String, mpsc::Receiver<String>) {
     let mut cmd = Command::new(BIN);
-    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RGPU_LOG");
+    // Plaintext, explicitly: these tests are about the binary, not TLS.
+    cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped()).env_remove("RGPU_LOG").env("RGPU_SERVER_PLAINTEXT", "1");
     for (k, v) in envs {
         cmd.env(k, v);
     }
@@ -153,7 +154,7 @@ fn fake_driver_dir(tag: &str) -> std::path::PathBuf {
 fn cuda_backend_without_a_driver_is_refused_with_a_clear_message() {
     let dir = fake_driver_dir("cuda");
     let out = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--backend", "cuda"])
+        .args(["--listen", "127.0.0.1:0", "--backend", "cuda", "--plaintext"])
         .env("LD_LIBRARY_PATH", &dir)
         .output()
         .unwrap();
@@ -177,6 +178,21 @@ fn auto_backend_without_a_driver_falls_back_to_sim() {
     assert_eq!(common::control(&addr).backend, "sim");
     signal(&child, libc::SIGTERM);
     assert!(wait_exit(&mut child, Duration::from_secs(10)).success());
+}
+
+/// Neither a certificate nor --plaintext: the server does not start, and
+/// says what to give it.
+#[test]
+fn without_a_certificate_or_plaintext_the_server_does_not_start() {
+    let out = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--backend", "sim"])
+        .env_remove("RGPU_SERVER_PLAINTEXT")
+        .env_remove("RGPU_SERVER_TLS_CERT")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--tls-cert") && err.contains("--plaintext"), "{err}");
 }
 
 #[test]

@@ -204,6 +204,7 @@ fn headers_announcing_big_messages_cost_nothing_until_bytes_arrive() {
     let n: u64 = std::env::var("RGPU_HOSTILE_HEADERS").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
     let mut child = std::process::Command::new(&bin)
         .args(["--backend", "sim", "--listen", "127.0.0.1:0", "--sim-memory", "64MiB"])
+        .env("RGPU_SERVER_PLAINTEXT", "1")
         .env("RGPU_SERVER_MAX_CONNECTIONS", "1000")
         .env("RGPU_SERVER_MAX_CONNECTIONS_PER_ADDRESS", "1000")
         .stderr(std::process::Stdio::piped())

@@ -10,6 +10,8 @@ use std::io;
 pub mod rdma;
 pub mod select;
 pub mod tcp;
+mod tls;
+pub use tls::Sealer;
 
 /// A reliable, ordered, bidirectional byte stream to one peer.
 ///

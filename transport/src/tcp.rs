@@ -1,4 +1,5 @@
-//! The TCP transport.
+//! The TCP transport, in clear or under TLS (`tls.rs`: the same socket,
+//! the same batching, records sealed by rustls).
 
 use std::io::{self, IoSlice, Read};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -26,6 +27,9 @@ pub struct TcpTransport {
     rend: usize,
     /// How long a read polls before it sleeps in the kernel.
     spin: Duration,
+    /// TLS over the socket, its handshake done; `rbuf` then holds
+    /// ciphertext.
+    tls: Option<crate::tls::Tls>,
 }
 
 /// Polling before blocking trades CPU for latency: a thread that sleeps in
@@ -85,7 +89,27 @@ impl TcpTransport {
             rpos: 0,
             rend: 0,
             spin: DEFAULT_SPIN,
+            tls: None,
         })
+    }
+
+    /// A connection whose TLS handshake `conn` has completed over `stream`
+    /// (what `conn` has read and not yet handed out stays with it).
+    pub fn with_tls(stream: TcpStream, conn: rustls::Connection) -> io::Result<Self> {
+        let mut t = TcpTransport::new(stream)?;
+        t.tls = Some(crate::tls::Tls::new(conn));
+        Ok(t)
+    }
+
+    /// Whether the connection is under TLS.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Under TLS, what another thread sends through instead of the raw
+    /// socket (see [`crate::tls::Sealer`]); `None` in clear.
+    pub fn sealer(&self) -> Option<crate::Sealer> {
+        self.tls.as_ref().map(|t| t.sealer())
     }
 
     /// How long each read polls before it sleeps in the kernel; zero turns
@@ -96,7 +120,13 @@ impl TcpTransport {
 
     /// Bytes already received and buffered, not yet consumed.
     pub fn buffered(&self) -> usize {
-        self.rend - self.rpos
+        match &self.tls {
+            // Only what is decrypted: a partial record may not hold a whole
+            // header, and a caller that waits for buffered input must not
+            // wait on it.
+            Some(t) => t.plaintext(),
+            None => self.rend - self.rpos,
+        }
     }
 
     pub fn stream(&self) -> &TcpStream {
@@ -104,10 +134,11 @@ impl TcpTransport {
     }
 
     /// The socket, for a transport that takes the connection over (RDMA
-    /// keeps it as its side channel). Fails if received bytes are still
-    /// buffered: they would be lost.
+    /// keeps it as its side channel; under TLS nothing is sent on it after
+    /// this, it is only watched for its end). Fails if received bytes are
+    /// still buffered: they would be lost.
     pub fn into_stream(self) -> io::Result<TcpStream> {
-        if self.buffered() > 0 {
+        if self.buffered() > 0 || (self.tls.is_some() && self.rend > self.rpos) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{} unexpected bytes from {} before the handover", self.buffered(), self.peer),
@@ -119,7 +150,7 @@ impl TcpTransport {
 
 /// Polls for input into `buf` for up to `spin`; `None` when nothing came
 /// (or polling is off), so the caller blocks.
-fn poll_read(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Option<io::Result<usize>> {
+pub(crate) fn poll_read(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Option<io::Result<usize>> {
     if spin.is_zero() {
         return None;
     }
@@ -144,6 +175,9 @@ fn poll_read(stream: &TcpStream, buf: &mut [u8], spin: Duration) -> Option<io::R
 
 impl Transport for TcpTransport {
     fn send(&mut self, bufs: &[&[u8]]) -> io::Result<()> {
+        if let Some(tls) = &mut self.tls {
+            return tls.send(&self.stream, bufs);
+        }
         let mut slices: [IoSlice<'_>; 8] = [IoSlice::new(&[]); 8];
         let mut n = 0;
         for b in bufs.iter().filter(|b| !b.is_empty()) {
@@ -159,6 +193,17 @@ impl Transport for TcpTransport {
     }
 
     fn recv_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        if let Some(tls) = &mut self.tls {
+            let mut raw = crate::tls::Raw {
+                stream: &self.stream,
+                buf: &mut self.rbuf,
+                pos: &mut self.rpos,
+                end: &mut self.rend,
+                spin: self.spin,
+                peer: &self.peer,
+            };
+            return tls.recv_exact(&mut raw, buf);
+        }
         let mut done = 0;
         let have = self.rend - self.rpos;
         if have > 0 {
@@ -209,15 +254,15 @@ impl Transport for TcpTransport {
 }
 
 #[cfg(target_os = "linux")]
-fn libc_msg_nosignal() -> i32 {
+pub(crate) fn libc_msg_nosignal() -> i32 {
     0x4000 // MSG_NOSIGNAL
 }
 #[cfg(not(target_os = "linux"))]
-fn libc_msg_nosignal() -> i32 {
+pub(crate) fn libc_msg_nosignal() -> i32 {
     0
 }
 
-fn eof(peer: &str) -> io::Error {
+pub(crate) fn eof(peer: &str) -> io::Error {
     io::Error::new(io::ErrorKind::UnexpectedEof, format!("connection to {peer} closed"))
 }
 

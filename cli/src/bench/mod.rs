@@ -36,7 +36,18 @@ impl Options {
     }
 }
 
-pub fn run(o: &Options) -> Result<()> {
+/// One measured row: rgpu's figure and the baseline's.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Row {
+    pub name: String,
+    pub rgpu: f64,
+    pub baseline: f64,
+    pub unit: String,
+    /// A rate (more is better) rather than a time.
+    pub rate: bool,
+}
+
+pub fn run(o: &Options) -> Result<Vec<Row>> {
     // The shim reads its servers at cuInit, before any thread of ours that
     // could read the environment exists.
     std::env::set_var("RGPU_SERVERS", &o.server);
@@ -56,26 +67,35 @@ pub fn run(o: &Options) -> Result<()> {
     if o.wants("mixed") {
         mixed::run(&d, &t)?;
     }
-    Ok(())
+    Ok(t.rows.take())
 }
 
-/// Prints result rows: name, rgpu, baseline, ratio.
-pub struct Table;
+/// Prints result rows: name, rgpu, baseline, ratio; keeps them for the
+/// caller (`--compare-tls` compares two runs' rows).
+pub struct Table {
+    rows: std::cell::RefCell<Vec<Row>>,
+}
 
 impl Table {
     fn header() -> Table {
         println!("{:<48} {:>15} {:>15} {:>8}", "benchmark", "rgpu", "baseline", "ratio");
-        Table
+        Table { rows: Default::default() }
+    }
+
+    fn keep(&self, name: &str, rgpu: f64, baseline: f64, unit: &str, rate: bool) {
+        self.rows.borrow_mut().push(Row { name: name.into(), rgpu, baseline, unit: unit.into(), rate });
     }
 
     /// A row where bigger is better (rates): ratio = rgpu / baseline.
     fn rate(&self, name: &str, rgpu: f64, base: f64, unit: &str) {
         println!("{name:<48} {:>15} {:>15} {:>7.2}x", fmt(rgpu, unit), fmt(base, unit), rgpu / base);
+        self.keep(name, rgpu, base, unit, true);
     }
 
     /// A row where smaller is better (times): ratio = rgpu / baseline.
     fn time(&self, name: &str, rgpu: f64, base: f64, unit: &str) {
         println!("{name:<48} {:>15} {:>15} {:>7.2}x", fmt(rgpu, unit), fmt(base, unit), rgpu / base);
+        self.keep(name, rgpu, base, unit, false);
     }
 
     fn note(&self, text: &str) {
@@ -83,7 +103,7 @@ impl Table {
     }
 }
 
-fn fmt(v: f64, unit: &str) -> String {
+pub fn fmt(v: f64, unit: &str) -> String {
     match unit {
         "us" => format!("{v:.2} us"),
         "/s" if v >= 1e6 => format!("{:.2} M/s", v / 1e6),
@@ -94,7 +114,7 @@ fn fmt(v: f64, unit: &str) -> String {
 }
 
 /// Median of a sample (sorted in place).
-fn median(v: &mut [f64]) -> f64 {
+pub fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

@@ -32,7 +32,8 @@ pub struct Args {
     quiesce_ms: u32,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
-    timeout: u64,
+    timeout: u64,    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 /// A session id as the server prints it: hex with 0x, or decimal.
@@ -57,8 +58,10 @@ pub fn exec(a: Args) -> Result<i32> {
         bail!("--to {:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.to);
     }
     let key = read_key(&a.key_file)?;
+    let security = a.tls.security()?;
     let r = rgpu_control_client::operator::checkpoint(
         &a.server,
+        &security,
         &key,
         session,
         &a.to,

@@ -5,7 +5,9 @@
 //! key, takes a lease, runs a built-in CUDA workload through
 //! the shim with the lease's token, checks its results, prints what ran
 //! where and how fast, and releases the lease. `--no-broker` (or
-//! `--server`) talks to the server directly.
+//! `--server`) talks to the server directly. Everything the demo starts
+//! runs under TLS, with a throwaway CA and certificate made for the run
+//! (`--plaintext`: in clear).
 
 use std::ffi::{c_void, CString};
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ use crate::driver::{CuResult, Driver, DEMO_PTX};
 use rgpu_cuda_types::{CUdevice_attribute as Attr, CuError};
 use crate::pool::relative;
 use crate::server_process::{BrokerProcess, ServerProcess};
+use crate::tls::{Pki, TlsArgs};
 
 /// Try rgpu on this machine: start a broker and a GPU server (a real GPU,
 /// else the simulator), take a lease and run a small workload through the
@@ -37,6 +40,10 @@ pub struct Args {
     /// Size of the copy test, in MiB.
     #[arg(long, default_value_t = 64)]
     size_mib: usize,
+    /// With --server: how to reach it (its CA, or --plaintext). Without:
+    /// --plaintext starts the demo's daemons in clear instead of under TLS.
+    #[command(flatten)]
+    tls: TlsArgs,
 }
 
 /// The demo's own pool: a broker, a server registered with it, a lease.
@@ -50,19 +57,21 @@ struct Pool {
 }
 
 impl Pool {
-    fn start(backend: &str) -> Result<Pool> {
-        let broker = BrokerProcess::start().context("cannot start the demo's broker")?;
+    fn start(backend: &str, pki: Option<&Pki>, tls: &TlsArgs) -> Result<Pool> {
+        let broker = BrokerProcess::start(pki).context("cannot start the demo's broker")?;
         let key = broker.key_file();
         let key = key.to_str().context("temporary folder name is not UTF-8")?;
         let server = ServerProcess::start_with(
             backend,
+            pki,
             &["--broker", &broker.addr, "--broker-key-file", key, "--drain-timeout", "0"],
         )?;
         // The demo is its own operator: it issues itself a credential with
         // its broker's admin key.
         let admin_key = crate::pool::read_key(&broker.admin_key_file())?;
         let cred = Credential::issue(&admin_key, "demo", Role::User, crate::pool::now_ms())?;
-        let client = BrokerClient::connect(&broker.addr, &cred).context("cannot reach the demo's broker")?;
+        let client =
+            BrokerClient::connect(&broker.addr, &cred, &tls.security()?).context("cannot reach the demo's broker")?;
         let t = Instant::now();
         while !client.servers().is_ok_and(|s| s.iter().any(|s| s.id == server.addr && s.state == "up")) {
             if t.elapsed() > Duration::from_secs(10) {
@@ -85,16 +94,26 @@ impl Drop for Pool {
 pub fn exec(a: Args) -> Result<i32> {
     let mut pool = None;
     let mut direct = None;
+    // What the demo starts runs under TLS unless told otherwise, with a CA
+    // made for this run; the shim and the demo's broker client trust it.
+    let pki = match (&a.server, a.tls.plaintext) {
+        (None, false) => Some(Pki::throwaway()?),
+        _ => None,
+    };
+    let tls = match &pki {
+        Some(p) => TlsArgs::trusting(p),
+        None => a.tls.clone(),
+    };
     let (addr, origin) = match (&a.server, a.no_broker) {
         (Some(s), _) => (s.clone(), "given".to_string()),
         (None, true) => {
-            let s = ServerProcess::start(&a.backend)?;
+            let s = ServerProcess::start(&a.backend, pki.as_ref())?;
             let r = (s.addr.clone(), format!("started by the demo, --backend {} chose {}", a.backend, s.backend));
             direct = Some(s);
             r
         }
         (None, false) => {
-            let p = Pool::start(&a.backend)?;
+            let p = Pool::start(&a.backend, pki.as_ref(), &tls)?;
             let r = (
                 p.server.addr.clone(),
                 format!("started by the demo, --backend {} chose {}; admits lease tokens only", a.backend, p.server.backend),
@@ -109,6 +128,7 @@ pub fn exec(a: Args) -> Result<i32> {
     if let Some(p) = &pool {
         std::env::set_var("RGPU_TOKEN", &p.lease.token);
     }
+    tls.export()?;
     let shim = crate::paths::shim()?;
     let d = Driver::load(&shim)?;
     println!("rgpu demo");
@@ -117,6 +137,14 @@ pub fn exec(a: Args) -> Result<i32> {
         println!("  broker    {} (started by the demo, data in {})", p.broker.addr, p.broker.dir.display());
     }
     println!("  server    {addr} ({origin})");
+    match (&pki, &tls.tls_ca) {
+        (Some(p), _) => println!(
+            "  tls       on, both planes and the broker (throwaway CA and certificate for 127.0.0.1 in {})",
+            p.dir.display()
+        ),
+        (None, Some(ca)) => println!("  tls       on, server certificate checked against {}", ca.display()),
+        (None, None) => println!("  tls       off (--plaintext): tokens, keys and data cross the network in clear"),
+    }
     if let Some(p) = &pool {
         print_lease(&p.lease);
     }

@@ -22,7 +22,8 @@ pub struct Args {
     key_file: PathBuf,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
-    timeout: u64,
+    timeout: u64,    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
@@ -30,7 +31,8 @@ pub fn exec(a: Args) -> Result<i32> {
         bail!("{:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.name);
     }
     let key = read_key(&a.key_file)?;
-    let r = rgpu_control_client::operator::restore(&a.server, &key, &a.name, Duration::from_secs(a.timeout))?;
+    let security = a.tls.security()?;
+    let r = rgpu_control_client::operator::restore(&a.server, &security, &key, &a.name, Duration::from_secs(a.timeout))?;
     let secs = r.took.as_secs_f64();
     eprintln!(
         "Restored session {:#x} on {} from {}: {} bytes ({} of device memory) in {:.3} s, {:.0} MiB/s; waiting for its program to resume",

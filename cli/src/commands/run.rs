@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use rgpu_broker_client::{BrokerClient, Credential};
+use rgpu_tls::ClientSecurity;
 
 use crate::paths;
 use crate::pool::{self, BrokerArgs, LeaseArgs};
@@ -44,7 +45,9 @@ pub fn exec(a: Args) -> Result<i32> {
                  or lease from the broker with --gpus N or --memory SIZE"
             );
         }
-        return run_program(&a.program, &[("RGPU_SERVERS".into(), a.server.join(","))]);
+        let mut env = vec![("RGPU_SERVERS".to_string(), Some(a.server.join(",")))];
+        env.extend(a.broker.tls.env()?);
+        return run_program(&a.program, &env);
     }
     let client = a.broker.connect()?;
     let spec = a.lease.spec(RUN_TTL_MS);
@@ -62,10 +65,14 @@ pub fn exec(a: Args) -> Result<i32> {
     let done = Arc::new(AtomicBool::new(false));
     let renewer = {
         let (done, addr, ttl) = (done.clone(), a.broker.broker.clone(), spec.ttl_ms.max(3000));
-        let cred = client.credential.clone();
-        std::thread::spawn(move || renew_loop(&addr, &cred, id, ttl, &done))
+        let (cred, security) = (client.credential.clone(), a.broker.tls.security()?);
+        std::thread::spawn(move || renew_loop(&addr, &cred, &security, id, ttl, &done))
     };
-    let result = run_program(&a.program, &pool::lease_env(&lease));
+    // The program's shim talks to the leased servers as this process talks
+    // to the broker: one CA (or plaintext) for the pool.
+    let mut env: Vec<(String, Option<String>)> = pool::lease_env(&lease).into_iter().map(|(k, v)| (k, Some(v))).collect();
+    env.extend(a.broker.tls.env()?);
+    let result = run_program(&a.program, &env);
     done.store(true, Ordering::Release);
     let _ = renewer.join();
     match client.release(id) {
@@ -77,7 +84,7 @@ pub fn exec(a: Args) -> Result<i32> {
 
 /// Renews every third of the TTL until `done`; says so once if the lease
 /// is lost or revoked.
-fn renew_loop(addr: &str, cred: &Credential, id: u64, ttl_ms: u64, done: &AtomicBool) {
+fn renew_loop(addr: &str, cred: &Credential, security: &ClientSecurity, id: u64, ttl_ms: u64, done: &AtomicBool) {
     let every = Duration::from_millis(ttl_ms / 3);
     let mut client: Option<BrokerClient> = None;
     let mut waited = Duration::ZERO;
@@ -89,7 +96,7 @@ fn renew_loop(addr: &str, cred: &Credential, id: u64, ttl_ms: u64, done: &Atomic
         }
         waited = Duration::ZERO;
         if client.is_none() {
-            client = BrokerClient::connect(addr, cred).ok();
+            client = BrokerClient::connect(addr, cred, security).ok();
         }
         let Some(c) = &client else { continue };
         match c.renew(id, ttl_ms) {
@@ -108,7 +115,9 @@ fn renew_loop(addr: &str, cred: &Credential, id: u64, ttl_ms: u64, done: &Atomic
     }
 }
 
-fn run_program(program: &[String], env: &[(String, String)]) -> Result<i32> {
+/// Runs `program` with the shim first on its library path and `env` set
+/// (a `None` value removes the variable).
+fn run_program(program: &[String], env: &[(String, Option<String>)]) -> Result<i32> {
     let dir = paths::driver_dir()?;
     let mut ld = dir.as_os_str().to_owned();
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|o| !o.is_empty()) {
@@ -118,7 +127,10 @@ fn run_program(program: &[String], env: &[(String, String)]) -> Result<i32> {
     let mut cmd = Command::new(&program[0]);
     cmd.args(&program[1..]).env("LD_LIBRARY_PATH", ld);
     for (k, v) in env {
-        cmd.env(k, v);
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
     }
     let status = crate::supervise::run(cmd, &program[0])?;
     Ok(status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0)))

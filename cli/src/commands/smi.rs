@@ -16,6 +16,8 @@ pub struct Args {
     /// Print JSON on stdout instead of a table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 #[derive(Serialize)]
@@ -35,9 +37,10 @@ pub fn exec(a: Args) -> Result<i32> {
     if a.server.is_empty() {
         bail!("no GPU servers: give --server HOST:PORT[,HOST:PORT...] (or RGPU_SERVERS)");
     }
+    let security = a.tls.security()?;
     let mut gpus = Vec::new();
     for addr in &a.server {
-        let inv = rgpu_control_client::inventory(addr, "rgpu smi")?;
+        let inv = rgpu_control_client::inventory(addr, "rgpu smi", &security)?;
         for d in inv.devices {
             let attr = |x: A| d.attributes.iter().find(|(id, _)| *id == x.0).map_or(0, |&(_, v)| v);
             gpus.push(Gpu {

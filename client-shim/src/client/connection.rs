@@ -88,7 +88,8 @@ impl Connection<DataTransport> {
     /// Attaches the data plane of session `session_id` on `addr`.
     pub fn attach(addr: &str, session_id: u64, key: &[u8]) -> Result<Connection, ClientError> {
         let lost = |e: std::io::Error| ClientError::Unreachable { addr: addr.into(), reason: e.to_string() };
-        let mut t = tcp::connect(addr, CONNECT_TIMEOUT).map_err(lost)?;
+        let t = tcp::connect(addr, CONNECT_TIMEOUT).map_err(lost)?;
+        let mut t = super::security::secure(t, addr, CONNECT_TIMEOUT)?;
         // The shim has no flags or files: its knobs are environment variables.
         t.set_spin(tcp::spin_from_env());
         let policy = Policy::from_env();
@@ -101,6 +102,7 @@ impl Connection<DataTransport> {
         t.send(&[&hello]).map_err(lost)?;
         let mut answer = [0u8; 8];
         t.recv_exact(&mut answer).map_err(lost)?;
+        super::security::check_answer(addr, &answer)?;
         let status = u32::from_le_bytes(answer[..4].try_into().unwrap());
         let version = u32::from_le_bytes(answer[4..].try_into().unwrap());
         if version != PROTOCOL_VERSION {

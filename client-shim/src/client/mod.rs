@@ -9,6 +9,7 @@ pub mod connection;
 pub mod control;
 pub mod output;
 pub mod redial;
+pub mod security;
 pub mod session_core;
 pub mod transport_select;
 
@@ -43,6 +44,7 @@ impl From<rgpu_control_client::ControlError> for ClientError {
             C::Unreachable { addr, reason } => ClientError::Unreachable { addr, reason },
             C::VersionMismatch { addr, ours, theirs } => ClientError::VersionMismatch { addr, ours, theirs },
             C::Protocol { addr, reason } => ClientError::Protocol { addr, reason },
+            C::Tls { addr, reason } => ClientError::Unreachable { addr, reason },
             // Only operator calls are refused this way; the shim makes none.
             C::Refused { addr, reason } => ClientError::Protocol { addr, reason },
         }

@@ -89,8 +89,9 @@ pub trait Redial<T>: Send {
     fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(T, u64), Redialed>;
 }
 
-/// Over TCP, to the address the session was opened at. A resumed
-/// connection is TCP even where the first one was RDMA.
+/// Over TCP, to the address the session was opened at, under TLS when the
+/// process uses TLS. A resumed connection is TCP even where the first one
+/// was RDMA.
 pub struct TcpRedial {
     pub addr: String,
     pub session_id: u64,
@@ -101,7 +102,12 @@ pub struct TcpRedial {
 impl Redial<DataTransport> for TcpRedial {
     fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(DataTransport, u64), Redialed> {
         let timeout = timeout.max(Duration::from_millis(1));
-        let mut t = tcp::connect(&self.addr, timeout).map_err(Redialed::Failed)?;
+        let t = tcp::connect(&self.addr, timeout).map_err(Redialed::Failed)?;
+        // Under TLS as the first connection was (the process's one setting).
+        // A failed handshake is worth another try: a cut mid-handshake
+        // looks the same as any other cut.
+        let mut t = super::security::secure(t, &self.addr, timeout)
+            .map_err(|e| Redialed::Failed(io::Error::other(e.to_string())))?;
         t.set_spin(tcp::spin_from_env());
         // The handshake may wait as long as the attempt may: the session
         // answers once the request it is running has finished.
@@ -111,6 +117,7 @@ impl Redial<DataTransport> for TcpRedial {
             .map_err(Redialed::Failed)?;
         let mut answer = [0u8; 8];
         t.recv_exact(&mut answer).map_err(Redialed::Failed)?;
+        super::security::check_answer(&self.addr, &answer).map_err(|e| Redialed::Refused(e.to_string()))?;
         let status = u32::from_le_bytes(answer[..4].try_into().unwrap_or_default());
         let version = u32::from_le_bytes(answer[4..].try_into().unwrap_or_default());
         if version != PROTOCOL_VERSION {

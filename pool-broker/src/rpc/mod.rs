@@ -197,19 +197,25 @@ impl broker::Server for Broker {
 
 /// Serves `listener` with `threads` threads until `shutdown` fires; also
 /// ticks the state machine every 100 ms. Blocks.
-pub fn serve(listener: TcpListener, service: Arc<Service>, threads: usize, shutdown: CancellationToken) -> std::io::Result<()> {
+pub fn serve(
+    listener: TcpListener,
+    service: Arc<Service>,
+    threads: usize,
+    security: rgpu_tls::ServerSecurity,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut handles = Vec::new();
     for i in 0..threads.max(1) {
         let l = listener.try_clone()?;
-        let (svc, stop) = (service.clone(), shutdown.clone());
+        let (svc, stop, security) = (service.clone(), shutdown.clone(), security.clone());
         handles.push(std::thread::Builder::new().name(format!("rgpu-broker-rpc-{i}")).spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!("cannot start a runtime: {e}"),
             };
             let local = tokio::task::LocalSet::new();
-            local.block_on(&rt, accept_loop(l, svc, stop));
+            local.block_on(&rt, accept_loop(l, svc, security, stop));
         })?);
     }
     let (svc, stop) = (service.clone(), shutdown.clone());
@@ -225,7 +231,15 @@ pub fn serve(listener: TcpListener, service: Arc<Service>, threads: usize, shutd
     Ok(())
 }
 
-async fn accept_loop(listener: TcpListener, service: Arc<Service>, shutdown: CancellationToken) {
+/// How long a new connection has for its TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn accept_loop(
+    listener: TcpListener,
+    service: Arc<Service>,
+    security: rgpu_tls::ServerSecurity,
+    shutdown: CancellationToken,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => return tracing::error!("cannot register the listener: {e}"),
@@ -242,9 +256,22 @@ async fn accept_loop(listener: TcpListener, service: Arc<Service>, shutdown: Can
                 }
             },
         };
-        let (svc, stop) = (service.clone(), shutdown.clone());
+        let (svc, stop, security) = (service.clone(), shutdown.clone(), security.clone());
         tokio::task::spawn_local(async move {
             let _ = sock.set_nodelay(true);
+            // TLS, or with --plaintext a check that the client did not ask
+            // for it: neither end carries on in a mode the other did not choose.
+            let sock = tokio::select! {
+                r = tokio::time::timeout(HANDSHAKE_TIMEOUT, rgpu_tls::server::accept(&security, sock)) => match r {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e @ (rgpu_tls::server::Refused::PlaintextClient | rgpu_tls::server::Refused::TlsClient))) => {
+                        return tracing::warn!(%peer, "connection refused: {e}")
+                    }
+                    Ok(Err(e)) => return debug!(%peer, "connection closed: {e}"),
+                    Err(_) => return debug!(%peer, "no TLS handshake within {} s; closing", HANDSHAKE_TIMEOUT.as_secs()),
+                },
+                _ = stop.cancelled() => return,
+            };
             let (reader, writer) = sock.compat().split();
             let network = twoparty::VatNetwork::new(
                 futures::io::BufReader::new(reader),

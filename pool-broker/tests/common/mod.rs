@@ -33,6 +33,10 @@ pub fn start(bin: &str, args: &[&str]) -> Proc {
     let mut child = Command::new(&path)
         .args(args)
         .env("RGPU_LOG", "info")
+        // Plaintext, said explicitly, unless the arguments name a
+        // certificate (the TLS tests, tls.rs).
+        .env(if bin == "rgpu-broker" { "RGPU_BROKER_PLAINTEXT" } else { "RGPU_SERVER_PLAINTEXT" },
+            if args.contains(&"--tls-cert") { "0" } else { "1" })
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -72,7 +76,7 @@ pub fn credential(dir: &Path, name: &str, tenant: &str, role: Role) -> Credentia
 
 /// A client logged in as `tenant` with a credential from the broker's admin key.
 pub fn login(addr: &str, dir: &Path, tenant: &str, role: Role) -> BrokerClient {
-    BrokerClient::connect(addr, &credential(dir, "admin.key", tenant, role)).unwrap()
+    BrokerClient::connect(addr, &credential(dir, "admin.key", tenant, role), &rgpu_tls::ClientSecurity::Plaintext).unwrap()
 }
 
 pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {

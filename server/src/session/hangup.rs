@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::frame::{FrameHeader, Kind, HEADER_LEN};
+use rgpu_transport::Sealer;
 use tracing::debug;
 
 /// How often a busy session tells its client it is alive.
@@ -50,6 +51,9 @@ struct LinkState {
     generation: u64,
     /// Keepalives are sent on `sock` (TCP; never on an RDMA side channel).
     keepalive: bool,
+    /// Under TLS keepalives go through the connection's sealer: raw bytes
+    /// would break its record stream.
+    sealer: Option<Sealer>,
     /// When the current connection was seen to end.
     lost_at: Option<Instant>,
     busy: bool,
@@ -74,7 +78,7 @@ impl Link {
     }
 
     /// The session continues on `sock` (a handle on its new connection).
-    pub fn attach(&self, sock: TcpStream, keepalive: bool) {
+    pub fn attach(&self, sock: TcpStream, keepalive: bool, sealer: Option<Sealer>) {
         let mut st = self.lock();
         if let Some(old) = st.sock.take() {
             let _ = old.shutdown(Shutdown::Both);
@@ -82,6 +86,7 @@ impl Link {
         st.sock = Some(sock);
         st.generation += 1;
         st.keepalive = keepalive;
+        st.sealer = sealer;
         st.lost_at = None;
         drop(st);
         self.changed.notify_all();
@@ -98,9 +103,23 @@ pub struct Watch {
 impl Watch {
     /// Watches `sock` (a handle on the session's connection); raises
     /// `ended` when the connection ended and `grace` passed without another.
-    pub fn start(sock: TcpStream, ended: Arc<AtomicBool>, grace: Duration, keepalive: bool) -> io::Result<Watch> {
+    pub fn start(
+        sock: TcpStream,
+        ended: Arc<AtomicBool>,
+        grace: Duration,
+        keepalive: bool,
+        sealer: Option<Sealer>,
+    ) -> io::Result<Watch> {
         let link = Arc::new(Link {
-            state: Mutex::new(LinkState { sock: Some(sock), generation: 0, keepalive, lost_at: None, busy: false, over: false }),
+            state: Mutex::new(LinkState {
+                sock: Some(sock),
+                generation: 0,
+                keepalive,
+                sealer,
+                lost_at: None,
+                busy: false,
+                over: false,
+            }),
             changed: Condvar::new(),
             grace,
             ended,
@@ -121,6 +140,7 @@ impl Watch {
                 sock: None,
                 generation: 0,
                 keepalive: true,
+                sealer: None,
                 lost_at: Some(Instant::now()),
                 busy: false,
                 over: false,
@@ -208,12 +228,19 @@ fn wait_for_hangup(sock: &TcpStream, link: &Link, generation: u64) -> bool {
             }
             if st.busy && st.keepalive && has_room(sock) {
                 // Under the lock: the session thread sends nothing while busy.
-                let _ = (&*sock).write_all(&keepalive);
+                let _ = match &st.sealer {
+                    Some(sealer) => sealer.send(sock, &keepalive),
+                    None => (&*sock).write_all(&keepalive),
+                };
             }
             continue;
         }
         if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-            return ends_with_close(sock);
+            // Under TLS the input is sealed: a Close cannot be seen in it,
+            // and the hang-up counts as one to resume from (the grace
+            // decides).
+            let sealed = link.lock().sealer.is_some();
+            return !sealed && ends_with_close(sock);
         }
     }
 }
@@ -295,7 +322,7 @@ mod tests {
     fn a_closed_peer_raises_the_flag_even_with_unread_input() {
         let (mut client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
-        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true).unwrap();
+        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true, None).unwrap();
         client.write_all(&[0u8; 1000]).unwrap();
         assert!(!raised_within(&ended, Duration::from_millis(100)), "data alone is no hang-up");
         drop(client);
@@ -307,11 +334,11 @@ mod tests {
         let grace = Duration::from_millis(300);
         let (client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
-        let w = Watch::start(server, ended.clone(), grace, true).unwrap();
+        let w = Watch::start(server, ended.clone(), grace, true, None).unwrap();
         drop(client);
         assert!(!raised_within(&ended, Duration::from_millis(150)), "raised within the grace");
         let (client2, server2) = pair();
-        w.link().attach(server2, true);
+        w.link().attach(server2, true, None);
         assert!(!raised_within(&ended, Duration::from_millis(400)), "raised although the session came back");
         drop(client2);
         assert!(raised_within(&ended, Duration::from_millis(600)), "not raised after the grace");
@@ -321,7 +348,7 @@ mod tests {
     fn an_orderly_close_ends_at_once_despite_the_grace() {
         let (mut client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
-        let _w = Watch::start(server, ended.clone(), Duration::from_secs(30), true).unwrap();
+        let _w = Watch::start(server, ended.clone(), Duration::from_secs(30), true, None).unwrap();
         client.write_all(&[7u8; 512]).unwrap();
         client.write_all(&FrameHeader::bare(Kind::Close).encode()).unwrap();
         drop(client);
@@ -332,7 +359,7 @@ mod tests {
     fn a_busy_session_sends_keepalives() {
         let (mut client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
-        let w = Watch::start(server, ended, Duration::ZERO, true).unwrap();
+        let w = Watch::start(server, ended, Duration::ZERO, true, None).unwrap();
         w.link().set_busy(true);
         client.set_read_timeout(Some(KEEPALIVE_EVERY * 2)).unwrap();
         let mut b = [0u8; HEADER_LEN];
@@ -345,7 +372,7 @@ mod tests {
         let (_client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
         let other = server.try_clone().unwrap();
-        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true).unwrap();
+        let _w = Watch::start(server, ended.clone(), Duration::ZERO, true, None).unwrap();
         other.shutdown(Shutdown::Both).unwrap();
         assert!(raised_within(&ended, Duration::from_millis(100)));
     }
@@ -355,7 +382,7 @@ mod tests {
         let (_client, server) = pair();
         let ended = Arc::new(AtomicBool::new(false));
         let t = Instant::now();
-        drop(Watch::start(server, ended, Duration::from_secs(30), true).unwrap());
+        drop(Watch::start(server, ended, Duration::from_secs(30), true, None).unwrap());
         assert!(t.elapsed() < Duration::from_secs(1));
     }
 }

@@ -306,12 +306,12 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 match next {
                     registry::Wake::Resume(newer) => {
                         if let Some(old) = got.replace(newer) {
-                            let _ = old.stream.shutdown(std::net::Shutdown::Both);
+                            old.transport.shutdown();
                         }
                     }
                     registry::Wake::Visit(v) => {
                         if let Some(old) = got.take() {
-                            let _ = old.stream.shutdown(std::net::Shutdown::Both);
+                            old.transport.shutdown();
                         }
                         self.visit(v);
                     }
@@ -321,7 +321,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 Some(g) if self.left => {
                     // Unanswered: the client tries again, and finds the
                     // session where its snapshot was rebuilt.
-                    let _ = g.stream.shutdown(std::net::Shutdown::Both);
+                    g.transport.shutdown();
                 }
                 Some(g) => return Some(g),
                 None => {}
@@ -343,7 +343,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
     /// Continues on a resumed connection: says the last request executed,
     /// sends again the replies the client missed, then serves as before.
     fn resume(&mut self, r: registry::Resume) -> io::Result<()> {
-        let registry::Resume { stream, last_reply, hold } = r;
+        let registry::Resume { transport: mut t, last_reply, hold } = r;
         self._hold = Some(hold);
         let mut answer = [0u8; 16];
         let status = match self.window.after(last_reply) {
@@ -360,8 +360,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         answer[..4].copy_from_slice(&status.to_le_bytes());
         answer[4..8].copy_from_slice(&rgpu_protocol::PROTOCOL_VERSION.to_le_bytes());
         answer[8..].copy_from_slice(&self.executed.to_le_bytes());
-        let watched = stream.try_clone()?;
-        let mut t = TcpTransport::new(stream)?;
+        let watched = t.stream().try_clone()?;
+        let sealer = t.sealer();
         if let Err(e) = t.send(&[&answer]) {
             // Continue on the old (broken) connection: its next step ends
             // it, and the session waits for another resume.
@@ -379,7 +379,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         // again may wait for the stream's work before its first byte.
         let link = self.resumer.as_ref().map(|r| r.link.clone());
         if let Some(l) = &link {
-            l.attach(watched, true);
+            l.attach(watched, true, sealer);
         }
         let kept: Vec<(Vec<u8>, Option<DeviceBytes>)> =
             self.window.after(last_reply).map_err(io::Error::other)?.map(|k| (k.frame.clone(), k.device)).collect();

@@ -24,6 +24,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 
 use rgpu_protocol::SESSION_KEY_LEN;
+use rgpu_transport::tcp::TcpTransport;
 
 pub type SessionKey = [u8; SESSION_KEY_LEN];
 
@@ -74,7 +75,8 @@ pub type Visit = Box<dyn FnOnce(super::Parts<'_>) -> super::After + Send>;
 
 /// A client coming back to its session on a new connection.
 pub struct Resume {
-    pub stream: TcpStream,
+    /// The new connection, TLS and all when the server serves TLS.
+    pub transport: TcpTransport,
     /// The last reply sequence number the client received.
     pub last_reply: u64,
     /// What the connection holds of the server's connection limits, kept
@@ -154,15 +156,22 @@ impl Registry {
     /// Hands `resume` to active session `id` if `key` is its key; the
     /// connection it had is shut (dead or not: see the module's comment).
     /// `socket` is a handle on the new connection.
-    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), AttachError> {
+    /// A refused resume comes back, for the caller to answer on it.
+    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), (AttachError, Resume)> {
         let mut inner = self.lock();
         if inner.closing {
-            return Err(AttachError::ShuttingDown);
+            return Err((AttachError::ShuttingDown, resume));
         }
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
-            return Err(AttachError::Unknown);
+            return Err((AttachError::Unknown, resume));
         };
-        a.resume.send(Wake::Resume(resume)).map_err(|_| AttachError::Unknown)?;
+        if let Err(mpsc::SendError(w)) = a.resume.send(Wake::Resume(resume)) {
+            // Its thread is gone: the resume comes back to be answered.
+            return match w {
+                Wake::Resume(r) => Err((AttachError::Unknown, r)),
+                Wake::Visit(_) => Ok(()),
+            };
+        }
         if let Some(old) = a.socket.replace(socket) {
             let _ = old.shutdown(Shutdown::Both);
         }

@@ -15,6 +15,7 @@ use rgpu_protocol::message::{Encoder, RecvBuf};
 use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, RESUME_PREAMBLE};
 use rgpu_server::backend::sim::{SimBackend, SimConfig};
 use rgpu_server::config::{BackendKind, Config};
+use rgpu_tls::ClientSecurity;
 use rgpu_transport::tcp::{self, TcpTransport};
 use rgpu_transport::Transport;
 use tokio::io::AsyncWriteExt;
@@ -70,6 +71,18 @@ impl TestServer {
         Self::start_configured(devices, memory, Duration::from_secs(30), Default::default(), Default::default(), limit, true)
     }
 
+    /// As `start`, serving both planes as `security` says (TLS with a
+    /// certificate, for the tests of TLS).
+    pub fn start_secured(security: rgpu_tls::ServerSecurity) -> TestServer {
+        Self::start_secured_limited(security, Default::default())
+    }
+
+    /// As `start_secured`, with these limits.
+    pub fn start_secured_limited(security: rgpu_tls::ServerSecurity, limits: rgpu_server::limits::Limits) -> TestServer {
+        Self::start_inner(1, 256 << 20, Duration::from_secs(30), Default::default(), limits,
+            rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false, security)
+    }
+
     /// As `start`, with this kernel time limit.
     pub fn start_with_kernel_limit(limit: Duration) -> TestServer {
         Self::start_configured(1, 256 << 20, Duration::from_secs(30), Default::default(), Default::default(), limit, false)
@@ -83,6 +96,22 @@ impl TestServer {
         limits: rgpu_server::limits::Limits,
         kernel_time_limit: Duration,
         metrics: bool,
+    ) -> TestServer {
+        // The tests of TLS itself start theirs with `start_secured`.
+        let plaintext = rgpu_tls::ServerSecurity::Plaintext;
+        Self::start_inner(devices, memory, attach_timeout, pool, limits, kernel_time_limit, metrics, plaintext)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_inner(
+        devices: u32,
+        memory: u64,
+        attach_timeout: Duration,
+        pool: rgpu_server::config::PoolConfig,
+        limits: rgpu_server::limits::Limits,
+        kernel_time_limit: Duration,
+        metrics: bool,
+        security: rgpu_tls::ServerSecurity,
     ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
@@ -100,6 +129,7 @@ impl TestServer {
             transport: Default::default(),
             pool,
             metrics: None,
+            security,
             checkpoint: Default::default(),
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
@@ -339,6 +369,8 @@ fn record_frame(header: &[u8], msg: &[u8]) {
 
 pub struct DataClient {
     pub t: TcpTransport,
+    /// How resumed connections are dialled.
+    security: ClientSecurity,
     enc: Encoder,
     recv: RecvBuf,
     seq: u64,
@@ -374,10 +406,26 @@ impl Drop for DataClient {
     }
 }
 
+/// A new connection to `addr`, its TLS handshake done when `security` says
+/// TLS (as the shim's attach and redial do).
+pub fn dial(addr: &str, security: &ClientSecurity) -> TcpTransport {
+    let t = tcp::connect(addr, IO_TIMEOUT).unwrap();
+    let t = match security {
+        ClientSecurity::Plaintext => t,
+        ClientSecurity::Tls(tls) => {
+            let mut s = t.into_stream().unwrap();
+            s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+            let conn = rgpu_tls::client::handshake_blocking(tls, addr, &mut s).expect("TLS handshake");
+            TcpTransport::with_tls(s, conn.into()).unwrap()
+        }
+    };
+    t.stream().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    t
+}
+
 /// Opens a data connection; `Err(status)` when the server refuses it.
 pub fn attach_raw(addr: &str, id: u64, key: &[u8]) -> (TcpTransport, u32, u32) {
-    let mut t = tcp::connect(addr, IO_TIMEOUT).unwrap();
-    t.stream().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    let mut t = dial(addr, &ClientSecurity::Plaintext);
     t.send(&[DATA_PREAMBLE, &id.to_le_bytes(), key]).unwrap();
     let mut st = [0u8; 8];
     t.recv_exact(&mut st).unwrap();
@@ -387,14 +435,27 @@ pub fn attach_raw(addr: &str, id: u64, key: &[u8]) -> (TcpTransport, u32, u32) {
 }
 
 impl DataClient {
+    /// Over a transport whose session (`id`, `key` on `addr`) is already
+    /// attached; resumes dial with `security`.
+    pub fn over(t: TcpTransport, addr: &str, id: u64, key: &[u8], security: ClientSecurity) -> DataClient {
+        let mut c = Self::new(t, addr, id, key);
+        c.security = security;
+        c
+    }
+
     pub fn attach(addr: &str, id: u64, key: &[u8]) -> Result<DataClient, u32> {
         let (t, status, version) = attach_raw(addr, id, key);
         assert_eq!(version, PROTOCOL_VERSION);
         if status != 0 {
             return Err(status);
         }
-        Ok(DataClient {
+        Ok(Self::new(t, addr, id, key))
+    }
+
+    fn new(t: TcpTransport, addr: &str, id: u64, key: &[u8]) -> DataClient {
+        DataClient {
             t,
+            security: ClientSecurity::Plaintext,
             enc: Encoder::default(),
             recv: RecvBuf::default(),
             seq: 0,
@@ -405,7 +466,7 @@ impl DataClient {
             keepalives: 0,
             close_on_drop: true,
             recorded: std::env::var_os("RGPU_FUZZ_RECORD").map(|_| Vec::new()),
-        })
+        }
     }
 
     /// Drops the connection without the orderly Close.
@@ -419,8 +480,7 @@ impl DataClient {
     /// and the last request the server executed.
     pub fn resume_with(&mut self, last_reply: u64, key: Option<&[u8]>) -> (u32, u64) {
         self.t.shutdown();
-        let mut t = tcp::connect(&self.addr, IO_TIMEOUT).unwrap();
-        t.stream().set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        let mut t = dial(&self.addr, &self.security);
         let key = key.map(<[u8]>::to_vec).unwrap_or_else(|| self.key.clone());
         t.send(&[RESUME_PREAMBLE, &self.id.to_le_bytes(), &key, &last_reply.to_le_bytes()]).unwrap();
         let mut st = [0u8; 8];
