@@ -41,6 +41,8 @@ enum Command {
     Audit(commands::audit::Args),
     Usage(commands::usage::Args),
     Top(commands::top::Args),
+    Checkpoint(commands::checkpoint::Args),
+    Restore(commands::restore::Args),
 }
 
 fn main() {
@@ -68,6 +70,8 @@ fn main() {
         Command::Status(a) => commands::status::exec(a),
         Command::Credential(a) => commands::credential::exec(a),
         Command::Audit(a) => commands::audit::exec(a),
+        Command::Checkpoint(a) => commands::checkpoint::exec(a),
+        Command::Restore(a) => commands::restore::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

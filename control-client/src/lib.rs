@@ -3,6 +3,8 @@
 //! (`libcuda.so.1`, which then attaches the session's data plane) and by rgpu's
 //! `libnvidia-ml.so.1`, which only reads the inventory.
 
+pub mod operator;
+
 use std::time::Duration;
 
 use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
@@ -26,6 +28,8 @@ pub enum ControlError {
     /// whether to use it; `reason` names the address.
     #[error("{reason}")]
     Tls { addr: String, reason: String },
+    #[error("rgpu-server at {addr}: {reason}")]
+    Refused { addr: String, reason: String },
 }
 
 type ClientError = ControlError;
@@ -103,17 +107,25 @@ pub fn inventory(addr: &str, client_name: &str, security: &ClientSecurity) -> Re
 /// Runs one control-plane exchange on a runtime of its own, bounded in time: the callers are
 /// synchronous C entry points.
 fn run<T>(addr: &str, f: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    run_for(addr, CONTROL_TIMEOUT, f)
+}
+
+fn run_for<T>(
+    addr: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| unreachable_err(addr, e))?;
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        match tokio::time::timeout(CONTROL_TIMEOUT, f).await {
+        match tokio::time::timeout(limit, f).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::Unreachable {
                 addr: addr.into(),
-                reason: format!("no answer within {}s", CONTROL_TIMEOUT.as_secs()),
+                reason: format!("no answer within {}s", limit.as_secs()),
             }),
         }
     })

@@ -601,9 +601,16 @@ impl Server {
     /// Starts a server on 127.0.0.1:0 and waits (up to 30 s) until it says
     /// `listening on 127.0.0.1:PORT`.
     pub fn start(opts: ServerOpts) -> Server {
+        let seed = format!("rgpu-integration-{}-{}", std::process::id(), SERVER_SEQ.fetch_add(1, Ordering::Relaxed));
+        Server::start_on("127.0.0.1:0", opts, &seed, &[])
+    }
+
+    /// As [`Server::start`], listening on `listen` (a stopped server's
+    /// address, say), with device UUIDs from `seed` and `extra` flags.
+    pub fn start_on(listen: &str, opts: ServerOpts, seed: &str, extra: &[String]) -> Server {
         let mut args: Vec<String> = vec![
             "--listen".into(),
-            "127.0.0.1:0".into(),
+            listen.into(),
             "--backend".into(),
             "sim".into(),
             "--sim-devices".into(),
@@ -613,7 +620,7 @@ impl Server {
             // Sim UUIDs derive from host name and ordinal; the seed keeps
             // two servers on this host from exporting the same UUIDs.
             "--sim-seed".into(),
-            format!("rgpu-integration-{}-{}", std::process::id(), SERVER_SEQ.fetch_add(1, Ordering::Relaxed)),
+            seed.into(),
         ];
         if let Some(cc) = opts.compute_capability {
             args.extend(["--sim-compute-capability".to_string(), cc.to_string()]);
@@ -627,6 +634,7 @@ impl Server {
             ]),
             None => args.push("--plaintext".to_string()),
         }
+        args.extend(extra.iter().cloned());
         Server::spawn(args, &[])
     }
 

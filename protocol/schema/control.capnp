@@ -18,12 +18,29 @@ interface GpuServer {
   openSession @2 (token :Data, clientName :Text)
         -> (sessionId :UInt64, key :Data, attachTimeoutMs :UInt32);
 
+  # Operator operations (docs/migration.md). Each needs a nonce from
+  # `challenge` (one use, this connection only) and
+  # proof = HMAC-SHA256(the server's admin key, auth::server_op_message(...)).
+  challenge @3 () -> (nonce :Data);
+
+  # Quiesces session `sessionId` (its queued work finished, at most
+  # `quiesceMs`) and writes its state as `name` in the server's
+  # --checkpoint-dir. With `leave`, the session is served here no more: its
+  # client keeps trying to resume until it is restored.
+  checkpoint @4 (sessionId :UInt64, name :Text, quiesceMs :UInt32, leave :Bool, nonce :Data, proof :Data)
+        -> (bytes :UInt64, memoryBytes :UInt64, micros :UInt64);
+
+  # Rebuilds the session saved as `name` in --checkpoint-dir; its client
+  # resumes it with the id and key it had.
+  restore @5 (name :Text, nonce :Data, proof :Data)
+        -> (sessionId :UInt64, bytes :UInt64, memoryBytes :UInt64, micros :UInt64);
+
   # Memory each device holds now, as the caller may see it (NVML's memory
   # info, `rgpu smi`): with a lease token, the lease's devices, its memory
   # limit as the total and its own sessions' allocations as used; without
   # one, on a server that admits sessions without tokens, whole devices.
   # A pooled server refuses a caller without a valid token.
-  deviceStatus @3 (token :Data) -> (devices :List(DeviceStatus));
+  deviceStatus @6 (token :Data) -> (devices :List(DeviceStatus));
 }
 
 struct DeviceStatus {

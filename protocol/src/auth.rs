@@ -71,6 +71,36 @@ pub fn login_message(nonce: &[u8], tenant: &str, role: Role, serial: u64) -> Vec
     format!("rgpu-login:v1:{}:{tenant}:{}:{serial}", to_hex(nonce), role.name()).into_bytes()
 }
 
+/// Longest snapshot name (`checkpoint`/`restore` in control.capnp).
+pub const SNAPSHOT_NAME_MAX: usize = 128;
+
+/// Snapshot names are 1..=128 of `A-Za-z0-9._-`, not starting with a dot:
+/// a file name in the server's checkpoint directory, never a path.
+pub fn valid_snapshot_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= SNAPSHOT_NAME_MAX
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A GPU server's operator operation (control.capnp: `checkpoint`, `restore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerOp {
+    Checkpoint,
+    Restore,
+}
+
+/// What an operator operation's proof is the HMAC of, under the server's
+/// admin key: the connection's nonce, the operation and what it names
+/// (session 0 for a restore), so a proof cannot be replayed or redirected.
+pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -> Vec<u8> {
+    let op = match op {
+        ServerOp::Checkpoint => "checkpoint",
+        ServerOp::Restore => "restore",
+    };
+    format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
+}
+
 /// What a registration's proof is the HMAC of, under the token key: the
 /// nonce and every field of the server's inventory, each length-prefixed.
 pub fn register_message(nonce: &[u8], s: server_info::Reader<'_>) -> capnp::Result<Vec<u8>> {
@@ -121,6 +151,21 @@ impl Canon {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshot_names_are_file_names_and_op_proofs_name_what_they_allow() {
+        for ok in ["a", "job-1.snap", "A_b.C"] {
+            assert!(valid_snapshot_name(ok), "{ok}");
+        }
+        for bad in ["", ".hidden", "..", "a/b", "../x", "a b", "x\0", &"n".repeat(SNAPSHOT_NAME_MAX + 1)] {
+            assert!(!valid_snapshot_name(bad), "{bad:?}");
+        }
+        let m = |op, s, n: &str| server_op_message(&[1; NONCE_LEN], op, s, n);
+        assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Restore, 1, "x"));
+        assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Checkpoint, 2, "x"));
+        assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Checkpoint, 1, "y"));
+        assert_ne!(m(ServerOp::Checkpoint, 1, "x"), server_op_message(&[2; NONCE_LEN], ServerOp::Checkpoint, 1, "x"));
+    }
 
     fn info(gpu_memory: u64, partition: &str) -> Vec<u8> {
         let mut b = capnp::message::Builder::new_default();

@@ -202,6 +202,20 @@ rgpu_config::settings! {
         /// (lease tokens, session keys and CUDA data cross it as they are).
         #[setting(flag = "plaintext", env = "RGPU_SERVER_PLAINTEXT")]
         plaintext: bool = false,
+        /// Operator key file (the format of the broker key file): `rgpu
+        /// checkpoint` and `rgpu restore` prove they hold it; without it both
+        /// are refused (docs/migration.md).
+        #[setting(flag = "admin-key-file", env = "RGPU_SERVER_ADMIN_KEY_FILE", value_name = "FILE")]
+        admin_key_file: Option<PathBuf> = None,
+        /// Directory session snapshots are written to and restored from
+        /// (by name; no paths); without it checkpoint and restore are refused.
+        #[setting(flag = "checkpoint-dir", env = "RGPU_SERVER_CHECKPOINT_DIR", value_name = "DIR")]
+        checkpoint_dir: Option<PathBuf> = None,
+        /// Snapshots in --checkpoint-dir to restore before taking any
+        /// connection (comma-separated names): a server started at a stopped
+        /// one's address takes its sessions back before their clients resume.
+        #[setting(flag = "restore", env = "RGPU_SERVER_RESTORE", value_name = "NAMES")]
+        restore: Vec<String> = Vec::new(),
     }
 }
 
@@ -223,6 +237,8 @@ pub struct Config {
     pub metrics: Option<String>,
     /// TLS on the listening port, or plaintext (`--plaintext`).
     pub security: rgpu_tls::ServerSecurity,
+    /// Checkpoint and restore: the operator key and the snapshot directory.
+    pub checkpoint: CheckpointConfig,
 }
 
 /// How data connections are carried (see [`crate::transport_select`]).
@@ -248,6 +264,15 @@ pub struct Labels {
     pub leaf: String,
     pub spine: String,
     pub partitions: Vec<String>,
+}
+
+/// Checkpoint and restore (docs/migration.md): both need the key and the directory.
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointConfig {
+    pub admin_key: Option<Vec<u8>>,
+    pub dir: Option<PathBuf>,
+    /// Snapshots restored at start.
+    pub restore: Vec<String>,
 }
 
 /// Settings for the pool broker; the default is no broker (sessions open
@@ -305,6 +330,13 @@ impl Config {
             }
             None => None,
         };
+        let admin_key = match &s.admin_key_file {
+            Some(p) => {
+                let bytes = std::fs::read(p).with_context(|| format!("cannot read admin key file {}", p.display()))?;
+                Some(rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("admin key file {}", p.display()))?)
+            }
+            None => None,
+        };
         if s.broker.is_some() && broker_key.is_none() {
             // The broker takes registrations only with a proof under its key.
             bail!("--broker needs --broker-key-file: a server registers by proving it holds the broker's key");
@@ -355,6 +387,7 @@ impl Config {
                 broker_security,
             },
             metrics: s.metrics,
+            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore },
         })
     }
 }
@@ -434,6 +467,9 @@ mod tests {
         ("tls-key", ["/k1", "/k2"]),
         ("tls-ca", ["/ca1", "/ca2"]),
         ("plaintext", ["true", "false"]),
+        ("admin-key-file", ["/a1", "/a2"]),
+        ("checkpoint-dir", ["/c1", "/c2"]),
+        ("restore", ["a,b", "c"]),
     ];
 
     #[test]

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::limits::MAX_SESSIONS_PER_CONTROL_CONNECTION;
+use rgpu_protocol::auth::ServerOp;
 use crate::service::Service;
 
 /// Largest control-plane message read, in words: requests are a hello, a
@@ -46,6 +47,28 @@ struct GpuServer {
     /// The version the client announced in `hello`, if it did.
     client_version: Cell<Option<u32>>,
     activity: std::rc::Rc<Activity>,
+    /// The nonce `challenge` handed out, until an operator call uses it.
+    nonce: Cell<Option<[u8; rgpu_protocol::auth::NONCE_LEN]>>,
+}
+
+impl GpuServer {
+    /// Checks an operator call's proof over this connection's nonce (used up
+    /// whatever the outcome) under the server's admin key.
+    fn check_operator(&self, nonce: &[u8], proof: &[u8], op: ServerOp, session: u64, name: &str) -> Result<(), capnp::Error> {
+        let ours = self.nonce.take();
+        let Some(key) = &self.service.admin_key else {
+            return Err(capnp::Error::failed(
+                "this server has no --admin-key-file: checkpoint and restore are off".into(),
+            ));
+        };
+        let fresh = ours.is_some_and(|n| n[..] == *nonce);
+        let message = rgpu_protocol::auth::server_op_message(nonce, op, session, name);
+        if !fresh || !rgpu_protocol::token::verify_bytes(key, &message, proof) {
+            warn!(peer = %self.peer, ?op, session = format_args!("{session:#x}"), "operator call refused: bad or stale proof");
+            return Err(capnp::Error::failed("refused: the proof is not the admin key's over this connection's challenge".into()));
+        }
+        Ok(())
+    }
 }
 
 fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
@@ -212,6 +235,66 @@ impl gpu_server::Server for GpuServer {
         debug!(peer = %self.peer, session = format_args!("{id:#x}"), "session opened");
         Ok(())
     }
+
+    async fn challenge(
+        self: Rc<Self>,
+        _params: gpu_server::ChallengeParams,
+        mut results: gpu_server::ChallengeResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let mut n = [0u8; rgpu_protocol::auth::NONCE_LEN];
+        getrandom::fill(&mut n).map_err(|e| capnp::Error::failed(format!("no randomness: {e}")))?;
+        self.nonce.set(Some(n));
+        results.get().set_nonce(&n);
+        Ok(())
+    }
+
+    async fn checkpoint(
+        self: Rc<Self>,
+        params: gpu_server::CheckpointParams,
+        mut results: gpu_server::CheckpointResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (id, name) = (p.get_session_id(), text(p.get_name()));
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::Checkpoint, id, &name)?;
+        let quiesce = Duration::from_millis(p.get_quiesce_ms() as u64);
+        let leave = p.get_leave();
+        info!(peer = %self.peer, session = format_args!("{id:#x}"), %name, leave, "checkpoint asked");
+        let done = crate::relocate::checkpoint(&self.service, id, &name, quiesce, leave).await.map_err(|e| {
+            warn!(peer = %self.peer, session = format_args!("{id:#x}"), "checkpoint failed: {e}");
+            capnp::Error::from(e)
+        })?;
+        self.activity.call();
+        let mut r = results.get();
+        r.set_bytes(done.bytes);
+        r.set_memory_bytes(done.memory_bytes);
+        r.set_micros(done.took.as_micros() as u64);
+        Ok(())
+    }
+
+    async fn restore(
+        self: Rc<Self>,
+        params: gpu_server::RestoreParams,
+        mut results: gpu_server::RestoreResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let name = text(p.get_name());
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::Restore, 0, &name)?;
+        info!(peer = %self.peer, %name, "restore asked");
+        let done = crate::relocate::restore(&self.service, &name).await.map_err(|e| {
+            warn!(peer = %self.peer, %name, "restore failed: {e}");
+            capnp::Error::from(e)
+        })?;
+        self.activity.call();
+        let mut r = results.get();
+        r.set_session_id(done.session);
+        r.set_bytes(done.bytes);
+        r.set_memory_bytes(done.memory_bytes);
+        r.set_micros(done.took.as_micros() as u64);
+        Ok(())
+    }
 }
 
 /// Serves one control connection (its preamble already read) until the
@@ -243,7 +326,13 @@ pub async fn serve<S>(
         sessions: Cell::new(0),
         called: tokio::sync::Notify::new(),
     });
-    let server = GpuServer { service, peer: peer.clone(), client_version: Cell::new(None), activity: activity.clone() };
+    let server = GpuServer {
+        service,
+        peer: peer.clone(),
+        client_version: Cell::new(None),
+        activity: activity.clone(),
+        nonce: Cell::new(None),
+    };
     let client: gpu_server::Client = capnp_rpc::new_client(server);
     let rpc = RpcSystem::new(Box::new(network), Some(client.client));
     tokio::select! {

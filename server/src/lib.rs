@@ -14,6 +14,7 @@ pub mod module;
 
 pub mod backend;
 pub mod broker;
+pub mod checkpoint;
 pub mod command;
 pub mod config;
 pub mod control;
@@ -23,6 +24,7 @@ pub mod listener;
 pub mod metering;
 pub mod metrics;
 pub mod quota;
+pub mod relocate;
 pub mod service;
 pub mod session;
 pub mod state;
@@ -111,7 +113,8 @@ pub async fn serve_draining(
     let mut service = service::Service::new(backend, config.attach_timeout)
         .with_data_plane(data_plane)
         .with_limits(config.limits.clone())
-        .with_security(config.security.clone());
+        .with_security(config.security.clone())
+        .with_checkpoint(&config.checkpoint);
     if let Some(key) = &config.pool.broker_key {
         service = service.with_broker_key(key.clone());
     }
@@ -138,6 +141,15 @@ pub async fn serve_draining(
         });
         if let Err(e) = spawned {
             tracing::error!("cannot start the broker agent: {e}");
+        }
+    }
+    // Before the first connection is taken: a client resuming one of these
+    // sessions must find it here, not be told it is unknown.
+    for name in &config.checkpoint.restore {
+        match relocate::restore_now(&service, name) {
+            Ok(d) => tracing::info!(session = format_args!("{:#x}", d.session), %name, ms = d.took.as_millis() as u64,
+                "restored at start"),
+            Err(e) => tracing::error!(%name, "cannot restore at start: {e}"),
         }
     }
     listener::run(listener, service, config.max_connections, shutdown).await

@@ -36,6 +36,10 @@ pub struct Service {
     pub metrics: Arc<ServerMetrics>,
     /// TLS on the port (both planes), or plaintext (`--plaintext`).
     pub security: rgpu_tls::ServerSecurity,
+    /// The operator key checkpoint and restore prove they hold (off without it).
+    pub admin_key: Option<Vec<u8>>,
+    /// Where snapshots are written and read ([`crate::relocate`]).
+    pub checkpoint_dir: Option<std::path::PathBuf>,
 }
 
 impl Service {
@@ -56,11 +60,21 @@ impl Service {
             // In-process servers built without settings (tests) are
             // plaintext; the binary always says which (`Config::security`).
             security: rgpu_tls::ServerSecurity::Plaintext,
+            admin_key: None,
+            checkpoint_dir: None,
         }
     }
 
     pub fn with_security(mut self, security: rgpu_tls::ServerSecurity) -> Self {
         self.security = security;
+        self
+    }
+
+    /// Allows checkpoint and restore to operators holding `admin_key`, with
+    /// snapshots in `dir`.
+    pub fn with_checkpoint(mut self, cfg: &crate::config::CheckpointConfig) -> Self {
+        self.admin_key = cfg.admin_key.clone();
+        self.checkpoint_dir = cfg.dir.clone();
         self
     }
 

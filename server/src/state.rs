@@ -40,12 +40,17 @@ pub struct Alloc {
 pub struct Stream {
     pub token: StreamToken,
     pub device: u32,
+    /// As created (cuStreamCreateWithPriority): a checkpoint keeps them.
+    pub flags: u32,
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub struct Event {
     pub token: EventToken,
     pub device: u32,
+    /// As created: a checkpoint keeps them.
+    pub flags: u32,
 }
 
 #[derive(Debug, Clone)]
@@ -60,6 +65,9 @@ pub struct Module {
     pub globals: Vec<u64>,
     /// Its image's bytes, held against the lease's module quota while it is loaded.
     pub image: Option<Arc<Charge>>,
+    /// The image as loaded (linked, if it was a bundle): what a checkpoint
+    /// carries to load it again elsewhere. Its bytes are those `image` holds.
+    pub source: Arc<Vec<u8>>,
 }
 
 pub struct SessionState {
@@ -85,6 +93,8 @@ pub struct SessionState {
     pub backend_times_kernels: bool,
     /// Each device's launch limits, by ordinal.
     pub launch_limits: Vec<LaunchLimits>,
+    /// Each device's memory size, by ordinal (a snapshot says what it needs).
+    pub device_memory: Vec<u64>,
     /// Raised when the session ends (connection closed or dropped, server
     /// stopping): the backend stops the session's running work, and the
     /// session loop takes no further request.
@@ -114,6 +124,7 @@ impl SessionState {
             backend_times_kernels: false,
 
             launch_limits: vec![LaunchLimits::default(); device_count as usize],
+            device_memory: Vec::new(),
             ended,
             sticky: None,
         }
@@ -131,6 +142,7 @@ impl SessionState {
     /// Takes each device's launch limits from its attributes.
     pub fn with_devices(mut self, devices: &[DeviceInfo]) -> Self {
         self.launch_limits = devices.iter().map(LaunchLimits::of).collect();
+        self.device_memory = devices.iter().map(|d| d.total_mem).collect();
         self
     }
 

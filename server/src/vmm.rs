@@ -66,6 +66,11 @@ fn granular(v: u64) -> bool {
 }
 
 impl Vmm {
+    /// Whether the session holds no reservation, physical allocation or map.
+    pub fn is_empty(&self) -> bool {
+        self.physical.is_empty() && self.reservations.is_empty() && self.mappings.is_empty()
+    }
+
     /// cuMemCreate: `handle` is the client's, `size` a non-zero multiple of the granularity.
     pub fn create(&mut self, b: &mut dyn BackendSession, handle: u64, device: u32, size: u64) -> CuResult {
         if handle == 0 || self.physical.contains_key(&handle) {

@@ -1,5 +1,6 @@
 pub mod audit;
 pub mod bench;
+pub mod checkpoint;
 pub mod credential;
 pub mod demo;
 pub mod drain;
@@ -7,6 +8,7 @@ pub mod lease;
 pub mod leases;
 pub mod release;
 pub mod renew;
+pub mod restore;
 pub mod run;
 pub mod servers;
 pub mod smi;

@@ -45,6 +45,8 @@ impl From<rgpu_control_client::ControlError> for ClientError {
             C::VersionMismatch { addr, ours, theirs } => ClientError::VersionMismatch { addr, ours, theirs },
             C::Protocol { addr, reason } => ClientError::Protocol { addr, reason },
             C::Tls { addr, reason } => ClientError::Unreachable { addr, reason },
+            // Only operator calls are refused this way; the shim makes none.
+            C::Refused { addr, reason } => ClientError::Protocol { addr, reason },
         }
     }
 }

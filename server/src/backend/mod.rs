@@ -423,6 +423,51 @@ pub trait BackendSession: Send {
     fn take_output(&mut self) -> Vec<u8> {
         Vec::new()
     }
+
+    // --- checkpoint and restore ([`crate::checkpoint`]) ----------------------
+    // A session can leave the server only where the backend can place memory at the
+    // addresses the program holds; a backend that cannot keeps the defaults, and a
+    // checkpoint of its sessions is refused with NOT_SUPPORTED before anything is written.
+
+    /// Whether this backend can rebuild a session with every device pointer it held.
+    fn relocatable(&self) -> bool {
+        false
+    }
+    /// Waits at most `timeout` for every queued stream operation of the session to
+    /// finish: `Err(NOT_READY)` if some is still running then.
+    fn quiesce(&mut self, _timeout: std::time::Duration) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// As `mem_alloc`, at exactly `ptr` (which must be free on `device`).
+    fn mem_alloc_at(&mut self, _device: u32, _ptr: u64, _size: u64) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// As `module_load`, with the module's globals at `globals` (one pointer per global
+    /// of `parsed`, in order) instead of wherever the allocator puts them.
+    fn module_load_at(
+        &mut self,
+        _device: u32,
+        _image: &[u8],
+        _parsed: &ModuleImage,
+        _globals: &[u64],
+    ) -> CuResult<(ModuleToken, LoadedModule)> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// How long ago `event`'s last record completed; None if it was never recorded.
+    /// Asked only of a quiesced session (no record pending).
+    fn event_recorded_ago(&mut self, _event: EventToken) -> CuResult<Option<std::time::Duration>> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// An event as `event_create` makes it, already recorded `recorded_ago` before now
+    /// (so elapsed times between restored events are the ones measured before).
+    fn event_restore(
+        &mut self,
+        _device: u32,
+        _flags: u32,
+        _recorded_ago: Option<std::time::Duration>,
+    ) -> CuResult<EventToken> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ impl Handler for EventCreate {
         }
         s.check_device(self.device)?;
         let token = s.backend.event_create(self.device, self.flags)?;
-        s.events.insert(self.handle, Event { token, device: self.device });
+        s.events.insert(self.handle, Event { token, device: self.device, flags: self.flags });
         Ok(())
     }
 }

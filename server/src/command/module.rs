@@ -90,57 +90,77 @@ impl BulkHandler for ModuleLoad {
         } else {
             image
         };
-        let parsed = match crate::module::read_image_for(&image, arch) {
-            Ok(p) => p,
-            Err(e @ (crate::module::ImageError::NoBinaryForGpu { .. } | crate::module::ImageError::NoCompatibleCode { .. })) => {
-                warn!(module = self.handle, len, "module image refused: {e}");
-                return Err(CuError::NO_BINARY_FOR_GPU.into());
-            }
-            Err(e @ crate::module::ImageError::PtxTargetTooNew { .. }) => {
-                warn!(module = self.handle, len, "module image refused: {e}");
-                return Err(CuError::INVALID_PTX.into());
-            }
-            Err(e) => {
-                warn!(module = self.handle, len, "module image refused: {e}");
-                return Err(CuError::INVALID_IMAGE.into());
-            }
-        };
-        let (token, loaded) = s.backend.module_load(self.device, &image, &parsed)?;
-        // What the backend keeps for the module (the sim's decoded kernels,
-        // which inlining can make far larger than the image) counts too.
-        let mut held = held;
-        let kept = s.backend.module_host_bytes(token);
-        if !held.grow(kept) {
-            warn!(len, kept, "module refused: its decoded kernels would pass --max-module-bytes-per-lease");
-            let _ = s.backend.module_unload(token);
-            return Err(CuError::OUT_OF_MEMORY.into());
-        }
-        for g in &loaded.globals {
-            s.allocs.insert(
-                g.ptr,
-                Alloc { device: self.device, size: g.size, owner: Owner::Module(self.handle) },
-            );
-        }
-        s.modules.insert(
-            self.handle,
-            Module {
-                token,
-                device: self.device,
-                param_lens: loaded.functions.iter().map(|f| f.param_buffer_len()).collect(),
-                needs: loaded
-                    .functions
-                    .iter()
-                    .map(|f| crate::backend::launch_limits::KernelNeeds {
-                        max_threads_per_block: u32::try_from(f.max_threads_per_block).unwrap_or(0),
-                        static_shared: u32::try_from(f.shared_size_bytes).unwrap_or(u32::MAX),
-                    })
-                    .collect(),
-                globals: loaded.globals.iter().map(|g| g.ptr).collect(),
-                image: Some(std::sync::Arc::new(held)),
-            },
-        );
-        Ok(loaded)
+        install(s, self.handle, self.device, image, held, None)
     }
+}
+
+/// Loads `image` (linked already) as module `handle` on `device`, its bytes
+/// held by `held`; with `place`, its globals go at those addresses (a
+/// restored session's: [`crate::checkpoint`]).
+pub(crate) fn install(
+    s: &mut SessionState,
+    handle: u64,
+    device: u32,
+    image: Vec<u8>,
+    held: crate::quota::Charge,
+    place: Option<&[u64]>,
+) -> Result<LoadedModule, Fail> {
+    let len = image.len();
+    let arch = s.backend.module_arch(device);
+    let parsed = match crate::module::read_image_for(&image, arch) {
+        Ok(p) => p,
+        Err(e @ (crate::module::ImageError::NoBinaryForGpu { .. } | crate::module::ImageError::NoCompatibleCode { .. })) => {
+            warn!(module = handle, len, "module image refused: {e}");
+            return Err(CuError::NO_BINARY_FOR_GPU.into());
+        }
+        Err(e @ crate::module::ImageError::PtxTargetTooNew { .. }) => {
+            warn!(module = handle, len, "module image refused: {e}");
+            return Err(CuError::INVALID_PTX.into());
+        }
+        Err(e) => {
+            warn!(module = handle, len, "module image refused: {e}");
+            return Err(CuError::INVALID_IMAGE.into());
+        }
+    };
+    let (token, loaded) = match place {
+        Some(at) => s.backend.module_load_at(device, &image, &parsed, at)?,
+        None => s.backend.module_load(device, &image, &parsed)?,
+    };
+    // What the backend keeps for the module (the sim's decoded kernels,
+    // which inlining can make far larger than the image) counts too.
+    let mut held = held;
+    let kept = s.backend.module_host_bytes(token);
+    if !held.grow(kept) {
+        warn!(len, kept, "module refused: its decoded kernels would pass --max-module-bytes-per-lease");
+        let _ = s.backend.module_unload(token);
+        return Err(CuError::OUT_OF_MEMORY.into());
+    }
+    for g in &loaded.globals {
+        s.allocs.insert(
+            g.ptr,
+            Alloc { device, size: g.size, owner: Owner::Module(handle) },
+        );
+    }
+    s.modules.insert(
+        handle,
+        Module {
+            token,
+            device,
+            param_lens: loaded.functions.iter().map(|f| f.param_buffer_len()).collect(),
+            needs: loaded
+                .functions
+                .iter()
+                .map(|f| crate::backend::launch_limits::KernelNeeds {
+                    max_threads_per_block: u32::try_from(f.max_threads_per_block).unwrap_or(0),
+                    static_shared: u32::try_from(f.shared_size_bytes).unwrap_or(u32::MAX),
+                })
+                .collect(),
+            globals: loaded.globals.iter().map(|g| g.ptr).collect(),
+            image: Some(std::sync::Arc::new(held)),
+            source: std::sync::Arc::new(image),
+        },
+    );
+    Ok(loaded)
 }
 
 #[derive(Debug)]

@@ -41,7 +41,7 @@ impl Handler for StreamCreate {
         }
         s.check_device(self.device)?;
         let token = s.backend.stream_create(self.device, self.flags, self.priority)?;
-        s.streams.insert(self.handle, Stream { token, device: self.device });
+        s.streams.insert(self.handle, Stream { token, device: self.device, flags: self.flags, priority: self.priority });
         Ok(())
     }
 }

@@ -132,6 +132,31 @@ impl Watch {
         Ok(Watch { link, thread: Some(thread) })
     }
 
+    /// Watches a session that has no connection yet (rebuilt from a
+    /// snapshot): `ended` is raised if none comes within `grace` from now.
+    pub fn detached(ended: Arc<AtomicBool>, grace: Duration) -> io::Result<Watch> {
+        let link = Arc::new(Link {
+            state: Mutex::new(LinkState {
+                sock: None,
+                generation: 0,
+                keepalive: true,
+                sealer: None,
+                lost_at: Some(Instant::now()),
+                busy: false,
+                over: false,
+            }),
+            changed: Condvar::new(),
+            grace,
+            ended,
+        });
+        let watched = link.clone();
+        let thread = std::thread::Builder::new()
+            .name("rgpu-hangup".into())
+            .stack_size(256 << 10)
+            .spawn(move || watch(&watched))?;
+        Ok(Watch { link, thread: Some(thread) })
+    }
+
     pub fn link(&self) -> Arc<Link> {
         self.link.clone()
     }

@@ -88,7 +88,7 @@ impl FromTcp for DataTransport {
 
 /// What a session needs to take resumed connections.
 pub struct Resumer {
-    pub rx: mpsc::Receiver<registry::Resume>,
+    pub rx: mpsc::Receiver<registry::Wake>,
     pub link: Arc<hangup::Link>,
     /// Read polling of the new connection (the server's --spin-us).
     pub spin: Duration,
@@ -152,7 +152,9 @@ fn is_sticky(e: CuError) -> bool {
 }
 
 pub struct Session<T> {
-    transport: T,
+    /// None while the session has no connection (rebuilt from a snapshot,
+    /// waiting for its client to resume).
+    transport: Option<T>,
     state: SessionState,
     recv: RecvBuf,
     enc: Encoder,
@@ -166,12 +168,39 @@ pub struct Session<T> {
     resumer: Option<Resumer>,
     /// The connection-limit slots of a resumed connection.
     _hold: Option<Box<dyn std::any::Any + Send>>,
+    /// The session's state left in a snapshot: it is no longer served here,
+    /// resumes are turned away unanswered (the client tries again, and
+    /// finds the session where it was rebuilt).
+    left: bool,
+}
+
+/// What a [`registry::Visit`] gets to see of a session held still between
+/// requests (its connection cut for the visit).
+pub struct Parts<'a> {
+    pub state: &'a mut SessionState,
+    /// The last request executed.
+    pub executed: u64,
+    pub deferred: Option<CuError>,
+    pub window: &'a window::ReplyWindow,
+}
+
+/// What the session does after a visit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum After {
+    /// Goes on: its client's resume is served here.
+    Serve,
+    /// Its state left (a checkpoint that moves it): it is served no more.
+    Leave,
+}
+
+fn not_connected() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the session has no connection")
 }
 
 impl<T: Transport + Pending + FromTcp> Session<T> {
     pub fn new(transport: T, state: SessionState) -> Self {
         Session {
-            transport,
+            transport: Some(transport),
             state,
             recv: RecvBuf::default(),
             enc: Encoder::default(),
@@ -182,6 +211,26 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             window: window::ReplyWindow::default(),
             resumer: None,
             _hold: None,
+            left: false,
+        }
+    }
+
+    /// A session rebuilt from a snapshot, without a connection until its
+    /// client resumes it (through the resumer, which it needs).
+    pub fn restored(state: SessionState, executed: u64, deferred: Option<CuError>, window: window::ReplyWindow, r: Resumer) -> Self {
+        Session {
+            transport: None,
+            state,
+            recv: RecvBuf::default(),
+            enc: Encoder::default(),
+            out: Vec::with_capacity(4096),
+            scratch: Vec::new(),
+            deferred,
+            executed,
+            window,
+            resumer: Some(r),
+            _hold: None,
+            left: false,
         }
     }
 
@@ -194,22 +243,32 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
     /// Serves requests until the session ends; the session's objects are
     /// freed when `self` is dropped.
     pub fn run(mut self) -> End {
+        // A restored session starts without a connection.
+        let mut end = End::Closed;
         loop {
-            let end = loop {
-                match self.step() {
-                    Ok(()) => {}
-                    Err(e) => break e,
+            if self.transport.is_some() {
+                end = loop {
+                    match self.step() {
+                        Ok(()) => {}
+                        Err(e) => break e,
+                    }
+                };
+                // Replies queued before the end still go out if the socket allows.
+                let _ = self.flush();
+                if let Some(t) = self.transport.as_mut() {
+                    t.shutdown();
                 }
-            };
-            // Replies queued before the end still go out if the socket allows.
-            let _ = self.flush();
-            self.transport.shutdown();
-            if !end.resumable() || self.resumer.is_none() {
-                return end;
+                if !end.resumable() || self.resumer.is_none() {
+                    return end;
+                }
+                info!("data connection lost ({end}); keeping the session for the client to resume");
             }
-            info!("data connection lost ({end}); keeping the session for the client to resume");
             let Some(r) = self.wait_for_resume() else {
-                info!("no resumed connection within the reconnect grace");
+                if self.left {
+                    info!("the session's state left in a snapshot; it ends here");
+                } else {
+                    info!("no resumed connection within the reconnect grace");
+                }
                 return end;
             };
             match self.resume(r) {
@@ -223,26 +282,61 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
     }
 
     fn wait_for_resume(&mut self) -> Option<registry::Resume> {
-        let r = self.resumer.as_ref()?;
-        let deadline = r.link.grace_deadline();
         loop {
+            let r = self.resumer.as_ref()?;
             if self.state.ended.load(Ordering::Relaxed) {
                 return None;
             }
+            let deadline = r.link.grace_deadline();
             // Wake now and then to see the ended flag (a close raises it).
             let wait = deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200));
-            match r.rx.recv_timeout(wait) {
-                Ok(mut got) => {
-                    // Only the newest of several connections is served.
-                    while let Ok(newer) = r.rx.try_recv() {
-                        got.transport.shutdown();
-                        got = newer;
-                    }
-                    return Some(got);
+            let mut got = match r.rx.recv_timeout(wait) {
+                Ok(registry::Wake::Resume(got)) => Some(got),
+                Ok(registry::Wake::Visit(v)) => {
+                    self.visit(v);
+                    None
                 }
-                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {}
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => None,
                 Err(_) => return None,
+            };
+            // Only the newest of several connections is served; a visit
+            // queued among them is made first, and the connections before
+            // it are turned away (their client tries again).
+            while let Ok(next) = self.resumer.as_ref()?.rx.try_recv() {
+                match next {
+                    registry::Wake::Resume(newer) => {
+                        if let Some(old) = got.replace(newer) {
+                            old.transport.shutdown();
+                        }
+                    }
+                    registry::Wake::Visit(v) => {
+                        if let Some(old) = got.take() {
+                            old.transport.shutdown();
+                        }
+                        self.visit(v);
+                    }
+                }
             }
+            match got {
+                Some(g) if self.left => {
+                    // Unanswered: the client tries again, and finds the
+                    // session where its snapshot was rebuilt.
+                    g.transport.shutdown();
+                }
+                Some(g) => return Some(g),
+                None => {}
+            }
+        }
+    }
+
+    /// Lets `v` see the session, held still between requests.
+    fn visit(&mut self, v: registry::Visit) {
+        if let Some(e) = self.state.backend.take_async_error() {
+            self.deferred.get_or_insert(e);
+        }
+        let parts = Parts { state: &mut self.state, executed: self.executed, deferred: self.deferred, window: &self.window };
+        if v(parts) == After::Leave {
+            self.left = true;
         }
     }
 
@@ -280,7 +374,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         let spin = self.resumer.as_ref().map_or(rgpu_transport::tcp::DEFAULT_SPIN, |r| r.spin);
         t.set_spin(spin);
         self.out.clear();
-        self.transport = T::from_tcp(t);
+        self.transport = Some(T::from_tcp(t));
         // Watched (and kept alive) while the replies are replayed: a read
         // again may wait for the stream's work before its first byte.
         let link = self.resumer.as_ref().map(|r| r.link.clone());
@@ -292,10 +386,10 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         let n = kept.len();
         for (mut frame, device) in kept {
             let Some(DeviceBytes { src, len, stream }) = device else {
-                self.transport.send(&[&frame])?;
+                self.transport.as_mut().ok_or_else(not_connected)?.send(&[&frame])?;
                 continue;
             };
-            let transport = &mut self.transport;
+            let transport = self.transport.as_mut().ok_or_else(not_connected)?;
             let mut sent = 0u64;
             if let Some(l) = &link {
                 l.set_busy(true);
@@ -329,7 +423,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
 
     fn flush(&mut self) -> io::Result<()> {
         if !self.out.is_empty() {
-            self.transport.send(&[&self.out])?;
+            self.transport.as_mut().ok_or_else(not_connected)?.send(&[&self.out])?;
             self.state.meter.sent(self.out.len() as u64);
             self.out.clear();
         }
@@ -340,11 +434,11 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         if self.state.ended.load(Ordering::Relaxed) {
             return Err(End::Stopped);
         }
-        if self.transport.pending_input() < HEADER_LEN {
+        if self.transport.as_ref().map_or(0, |t| t.pending_input()) < HEADER_LEN {
             self.flush().map_err(End::Io)?;
         }
         let mut hb = [0u8; HEADER_LEN];
-        match self.transport.recv_exact(&mut hb) {
+        match self.transport.as_mut().ok_or_else(not_connected).and_then(|t| t.recv_exact(&mut hb)) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Err(End::Closed),
             Err(e) => return Err(End::Io(e)),
@@ -363,7 +457,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         // the budget (a header alone costs nothing).
         let mut held: Option<crate::quota::Charge> = None;
         let mut over_budget = false;
-        let (transport, buffered) = (&mut self.transport, &self.state.input.buffered);
+        let (transport, buffered) = (self.transport.as_mut().ok_or_else(not_connected).map_err(End::Io)?, &self.state.input.buffered);
         let r = self.recv.receive(len, |b| {
             if len > SMALL_MESSAGE {
                 let n = b.len() as u64;
@@ -411,7 +505,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         // The client has every reply to the requests before this one.
         self.window.received_below(h.seq);
         let started = std::time::Instant::now();
-        let mut bulk = Bulk::new(&mut self.transport, h.bulk_len, &mut self.scratch);
+        let transport = self.transport.as_mut().ok_or_else(not_connected).map_err(End::Io)?;
+        let mut bulk = Bulk::new(transport, h.bulk_len, &mut self.scratch);
         let link = self.resumer.as_ref().map(|r| r.link.clone());
         if let Some(l) = &link {
             l.set_busy(true);
@@ -493,7 +588,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         if let Some(l) = &link {
             l.set_busy(true);
         }
-        let (out, transport, meter) = (&mut self.out, &mut self.transport, &self.state.meter);
+        let transport = self.transport.as_mut().ok_or_else(not_connected).map_err(End::Io)?;
+        let (out, meter) = (&mut self.out, &self.state.meter);
         let r = self.state.backend.memcpy_dtoh(stream, src, len, &mut |chunk| {
             if sent == 0 {
                 if let Some(l) = &link {

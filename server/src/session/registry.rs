@@ -9,6 +9,13 @@
 //! client's proof; a client that lost its connection may know before the
 //! server does): the old socket is shut, so one connection at a time is
 //! served. Closing a session drops its channel, which ends the wait at once.
+//!
+//! The same channel carries visits ([`Registry::visit`]): work done on the
+//! session's thread while it is held still between requests (a checkpoint).
+//! Its connection is cut to bring the thread there; the client resumes
+//! afterwards as after any broken connection. A session rebuilt from a
+//! snapshot is adopted ([`Registry::adopt`]): active, with no connection
+//! until its client resumes.
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
@@ -35,9 +42,11 @@ struct Inner {
 
 struct Active {
     key: SessionKey,
-    /// A handle on the session's current socket, to unblock its thread.
-    socket: TcpStream,
-    resume: mpsc::Sender<Resume>,
+    client_name: String,
+    /// A handle on the session's current socket, to unblock its thread
+    /// (none for a restored session not yet resumed).
+    socket: Option<TcpStream>,
+    resume: mpsc::Sender<Wake>,
     /// The session's ended flag, once it has one: closing raises it, which
     /// stops its work.
     ended: Option<Arc<AtomicBool>>,
@@ -48,9 +57,21 @@ impl Active {
         if let Some(e) = &self.ended {
             e.store(true, Ordering::Relaxed);
         }
-        let _ = self.socket.shutdown(Shutdown::Both);
+        if let Some(s) = &self.socket {
+            let _ = s.shutdown(Shutdown::Both);
+        }
     }
 }
+
+/// What a session's thread is woken for while its connection is down.
+pub enum Wake {
+    Resume(Resume),
+    Visit(Visit),
+}
+
+/// Work done on a session's thread between requests; it says whether the
+/// session goes on being served here.
+pub type Visit = Box<dyn FnOnce(super::Parts<'_>) -> super::After + Send>;
 
 /// A client coming back to its session on a new connection.
 pub struct Resume {
@@ -109,7 +130,7 @@ impl Registry {
     /// per session ever gets it (later ones come back with [`Registry::resume`]).
     /// Returns the client's name and where resumed connections arrive.
     /// `socket` is kept so that shutdown can close the connection.
-    pub fn attach(&self, id: u64, key: &[u8], socket: TcpStream) -> Result<(String, mpsc::Receiver<Resume>), AttachError> {
+    pub fn attach(&self, id: u64, key: &[u8], socket: TcpStream) -> Result<(String, mpsc::Receiver<Wake>), AttachError> {
         let mut inner = self.lock();
         if inner.closing {
             return Err(AttachError::ShuttingDown);
@@ -120,7 +141,8 @@ impl Registry {
         }
         let p = inner.pending.remove(&id).ok_or(AttachError::Unknown)?;
         let (tx, rx) = mpsc::channel();
-        inner.active.insert(id, Active { key: p.key, socket, resume: tx, ended: None });
+        let client_name = p.client_name.clone();
+        inner.active.insert(id, Active { key: p.key, client_name, socket: Some(socket), resume: tx, ended: None });
         Ok((p.client_name, rx))
     }
 
@@ -143,10 +165,76 @@ impl Registry {
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
             return Err((AttachError::Unknown, resume));
         };
-        a.resume.send(resume).map_err(|e| (AttachError::Unknown, e.0))?;
-        let old = std::mem::replace(&mut a.socket, socket);
-        let _ = old.shutdown(Shutdown::Both);
+        if let Err(mpsc::SendError(w)) = a.resume.send(Wake::Resume(resume)) {
+            // Its thread is gone: the resume comes back to be answered.
+            return match w {
+                Wake::Resume(r) => Err((AttachError::Unknown, r)),
+                Wake::Visit(_) => Ok(()),
+            };
+        }
+        if let Some(old) = a.socket.replace(socket) {
+            let _ = old.shutdown(Shutdown::Both);
+        }
         Ok(())
+    }
+
+    /// Hands `visit` to active session `id` and cuts its connection, so its
+    /// thread makes the visit between requests; false if there is no such
+    /// session (or its thread is gone).
+    pub fn visit(&self, id: u64, visit: Visit) -> bool {
+        let inner = self.lock();
+        let Some(a) = inner.active.get(&id) else { return false };
+        if a.resume.send(Wake::Visit(visit)).is_err() {
+            return false;
+        }
+        if let Some(s) = &a.socket {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        true
+    }
+
+    /// Session `id`'s key and client name, if it is active.
+    pub fn identity(&self, id: u64) -> Option<(SessionKey, String)> {
+        self.lock().active.get(&id).map(|a| (a.key, a.client_name.clone()))
+    }
+
+    /// Registers a session rebuilt from a snapshot as active, without a
+    /// connection: its client resumes it with `key`. A session with this id
+    /// still here is refused, unless `replace` (its state left in the
+    /// snapshot being restored): it is closed, and its thread's end awaited
+    /// (at most `wait`), so that thread's detach cannot drop the new one.
+    pub fn adopt(
+        &self,
+        id: u64,
+        key: SessionKey,
+        client_name: &str,
+        replace: bool,
+        wait: std::time::Duration,
+    ) -> Result<mpsc::Receiver<Wake>, AttachError> {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            let mut inner = self.lock();
+            if inner.closing {
+                return Err(AttachError::ShuttingDown);
+            }
+            if inner.pending.contains_key(&id) {
+                return Err(AttachError::Unknown);
+            }
+            match inner.active.get(&id) {
+                None => {
+                    let (tx, rx) = mpsc::channel();
+                    let a = Active { key, client_name: client_name.to_string(), socket: None, resume: tx, ended: None };
+                    inner.active.insert(id, a);
+                    return Ok(rx);
+                }
+                Some(old) if replace && std::time::Instant::now() < until => {
+                    old.close();
+                }
+                Some(_) => return Err(AttachError::Unknown),
+            }
+            drop(inner);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Forgets an active session (its thread is ending).

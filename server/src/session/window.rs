@@ -74,6 +74,21 @@ impl ReplyWindow {
         Ok(self.kept.iter())
     }
 
+    /// The replies kept, and the newest one the bound pushed out: what a
+    /// checkpoint carries so that a resume on another server works.
+    pub fn export(&self) -> (impl Iterator<Item = &Kept>, u64) {
+        (self.kept.iter(), self.lost)
+    }
+
+    /// A window as [`ReplyWindow::export`] gave it (the bounds applied again).
+    pub fn import(kept: Vec<Kept>, lost: u64) -> Self {
+        let mut w = ReplyWindow { lost, ..ReplyWindow::default() };
+        for k in kept {
+            w.keep(k.seq, &k.frame, k.device);
+        }
+        w
+    }
+
     #[cfg(test)]
     fn seqs(&self) -> Vec<u64> {
         self.kept.iter().map(|k| k.seq).collect()

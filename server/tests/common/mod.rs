@@ -130,6 +130,7 @@ impl TestServer {
             pool,
             metrics: None,
             security,
+            checkpoint: Default::default(),
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));

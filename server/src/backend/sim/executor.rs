@@ -233,6 +233,25 @@ impl Executor {
         }
     }
 
+    /// As [`Executor::wait_idle`], for at most `timeout`: whether it is idle.
+    pub fn wait_idle_for(&self, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        let mut s = self.inner.lock();
+        while !s.live.is_empty() {
+            if self.inner.stopped(&s) {
+                self.inner.drop_queued(&mut s);
+                if s.live.is_empty() {
+                    break;
+                }
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            s = self.inner.wait(s);
+        }
+        true
+    }
+
     /// The first error of the work done since the last call.
     pub fn take_error(&self) -> Option<CuError> {
         self.inner.lock().error.take()

@@ -134,6 +134,37 @@ impl DeviceMemory {
         Ok(self.base + off)
     }
 
+    /// Allocates `size` bytes at exactly `ptr` (a restored session's
+    /// allocation, which the program knows by that address): the range must
+    /// be granule-aligned and wholly free.
+    pub fn alloc_at(&self, ptr: u64, size: u64) -> CuResult {
+        if size == 0 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let off = self.offset(ptr)?;
+        if off % GRANULE != 0 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let len = size.checked_next_multiple_of(GRANULE).ok_or(CuError::OUT_OF_MEMORY)?;
+        let end = off.checked_add(len).filter(|&e| e <= self.size).ok_or(CuError::OUT_OF_MEMORY)?;
+        let mut st = self.lock();
+        let (fo, fl) = st.free.range(..=off).next_back().map(|(&o, &l)| (o, l)).ok_or(CuError::OUT_OF_MEMORY)?;
+        if fo + fl < end {
+            // Part of the range is taken (another allocation is there).
+            return Err(CuError::OUT_OF_MEMORY);
+        }
+        st.free.remove(&fo);
+        if off > fo {
+            st.free.insert(fo, off - fo);
+        }
+        if fo + fl > end {
+            st.free.insert(end, fo + fl - end);
+        }
+        st.live.insert(off, len);
+        st.used += len;
+        Ok(())
+    }
+
     /// Frees the allocation starting exactly at `ptr`, zeroing it.
     pub fn free(&self, ptr: u64) -> CuResult {
         let off = self.offset(ptr)?;
@@ -287,6 +318,31 @@ mod tests {
         m.free(a).unwrap();
         m.free(c).unwrap();
         assert_eq!(m.free_bytes(), 1 << 20);
+        assert_eq!(m.lock().free.len(), 1, "coalesced back to one range");
+    }
+
+    #[test]
+    fn alloc_at_takes_exactly_the_range_asked_or_nothing() {
+        let m = DeviceMemory::new(0, 1 << 20).unwrap();
+        let at = VA_BASE + 8 * GRANULE;
+        m.alloc_at(at, 1000).unwrap();
+        assert_eq!(m.allocation_of(at + 5), Some((at, 1024)));
+        assert_eq!(m.free_bytes(), (1 << 20) - 1024);
+        // Overlapping, misaligned, outside, or running past the end: refused, nothing taken.
+        assert_eq!(m.alloc_at(at + GRANULE, 10), Err(CuError::OUT_OF_MEMORY));
+        assert_eq!(m.alloc_at(at - GRANULE, 2 * GRANULE), Err(CuError::OUT_OF_MEMORY));
+        assert_eq!(m.alloc_at(at + 3000, 10), Err(CuError::INVALID_VALUE));
+        assert_eq!(m.alloc_at(VA_BASE + (1 << 20), 10), Err(CuError::INVALID_VALUE));
+        assert_eq!(m.alloc_at(VA_BASE + (1 << 20) - GRANULE, 2 * GRANULE), Err(CuError::OUT_OF_MEMORY));
+        assert_eq!(m.alloc_at(VA_BASE, u64::MAX), Err(CuError::OUT_OF_MEMORY));
+        assert_eq!(m.free_bytes(), (1 << 20) - 1024);
+        // The ranges on either side are still free and usable.
+        m.alloc_at(VA_BASE, 8 * GRANULE).unwrap();
+        let next = m.alloc(GRANULE).unwrap();
+        assert_eq!(next, at + 1024);
+        m.free(at).unwrap();
+        m.free(VA_BASE).unwrap();
+        m.free(next).unwrap();
         assert_eq!(m.lock().free.len(), 1, "coalesced back to one range");
     }
 

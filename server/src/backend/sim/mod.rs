@@ -332,6 +332,123 @@ impl SimSession {
         Ok(())
     }
 
+    /// Loads a module's globals (at `place` if given: a restored session's
+    /// addresses) and decodes its kernels.
+    fn load_module(&mut self, device: u32, parsed: &ModuleImage, place: Option<&[u64]>) -> CuResult<(ModuleToken, LoadedModule)> {
+        self.shared.device(device)?;
+        // Module globals are device memory the session holds, charged to its
+        // lease as cuMemAlloc is (a zero-sized global still takes an address).
+        let global_bytes = parsed.globals.iter().fold(0u64, |n, g| n.saturating_add(g.size.max(1)));
+        self.account.take(global_bytes)?;
+        let mut globals = Vec::with_capacity(parsed.globals.len());
+        let mut ptrs = Vec::with_capacity(parsed.globals.len());
+        let result = (|| -> CuResult {
+            for g in &parsed.globals {
+                let p = match place {
+                    Some(at) => {
+                        let p = *at.get(ptrs.len()).ok_or(CuError::INVALID_VALUE)?;
+                        self.shared.device(device)?.alloc_at(p, g.size.max(1))?;
+                        self.allocs.insert(p, ());
+                        self.launch_memory = None;
+                        p
+                    }
+                    None => self.alloc_owned(device, g.size.max(1))?,
+                };
+                ptrs.push(p);
+                if let Some(init) = &g.init {
+                    let n = (init.len() as u64).min(g.size);
+                    let m = self.shared.device(device)?;
+                    m.with_slice_mut(p, n, |s| s.copy_from_slice(&init[..n as usize]))?;
+                }
+                globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: g.size });
+            }
+            Ok(())
+        })();
+        let programs = result.and_then(|()| kernels::decode(parsed, &globals));
+        let programs = match programs {
+            Ok(p) => p,
+            Err(e) => {
+                for p in ptrs {
+                    let _ = self.free_owned(p);
+                }
+                self.account.give(global_bytes);
+                return Err(e);
+            }
+        };
+        let const_bytes: u64 = parsed
+            .globals
+            .iter()
+            .filter(|g| g.space == GlobalSpace::Const)
+            .map(|g| g.size)
+            .sum();
+        let arch = self.shared.arch;
+        let launch_note = if parsed.ptx.is_some() {
+            String::new()
+        } else if let Some(newer) = parsed.newer_ptx {
+            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "the image's PTX is for compute_{newer}, newer than this device (compute capability {}.{}), \
+                 and a driver never runs newer PTX on an older device; the rgpu sim backend cannot run its \
+                 SASS ({}): start the server with --sim-compute-capability {}.{} to run it",
+                arch / 10,
+                arch % 10,
+                archs.join(", "),
+                newer / 10,
+                newer % 10
+            )
+        } else {
+            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
+            format!(
+                "the image has no PTX (only SASS for {}); the rgpu sim backend executes PTX only: \
+                 build with -gencode arch=compute_XX,code=compute_XX (e.g. compute_90) to embed it",
+                if archs.is_empty() { "no architecture".to_string() } else { archs.join(", ") }
+            )
+        };
+        let clamp = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
+        let functions = parsed
+            .kernels
+            .iter()
+            .enumerate()
+            .map(|(i, k)| FunctionInfo {
+                name: k.name.clone(),
+                params: k.params.iter().map(|p| (p.offset, p.size)).collect(),
+                max_threads_per_block: k
+                    .max_threads_per_block
+                    .map_or(1024, |n| n.min(1024) as i32),
+                shared_size_bytes: clamp(k.shared_static_bytes),
+                // Per-function constant usage is not known without SASS; the
+                // module's __constant__ bytes are an upper bound.
+                const_size_bytes: clamp(const_bytes),
+                local_size_bytes: clamp(k.local_bytes),
+                num_regs: k.num_regs.map_or(32, |n| n as i32),
+                // The PTX the kernel was built from, JIT-compiled for this device.
+                ptx_version: parsed.ptx_arch.map_or(arch as i32, |a| a as i32),
+                binary_version: arch as i32,
+                // Said at load time so the client refuses a launch at once,
+                // where the program sees the error, rather than at the next
+                // synchronisation.
+                launch_note: match programs.get(i) {
+                    _ if parsed.ptx.is_none() => launch_note.clone(),
+                    Some(Err(why)) => why.clone(),
+                    _ => String::new(),
+                },
+            })
+            .collect::<Vec<_>>();
+        let t = self.token();
+        self.modules.insert(
+            t,
+            SimModule { globals: ptrs, global_bytes, programs },
+        );
+        debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
+        // The module-level note explains the module as a whole; empty when
+        // every kernel can be launched.
+        let launch_note = match functions.iter().find(|f| !f.launch_note.is_empty()) {
+            Some(f) if launch_note.is_empty() => format!("kernel {}: {}", f.name, f.launch_note),
+            _ => launch_note,
+        };
+        Ok((ModuleToken(t), LoadedModule { functions, globals, launch_note }))
+    }
+
     fn free_owned(&mut self, ptr: u64) -> CuResult {
         self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
         self.launch_memory = None;
@@ -626,110 +743,66 @@ impl BackendSession for SimSession {
         _image: &[u8],
         parsed: &ModuleImage,
     ) -> CuResult<(ModuleToken, LoadedModule)> {
-        self.shared.device(device)?;
-        // Module globals are device memory the session holds, charged to its
-        // lease as cuMemAlloc is (a zero-sized global still takes an address).
-        let global_bytes = parsed.globals.iter().fold(0u64, |n, g| n.saturating_add(g.size.max(1)));
-        self.account.take(global_bytes)?;
-        let mut globals = Vec::with_capacity(parsed.globals.len());
-        let mut ptrs = Vec::with_capacity(parsed.globals.len());
-        let result = (|| -> CuResult {
-            for g in &parsed.globals {
-                let p = self.alloc_owned(device, g.size.max(1))?;
-                ptrs.push(p);
-                if let Some(init) = &g.init {
-                    let n = (init.len() as u64).min(g.size);
-                    let m = self.shared.device(device)?;
-                    m.with_slice_mut(p, n, |s| s.copy_from_slice(&init[..n as usize]))?;
-                }
-                globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: g.size });
-            }
-            Ok(())
-        })();
-        let programs = result.and_then(|()| kernels::decode(parsed, &globals));
-        let programs = match programs {
-            Ok(p) => p,
-            Err(e) => {
-                for p in ptrs {
-                    let _ = self.free_owned(p);
-                }
-                self.account.give(global_bytes);
-                return Err(e);
-            }
-        };
-        let const_bytes: u64 = parsed
-            .globals
-            .iter()
-            .filter(|g| g.space == GlobalSpace::Const)
-            .map(|g| g.size)
-            .sum();
-        let arch = self.shared.arch;
-        let launch_note = if parsed.ptx.is_some() {
-            String::new()
-        } else if let Some(newer) = parsed.newer_ptx {
-            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
-            format!(
-                "the image's PTX is for compute_{newer}, newer than this device (compute capability {}.{}), \
-                 and a driver never runs newer PTX on an older device; the rgpu sim backend cannot run its \
-                 SASS ({}): start the server with --sim-compute-capability {}.{} to run it",
-                arch / 10,
-                arch % 10,
-                archs.join(", "),
-                newer / 10,
-                newer % 10
-            )
-        } else {
-            let archs: Vec<String> = parsed.sass_archs.iter().map(|a| format!("sm_{a}")).collect();
-            format!(
-                "the image has no PTX (only SASS for {}); the rgpu sim backend executes PTX only: \
-                 build with -gencode arch=compute_XX,code=compute_XX (e.g. compute_90) to embed it",
-                if archs.is_empty() { "no architecture".to_string() } else { archs.join(", ") }
-            )
-        };
-        let clamp = |v: u64| i32::try_from(v).unwrap_or(i32::MAX);
-        let functions = parsed
-            .kernels
-            .iter()
-            .enumerate()
-            .map(|(i, k)| FunctionInfo {
-                name: k.name.clone(),
-                params: k.params.iter().map(|p| (p.offset, p.size)).collect(),
-                max_threads_per_block: k
-                    .max_threads_per_block
-                    .map_or(1024, |n| n.min(1024) as i32),
-                shared_size_bytes: clamp(k.shared_static_bytes),
-                // Per-function constant usage is not known without SASS; the
-                // module's __constant__ bytes are an upper bound.
-                const_size_bytes: clamp(const_bytes),
-                local_size_bytes: clamp(k.local_bytes),
-                num_regs: k.num_regs.map_or(32, |n| n as i32),
-                // The PTX the kernel was built from, JIT-compiled for this device.
-                ptx_version: parsed.ptx_arch.map_or(arch as i32, |a| a as i32),
-                binary_version: arch as i32,
-                // Said at load time so the client refuses a launch at once,
-                // where the program sees the error, rather than at the next
-                // synchronisation.
-                launch_note: match programs.get(i) {
-                    _ if parsed.ptx.is_none() => launch_note.clone(),
-                    Some(Err(why)) => why.clone(),
-                    _ => String::new(),
-                },
-            })
-            .collect::<Vec<_>>();
-        let t = self.token();
-        self.modules.insert(
-            t,
-            SimModule { globals: ptrs, global_bytes, programs },
-        );
-        debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
-        // The module-level note explains the module as a whole; empty when
-        // every kernel can be launched.
-        let launch_note = match functions.iter().find(|f| !f.launch_note.is_empty()) {
-            Some(f) if launch_note.is_empty() => format!("kernel {}: {}", f.name, f.launch_note),
-            _ => launch_note,
-        };
-        Ok((ModuleToken(t), LoadedModule { functions, globals, launch_note }))
+        self.load_module(device, parsed, None)
     }
+
+    fn module_load_at(
+        &mut self,
+        device: u32,
+        _image: &[u8],
+        parsed: &ModuleImage,
+        globals: &[u64],
+    ) -> CuResult<(ModuleToken, LoadedModule)> {
+        if globals.len() != parsed.globals.len() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        self.load_module(device, parsed, Some(globals))
+    }
+
+    fn relocatable(&self) -> bool {
+        true
+    }
+
+    fn quiesce(&mut self, timeout: Duration) -> CuResult {
+        if self.exec.wait_idle_for(timeout) {
+            Ok(())
+        } else {
+            Err(CuError::NOT_READY)
+        }
+    }
+
+    fn mem_alloc_at(&mut self, device: u32, ptr: u64, size: u64) -> CuResult {
+        self.account.take(size)?;
+        if let Err(e) = self.shared.device(device).and_then(|m| m.alloc_at(ptr, size)) {
+            self.account.give(size);
+            return Err(e);
+        }
+        self.allocs.insert(ptr, ());
+        self.launch_memory = None;
+        self.client_bytes.insert(ptr, size);
+        Ok(())
+    }
+
+    fn event_recorded_ago(&mut self, event: EventToken) -> CuResult<Option<Duration>> {
+        let ev = self.events.get(&event.0).ok_or(CuError::INVALID_HANDLE)?;
+        if ev.item.is_some_and(|id| self.exec.pending(id)) {
+            return Err(CuError::NOT_READY);
+        }
+        let at = *ev.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(at.map(|at| Instant::now().saturating_duration_since(at)))
+    }
+
+    fn event_restore(&mut self, device: u32, flags: u32, recorded_ago: Option<Duration>) -> CuResult<EventToken> {
+        self.shared.device(device)?;
+        let now = Instant::now();
+        // An Instant cannot go back past the host's boot: such an old record
+        // becomes one at the earliest time this host can say.
+        let at = recorded_ago.map(|ago| now.checked_sub(ago).unwrap_or(now));
+        let t = self.token();
+        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(at)), item: None });
+        Ok(EventToken(t))
+    }
+
 
     fn module_unload(&mut self, module: ModuleToken) -> CuResult {
         self.exec.wait_idle();

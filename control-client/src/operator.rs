@@ -1,0 +1,146 @@
+//! A GPU server's operator calls (control.capnp `checkpoint`, `restore`):
+//! each takes the connection's challenge and proves it holds the server's
+//! admin key over it (`rgpu_protocol::auth::server_op_message`).
+
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
+use futures::AsyncReadExt;
+use rgpu_protocol::auth::{server_op_message, ServerOp};
+use rgpu_protocol::control_capnp::gpu_server;
+use rgpu_protocol::token::sign_bytes;
+use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
+use tokio::io::AsyncWriteExt;
+
+use crate::{rpc_err, run_for, unreachable_err, ClientSecurity, ControlError, CONNECT_TIMEOUT};
+
+type Driver = tokio::task::JoinHandle<Result<(), capnp::Error>>;
+
+/// Connects to `addr`'s control plane (TLS as `security` says); the returned
+/// task drives the connection (abort it when done). Inside a `LocalSet`.
+async fn connect(addr: &str, security: &ClientSecurity) -> Result<(gpu_server::Client, Driver), ControlError> {
+    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
+        .await
+        .map_err(|_| unreachable_err(addr, "connection timed out"))?
+        .map_err(|e| unreachable_err(addr, e))?;
+    tcp.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
+    let (mut stream, _refusal) = rgpu_tls::client::connect(security, addr, tcp)
+        .await
+        .map_err(|e| ControlError::Tls { addr: addr.into(), reason: e.to_string() })?;
+    stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
+    stream.flush().await.map_err(|e| unreachable_err(addr, e))?;
+    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::new(reader),
+        futures::io::BufWriter::new(writer),
+        rpc_twoparty_capnp::Side::Client,
+        Default::default(),
+    );
+    let mut rpc = RpcSystem::new(Box::new(network), None);
+    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
+    Ok((server, tokio::task::spawn_local(rpc)))
+}
+
+/// What a checkpoint or restore did, as the server measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpResult {
+    pub session: u64,
+    /// Snapshot bytes written or read.
+    pub bytes: u64,
+    /// Of which device memory.
+    pub memory_bytes: u64,
+    /// How long the server took (a checkpoint: from the call to the file synced).
+    pub took: Duration,
+}
+
+fn refused(addr: &str, e: capnp::Error) -> ControlError {
+    ControlError::Refused { addr: addr.into(), reason: e.extra.clone() }
+}
+
+async fn hello_and_nonce(addr: &str, server: &gpu_server::Client) -> Result<Vec<u8>, ControlError> {
+    let mut req = server.hello_request();
+    req.get().set_client_version(PROTOCOL_VERSION);
+    req.get().set_client_name("rgpu operator");
+    let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
+    let theirs = reply.get().map_err(|e| rpc_err(addr, e))?.get_server_version();
+    if theirs != PROTOCOL_VERSION {
+        return Err(ControlError::VersionMismatch { addr: addr.into(), ours: PROTOCOL_VERSION, theirs });
+    }
+    let reply = server.challenge_request().send().promise.await.map_err(|e| refused(addr, e))?;
+    Ok(reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec())
+}
+
+/// Checkpoints session `session` on `addr` as snapshot `name` (in the
+/// server's checkpoint directory); `leave`: the session is served there no
+/// more. `limit` bounds the whole call.
+#[allow(clippy::too_many_arguments)]
+pub fn checkpoint(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    session: u64,
+    name: &str,
+    quiesce: Duration,
+    leave: bool,
+    limit: Duration,
+) -> Result<OpResult, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Checkpoint, session, name));
+            let mut req = server.checkpoint_request();
+            let mut p = req.get();
+            p.set_session_id(session);
+            p.set_name(name);
+            p.set_quiesce_ms(u32::try_from(quiesce.as_millis()).unwrap_or(u32::MAX));
+            p.set_leave(leave);
+            p.set_nonce(&nonce);
+            p.set_proof(&proof);
+            let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+            let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+            Ok(OpResult {
+                session,
+                bytes: r.get_bytes(),
+                memory_bytes: r.get_memory_bytes(),
+                took: Duration::from_micros(r.get_micros()),
+            })
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
+/// Restores snapshot `name` (in the server's checkpoint directory) on `addr`.
+pub fn restore(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    limit: Duration,
+) -> Result<OpResult, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Restore, 0, name));
+            let mut req = server.restore_request();
+            let mut p = req.get();
+            p.set_name(name);
+            p.set_nonce(&nonce);
+            p.set_proof(&proof);
+            let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+            let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+            Ok(OpResult {
+                session: r.get_session_id(),
+                bytes: r.get_bytes(),
+                memory_bytes: r.get_memory_bytes(),
+                took: Duration::from_micros(r.get_micros()),
+            })
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}

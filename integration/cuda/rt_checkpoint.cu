@@ -1,0 +1,82 @@
+// Runs rounds of work on a stream (a kernel that reads a module global, a
+// kernel that moves the global on, two events around them) over device
+// memory the program keeps, and checks every round against a host model;
+// a large buffer written once is checked at the end. The harness
+// checkpoints the session after a "round" line, stops the server, starts a
+// new one at the same address and restores the session there: the program
+// must see no error and every result must be right.
+// Exit 0: all rounds right. Exit 1: a CUDA call failed or a result was wrong.
+#include <cuda_runtime.h>
+#include <unistd.h>
+#include <vector>
+#include "check.h"
+
+__device__ unsigned counter = 7;
+
+__global__ void step(unsigned *a, int n, unsigned k) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) a[i] = a[i] * 3u + k + counter;
+}
+
+__global__ void tick() {
+    if (blockIdx.x == 0 && threadIdx.x == 0) counter += 1;
+}
+
+int main(int argc, char **argv) {
+    test_begin("rt_checkpoint");
+    const int rounds = (int)arg_ll(argc, argv, "--rounds", 6);
+    const long long wait_ms = arg_ll(argc, argv, "--wait-ms", 0);
+    const size_t big = (size_t)arg_ll(argc, argv, "--mib", 16) << 20;
+    const int n = 1 << 16;
+    std::vector<unsigned> model(n), back(n);
+    std::vector<unsigned char> h(big);
+    for (int i = 0; i < n; i++) model[i] = (unsigned)i;
+    unsigned count = 7;
+    unsigned *a = nullptr;
+    unsigned char *d = nullptr;
+    CHECK(cudaMalloc(&a, n * sizeof(unsigned)));
+    CHECK(cudaMalloc(&d, big));
+    fill_pattern(h.data(), big, 41);
+    CHECK(cudaMemcpy(d, h.data(), big, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(a, model.data(), n * sizeof(unsigned), cudaMemcpyHostToDevice));
+    int lo = 0, hi = 0;
+    CHECK(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, hi));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    for (int r = 0; r < rounds; r++) {
+        CHECK(cudaEventRecord(e0, s));
+        step<<<(n + 255) / 256, 256, 0, s>>>(a, n, (unsigned)r + 1);
+        tick<<<1, 1, 0, s>>>();
+        CHECK(cudaEventRecord(e1, s));
+        CHECK(cudaGetLastError());
+        CHECK(cudaStreamSynchronize(s));
+        for (int i = 0; i < n; i++) model[i] = model[i] * 3u + (unsigned)r + 1 + count;
+        count += 1;
+        CHECK(cudaMemcpy(back.data(), a, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        for (int i = 0; i < n; i++) EXPECT(back[i] == model[i], "round %d: a[%d] = %u, want %u", r, i, back[i], model[i]);
+        unsigned got = 0;
+        CHECK(cudaMemcpyFromSymbol(&got, counter, sizeof got));
+        EXPECT(got == count, "round %d: the global is %u, want %u", r, got, count);
+        float ms = -1;
+        CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        EXPECT(ms >= 0, "round %d: elapsed %f ms", r, ms);
+        ok("round %d: %d elements and the global right", r, n);
+        printf("round %d\n", r);
+        fflush(stdout);
+        if (wait_ms > 0) usleep((useconds_t)(wait_ms * 1000));
+    }
+    std::vector<unsigned char> hb(big);
+    CHECK(cudaMemcpy(hb.data(), d, big, cudaMemcpyDeviceToHost));
+    long long bad = check_pattern(hb.data(), big, 41);
+    EXPECT(bad < 0, "byte %lld of the %zu-byte buffer is wrong", bad, big);
+    ok("the %zu-byte buffer written before is intact", big);
+    CHECK(cudaEventDestroy(e0));
+    CHECK(cudaEventDestroy(e1));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(d));
+    return test_end();
+}

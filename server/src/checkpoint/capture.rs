@@ -1,0 +1,209 @@
+//! Writing a session: quiesce it, then its records in the order the reader
+//! rebuilds them (modules before allocations, so a global's contents
+//! overwrite its initial value; streams before the replies that name them).
+
+use std::io::{self, Write};
+use std::time::{Duration, Instant};
+
+use super::format::{self, Enc, Tag};
+use super::{SessionMeta, SnapshotError};
+use crate::backend::{StreamRef, TransferError};
+use crate::session::window::ReplyWindow;
+use crate::state::{Owner, SessionState};
+
+/// What [`capture`] wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Captured {
+    /// Bytes written, header to end.
+    pub bytes: u64,
+    /// Of which device memory contents.
+    pub memory_bytes: u64,
+    pub records: u64,
+    /// How long the session's queued work took to finish first.
+    pub quiesced_in: Duration,
+}
+
+/// Counts what goes through.
+struct Counting<'a> {
+    w: &'a mut dyn Write,
+    n: u64,
+}
+
+impl Write for Counting<'_> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = self.w.write(b)?;
+        self.n += n as u64;
+        Ok(n)
+    }
+    fn write_all(&mut self, b: &[u8]) -> io::Result<()> {
+        self.w.write_all(b)?;
+        self.n += b.len() as u64;
+        Ok(())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.w.flush()
+    }
+}
+
+/// Waits (at most `quiesce`) for the session's queued work, then writes it
+/// to `out`. The caller holds the session still: no request of it runs
+/// meanwhile (the session thread itself calls this, between requests).
+/// Nothing is written when the session cannot be captured.
+pub fn capture(
+    state: &mut SessionState,
+    meta: &SessionMeta,
+    window: &ReplyWindow,
+    quiesce: Duration,
+    out: &mut dyn Write,
+) -> Result<Captured, SnapshotError> {
+    if !state.backend.relocatable() {
+        return Err(SnapshotError::Unsupported);
+    }
+    if !state.vmm.is_empty() {
+        return Err(SnapshotError::NotCapturable(
+            "it holds virtual memory management objects (cuMemCreate/cuMemMap), which snapshots do not carry yet",
+        ));
+    }
+    if !state.graph_execs.is_empty() {
+        return Err(SnapshotError::NotCapturable("it holds instantiated graphs, which snapshots do not carry yet"));
+    }
+    let started = Instant::now();
+    state.backend.quiesce(quiesce).map_err(|_| SnapshotError::Busy(quiesce))?;
+    let quiesced_in = started.elapsed();
+    let mut w = Counting { w: out, n: 0 };
+    let mut records = 0u64;
+    let mut memory_bytes = 0u64;
+    format::write_header(&mut w)?;
+
+    let (kept, lost) = window.export();
+    let mut e = Enc::default();
+    e.u64(meta.id).bytes(&meta.key).bytes(meta.client_name.as_bytes());
+    e.u64(meta.executed).u32(meta.deferred.map_or(0, |c| c.code())).u32(state.sticky.map_or(0, |c| c.code()));
+    e.u32(state.device_count);
+    match &state.allowed {
+        Some(a) => {
+            e.u8(1).u32(a.len() as u32);
+            for &d in a {
+                e.u32(d);
+            }
+        }
+        None => {
+            e.u8(0);
+        }
+    }
+    e.u32(state.backend.module_arch(0));
+    for d in 0..state.device_count as usize {
+        e.u64(state.device_memory.get(d).copied().unwrap_or(0));
+    }
+    match &meta.admission {
+        Some(a) => {
+            e.u8(1).u64(a.lease).u64(a.generation).opt_u64(a.memory_limit).u64(a.deadline_ms);
+            e.u32(a.devices.len() as u32);
+            for &d in &a.devices {
+                e.u32(d);
+            }
+            e.opt_u64(a.pkey.map(u64::from)).u32(a.compute_milli as u32);
+        }
+        None => {
+            e.u8(0);
+        }
+    }
+    e.u64(lost);
+    format::write_record(&mut w, Tag::Session, &e, 0)?;
+    records += 1;
+
+    let mut modules: Vec<(&u64, &crate::state::Module)> = state.modules.iter().collect();
+    modules.sort_by_key(|(h, _)| **h);
+    for (&handle, m) in modules {
+        let mut e = Enc::default();
+        e.u64(handle).u32(m.device).u32(m.globals.len() as u32);
+        for p in &m.globals {
+            let size = state.allocs.get(p).map_or(0, |a| a.size);
+            e.u64(*p).u64(size);
+        }
+        format::write_record(&mut w, Tag::Module, &e, m.source.len() as u64)?;
+        w.write_all(&m.source)?;
+        records += 1;
+    }
+
+    let allocs: Vec<(u64, crate::state::Alloc)> = state.allocs.iter().map(|(&p, a)| (p, *a)).collect();
+    for (ptr, a) in allocs {
+        let mut e = Enc::default();
+        e.u64(ptr).u32(a.device).u64(a.size);
+        match a.owner {
+            Owner::Client => e.u8(0),
+            Owner::Module(h) => e.u8(1).u64(h),
+        };
+        format::write_record(&mut w, Tag::Alloc, &e, a.size)?;
+        if a.size > 0 {
+            // Streamed from device memory to the writer, never whole in a buffer.
+            let mut sent = 0u64;
+            let r = state.backend.memcpy_dtoh(StreamRef::Default { device: a.device }, ptr, a.size, &mut |chunk| {
+                w.write_all(chunk)?;
+                sent += chunk.len() as u64;
+                Ok(())
+            });
+            match r {
+                Ok(()) if sent == a.size => {}
+                Ok(()) => return Err(SnapshotError::Io(io::Error::other("device produced fewer bytes than asked"))),
+                Err(TransferError::Io(e)) => return Err(SnapshotError::Io(e)),
+                Err(TransferError::Device(e)) => return Err(SnapshotError::Device(e, "reading device memory")),
+            }
+        }
+        memory_bytes += a.size;
+        records += 1;
+    }
+
+    let mut streams: Vec<_> = state.streams.iter().map(|(&h, s)| (h, *s)).collect();
+    streams.sort_by_key(|(h, _)| *h);
+    for (handle, s) in streams {
+        let mut e = Enc::default();
+        e.u64(handle).u32(s.device).u32(s.flags).i32(s.priority);
+        format::write_record(&mut w, Tag::Stream, &e, 0)?;
+        records += 1;
+    }
+
+    let mut events: Vec<_> = state.events.iter().map(|(&h, ev)| (h, *ev)).collect();
+    events.sort_by_key(|(h, _)| *h);
+    for (handle, ev) in events {
+        let ago = state
+            .backend
+            .event_recorded_ago(ev.token)
+            .map_err(|c| SnapshotError::Device(c, "reading an event's record"))?;
+        let mut e = Enc::default();
+        e.u64(handle).u32(ev.device).u32(ev.flags).opt_u64(ago.map(|d| d.as_nanos().min(u64::MAX as u128) as u64));
+        format::write_record(&mut w, Tag::Event, &e, 0)?;
+        records += 1;
+    }
+
+    for k in kept {
+        let mut e = Enc::default();
+        e.u64(k.seq);
+        match k.device {
+            Some(d) => {
+                let (handle, device) = match d.stream {
+                    StreamRef::Default { device } => (0, device),
+                    StreamRef::Created(t) => match state.streams.iter().find(|(_, s)| s.token == t) {
+                        Some((&h, s)) => (h, s.device),
+                        // Destroyed since: the read is ordered after nothing left.
+                        None => (0, state.check_range(d.src, d.len).unwrap_or(0)),
+                    },
+                };
+                e.u8(1).u64(d.src).u64(d.len).u64(handle).u32(device);
+            }
+            None => {
+                e.u8(0);
+            }
+        }
+        format::write_record(&mut w, Tag::Reply, &e, k.frame.len() as u64)?;
+        w.write_all(&k.frame)?;
+        records += 1;
+    }
+
+    let mut e = Enc::default();
+    records += 1;
+    e.u64(records).u64(memory_bytes);
+    format::write_record(&mut w, Tag::End, &e, 0)?;
+    w.flush()?;
+    Ok(Captured { bytes: w.n, memory_bytes, records, quiesced_in })
+}

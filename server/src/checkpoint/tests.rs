@@ -1,0 +1,278 @@
+//! A session with allocations, a module with a global, streams and events,
+//! captured and rebuilt on another sim backend: the same bytes at the same
+//! addresses, and kernels launched by the same handles compute what they
+//! compute on the original.
+
+use std::time::Duration;
+
+use super::*;
+use crate::backend::sim::{SimBackend, SimConfig};
+use crate::backend::{Backend, LaunchDims, StreamRef};
+use crate::command::event::{EventCreate, EventRecord};
+use crate::command::stream::StreamCreate;
+use crate::command::Handler;
+use crate::session::window::ReplyWindow;
+use crate::state::SessionState;
+
+/// `scale(data, n)`: data[i] = data[i] * 3 + g_count, one thread per element.
+/// `tick(out)`: g_count += 1; *out = g_count.
+const PTX: &str = ".version 8.0\n.target sm_90\n.address_size 64\n\
+.global .align 4 .u32 g_count = 5;\n\
+.visible .entry scale(.param .u64 data, .param .u32 n)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<9>;\n\t.reg .b64 %rd<5>;\n\
+\tld.param.u64 %rd1, [data];\n\tld.param.u32 %r1, [n];\n\tmov.u32 %r2, %tid.x;\n\tmov.u32 %r3, %ctaid.x;\n\tmov.u32 %r4, %ntid.x;\n\
+\tmad.lo.u32 %r5, %r3, %r4, %r2;\n\tsetp.ge.u32 %p1, %r5, %r1;\n\t@%p1 bra $L__done;\n\tmul.wide.u32 %rd3, %r5, 4;\n\
+\tadd.u64 %rd4, %rd1, %rd3;\n\tld.global.u32 %r6, [%rd4];\n\tld.global.u32 %r7, [g_count];\n\tmul.lo.u32 %r8, %r6, 3;\n\
+\tadd.u32 %r8, %r8, %r7;\n\tst.global.u32 [%rd4], %r8;\n$L__done:\n\tret;\n}\n\
+.visible .entry tick(.param .u64 out)\n{\n\t.reg .b32 %r<3>;\n\t.reg .b64 %rd<2>;\n\tld.param.u64 %rd1, [out];\n\
+\tld.global.u32 %r1, [g_count];\n\tadd.u32 %r1, %r1, 1;\n\tst.global.u32 [g_count], %r1;\n\tst.global.u32 [%rd1], %r1;\n\tret;\n}\n";
+
+const MODULE: u64 = 0x4d00_0000_0000_0001;
+const STREAM: u64 = 0x5300_0000_0000_0001;
+const EV_A: u64 = 0x4500_0000_0000_0001;
+const EV_B: u64 = 0x4500_0000_0000_0002;
+const N: u32 = 4096;
+
+fn backend(seed: &str) -> SimBackend {
+    let cfg = SimConfig {
+        devices: 1,
+        memory: 64 << 20,
+        compute_capability: (9, 0),
+        seed: Some(seed.into()),
+        kernel_time_limit: Duration::from_secs(20),
+    };
+    SimBackend::new(&cfg).expect("sim backend")
+}
+
+fn fresh(sim: &SimBackend) -> SessionState {
+    SessionState::new(sim.open_session(None).expect("session"), 1).with_devices(sim.devices())
+}
+
+fn write(s: &mut SessionState, ptr: u64, data: &[u8]) {
+    let mut at = 0;
+    s.backend
+        .memcpy_htod(StreamRef::Default { device: 0 }, ptr, data.len() as u64, &mut |b| {
+            b.copy_from_slice(&data[at..at + b.len()]);
+            at += b.len();
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn read(s: &mut SessionState, ptr: u64, len: u64) -> Vec<u8> {
+    let mut v = Vec::new();
+    s.backend
+        .memcpy_dtoh(StreamRef::Default { device: 0 }, ptr, len, &mut |b| {
+            v.extend_from_slice(b);
+            Ok(())
+        })
+        .unwrap();
+    v
+}
+
+fn launch(s: &mut SessionState, function: u32, (grid, block): (u32, u32), params: &[u8], stream: u64) {
+    let dims = LaunchDims { grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes: 0 };
+    let (token, device) = s.check_launch(MODULE, function, &dims, params.len() as u64).unwrap();
+    let st = s.stream(stream, device).unwrap();
+    s.backend.launch_kernel(token, function, &dims, st, params).unwrap();
+}
+
+fn scale(s: &mut SessionState, data: u64) {
+    let mut p = data.to_le_bytes().to_vec();
+    p.extend_from_slice(&N.to_le_bytes());
+    launch(s, 0, (N.div_ceil(128), 128), &p, STREAM);
+}
+
+fn tick(s: &mut SessionState, out: u64) {
+    launch(s, 1, (1, 1), &out.to_le_bytes(), STREAM);
+}
+
+/// A session in mid-run: two allocations, the module (its global moved on
+/// from its initial value), a non-blocking stream with a priority, two
+/// recorded events around a kernel. Returns (data, out) pointers.
+fn session_in_mid_run(s: &mut SessionState) -> (u64, u64) {
+    let data = s.backend.mem_alloc(0, N as u64 * 4).unwrap();
+    s.allocs.insert(data, crate::state::Alloc { device: 0, size: N as u64 * 4, owner: crate::state::Owner::Client });
+    let out = s.backend.mem_alloc(0, 4).unwrap();
+    s.allocs.insert(out, crate::state::Alloc { device: 0, size: 4, owner: crate::state::Owner::Client });
+    let init: Vec<u8> = (0..N).flat_map(|i| (i * 7 + 1).to_le_bytes()).collect();
+    write(s, data, &init);
+    let held = s.input.modules.charge(PTX.len() as u64).unwrap();
+    crate::command::module::install(s, MODULE, 0, PTX.as_bytes().to_vec(), held, None).unwrap();
+    StreamCreate { handle: STREAM, device: 0, flags: 1, priority: -1 }.apply(s).unwrap();
+    EventCreate { handle: EV_A, device: 0, flags: 0 }.apply(s).unwrap();
+    EventCreate { handle: EV_B, device: 0, flags: 0 }.apply(s).unwrap();
+    EventRecord { event: EV_A, stream: STREAM }.apply(s).unwrap();
+    tick(s, out);
+    scale(s, data);
+    std::thread::sleep(Duration::from_millis(5));
+    EventRecord { event: EV_B, stream: STREAM }.apply(s).unwrap();
+    (data, out)
+}
+
+fn meta() -> SessionMeta {
+    SessionMeta {
+        id: 0x1234,
+        key: [7; rgpu_protocol::SESSION_KEY_LEN],
+        client_name: "test".into(),
+        executed: 41,
+        deferred: None,
+        admission: None,
+    }
+}
+
+fn snapshot(s: &mut SessionState, window: &ReplyWindow) -> (Vec<u8>, Captured) {
+    let mut bytes = Vec::new();
+    let c = capture(s, &meta(), window, Duration::from_secs(10), &mut bytes).unwrap();
+    (bytes, c)
+}
+
+fn rebuild_on(sim: &SimBackend, bytes: &[u8]) -> Result<(SessionState, SessionMeta, rebuild::Rebuilt), SnapshotError> {
+    let mut r = bytes;
+    let opened = open(&mut r)?;
+    opened.check_fits(sim.devices(), 90)?;
+    let m = opened.meta.clone();
+    let mut s = fresh(sim);
+    let rebuilt = opened.rebuild(&mut s)?;
+    Ok((s, m, rebuilt))
+}
+
+fn elapsed(s: &mut SessionState) -> f32 {
+    let (a, b) = (s.event(EV_A).unwrap().token, s.event(EV_B).unwrap().token);
+    s.backend.event_elapsed_time(a, b).unwrap()
+}
+
+#[test]
+fn a_rebuilt_session_holds_the_same_bytes_at_the_same_addresses_and_computes_the_same() {
+    let (a, b) = (backend("a"), backend("b"));
+    let mut orig = fresh(&a);
+    let (data, out) = session_in_mid_run(&mut orig);
+    let mut window = ReplyWindow::default();
+    window.keep(41, b"a kept reply frame", None);
+    let (bytes, c) = snapshot(&mut orig, &window);
+    let global = orig.module(MODULE).unwrap().globals[0];
+    assert!(c.memory_bytes >= N as u64 * 4 + 4 + 4, "{c:?}");
+    assert_eq!(c.bytes, bytes.len() as u64);
+
+    let (mut copy, m, rebuilt) = rebuild_on(&b, &bytes).unwrap();
+    assert_eq!(m, meta());
+    assert_eq!(rebuilt.memory_bytes, c.memory_bytes);
+    let mut w = rebuilt.window;
+    assert_eq!(w.after(40).unwrap().map(|k| (k.seq, k.frame.clone())).collect::<Vec<_>>(), vec![(41, b"a kept reply frame".to_vec())]);
+
+    // The same handles and pointers name the same bytes.
+    assert_eq!(copy.module(MODULE).unwrap().globals, vec![global]);
+    for (ptr, len) in [(data, N as u64 * 4), (out, 4), (global, 4)] {
+        assert_eq!(read(&mut orig, ptr, len), read(&mut copy, ptr, len), "contents at {ptr:#x}");
+    }
+    assert_eq!(read(&mut copy, global, 4), 6u32.to_le_bytes(), "the global moved on from its initial 5");
+    let st = copy.streams[&STREAM];
+    assert_eq!((st.flags, st.priority), (1, -1));
+    // Events keep their recorded times: elapsed between them is the one measured before.
+    let (e0, e1) = (elapsed(&mut orig), elapsed(&mut copy));
+    assert!(e0 >= 5.0 && (e0 - e1).abs() < 0.5, "elapsed {e0} ms before, {e1} ms after");
+    let ev = copy.event(EV_B).unwrap().token;
+    assert_eq!(copy.backend.event_query(ev), Ok(()));
+
+    // Running on: the original and the rebuilt session compute the same.
+    for s in [&mut orig, &mut copy] {
+        tick(s, out);
+        scale(s, data);
+        tick(s, out);
+        s.backend.ctx_synchronize(0).unwrap();
+    }
+    let after = read(&mut copy, data, N as u64 * 4);
+    assert_eq!(read(&mut orig, data, N as u64 * 4), after);
+    assert_eq!(read(&mut copy, out, 4), 8u32.to_le_bytes());
+    // data[i] went (7i + 1) * 3 + 6, then * 3 + 7.
+    let want: Vec<u8> = (0..N).flat_map(|i| (((i * 7 + 1) * 3 + 6) * 3 + 7).to_le_bytes()).collect();
+    assert_eq!(after, want);
+
+    // New allocations never land on the restored ones.
+    let fresh_ptr = copy.backend.mem_alloc(0, 1 << 20).unwrap();
+    for (ptr, len) in [(data, N as u64 * 4), (out, 4), (global, 4)] {
+        assert!(fresh_ptr >= ptr + len || fresh_ptr + (1 << 20) <= ptr, "{fresh_ptr:#x} overlaps {ptr:#x}");
+    }
+}
+
+#[test]
+fn a_rebuild_refuses_a_server_it_does_not_fit() {
+    let mut orig = fresh(&backend("a"));
+    session_in_mid_run(&mut orig);
+    let (bytes, _) = snapshot(&mut orig, &ReplyWindow::default());
+    let small = SimBackend::new(&SimConfig {
+        devices: 1,
+        memory: 1 << 20,
+        compute_capability: (9, 0),
+        seed: None,
+        kernel_time_limit: Duration::from_secs(1),
+    })
+    .unwrap();
+    let mut r = &bytes[..];
+    let opened = open(&mut r).unwrap();
+    assert!(matches!(opened.check_fits(small.devices(), 90), Err(SnapshotError::Incompatible(_))));
+    assert!(matches!(opened.check_fits(backend("x").devices(), 80), Err(SnapshotError::Incompatible(_))));
+}
+
+#[test]
+fn a_session_the_format_cannot_carry_is_refused_before_anything_is_written() {
+    let sim = backend("a");
+    let mut s = fresh(&sim);
+    let mut b = std::mem::replace(&mut s.backend, sim.open_session(None).unwrap());
+    s.vmm.create(b.as_mut(), 9, 0, crate::vmm::GRANULARITY).unwrap();
+    s.backend = b;
+    let mut out = Vec::new();
+    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_secs(1), &mut out).unwrap_err();
+    assert!(matches!(e, SnapshotError::NotCapturable(_)), "{e}");
+    assert_eq!(e.code(), rgpu_cuda_types::CuError::NOT_SUPPORTED);
+    assert!(out.is_empty());
+}
+
+#[test]
+fn queued_work_that_does_not_finish_in_time_refuses_the_capture() {
+    let mut s = fresh(&backend("a"));
+    let (_, out) = session_in_mid_run(&mut s);
+    s.backend.ctx_synchronize(0).unwrap();
+    // A kernel that spins far longer than the bound.
+    let busy = ".version 8.0\n.target sm_90\n.address_size 64\n\
+.visible .entry spin(.param .u64 out)\n{\n\t.reg .pred %p<2>;\n\t.reg .b32 %r<3>;\n\t.reg .b64 %rd<2>;\n\
+\tld.param.u64 %rd1, [out];\n\tmov.u32 %r1, 0;\n$L__loop:\n\tadd.u32 %r1, %r1, 1;\n\tsetp.lt.u32 %p1, %r1, 400000000;\n\
+\t@%p1 bra $L__loop;\n\tst.global.u32 [%rd1], %r1;\n\tret;\n}\n";
+    let held = s.input.modules.charge(busy.len() as u64).unwrap();
+    crate::command::module::install(&mut s, 77, 0, busy.as_bytes().to_vec(), held, None).unwrap();
+    let dims = LaunchDims { grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0 };
+    let (token, _) = s.check_launch(77, 0, &dims, 8).unwrap();
+    s.backend.launch_kernel(token, 0, &dims, StreamRef::Default { device: 0 }, &out.to_le_bytes()).unwrap();
+    let mut bytes = Vec::new();
+    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_millis(50), &mut bytes).unwrap_err();
+    assert!(matches!(e, SnapshotError::Busy(_)), "{e}");
+    assert!(bytes.is_empty());
+    // Stop the spinning kernel so the test ends quickly.
+    s.ended.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+#[test]
+fn a_cut_or_corrupted_snapshot_is_an_error_never_a_panic() {
+    let mut orig = fresh(&backend("a"));
+    session_in_mid_run(&mut orig);
+    let mut window = ReplyWindow::default();
+    window.keep(40, b"frame", None);
+    let (bytes, _) = snapshot(&mut orig, &window);
+    let b = backend("b");
+    // Every cut: an error (most of them Truncated), never a session.
+    let step = (bytes.len() / 300).max(1);
+    for cut in (0..bytes.len()).step_by(step).chain([bytes.len() - 1]) {
+        assert!(rebuild_on(&b, &bytes[..cut]).is_err(), "cut at {cut} of {}", bytes.len());
+    }
+    // Flipped bytes in the metadata (outside the large bulk parts): errors or
+    // a session, never a panic. A fixed pseudo-random sequence.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut bad = bytes.clone();
+        let at = (x as usize) % bad.len().min(4096);
+        bad[at] ^= (x >> 32) as u8 | 1;
+        let _ = rebuild_on(&b, &bad);
+    }
+}

@@ -1,0 +1,257 @@
+//! Checkpoint and restore of live sessions: what the control plane's
+//! operator calls do with the registry, the leases and the snapshot
+//! directory ([`crate::checkpoint`] knows only a session's state and bytes).
+//!
+//! A checkpoint is a visit ([`crate::session::registry::Visit`]): the
+//! session's connection is cut, its thread writes the snapshot between
+//! requests, and the client's shim, which sees a broken connection, keeps
+//! trying to resume. Without `leave` the session then goes on here (its
+//! resume is served); with it, it is served no more (resumes are turned away
+//! unanswered, so the shim keeps trying) until it is restored, here after a
+//! restart or on a server at the same address, within the shim's
+//! RGPU_RECONNECT_TIMEOUT.
+//!
+//! A restore rebuilds the session on a thread of its own (the control
+//! plane's task set must not wait on a disk), registers it by its old id
+//! and key, and starts its session thread waiting for the client's resume.
+//! Snapshots are written to `NAME.partial`, synced, then renamed: a file
+//! named NAME is always whole.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, info_span, warn};
+
+use crate::checkpoint::{self, Captured, SessionMeta, SnapshotError};
+use crate::service::Service;
+use crate::session::{After, Parts};
+use crate::state::SessionState;
+
+/// Bytes buffered between the session and the file.
+const IO_BUFFER: usize = 8 << 20;
+/// How long a restore waits for a lingering session of the same id here (its
+/// state left in the snapshot) to end.
+const REPLACE_WAIT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error("this server has no --checkpoint-dir: checkpoint and restore are off")]
+    NoDirectory,
+    #[error("snapshot names are 1-128 of A-Za-z0-9._- and do not start with a dot")]
+    BadName,
+    #[error("no session {0:#x} is being served here")]
+    NoSession(u64),
+    #[error("session {0:#x} ended before it could be checkpointed")]
+    Ended(u64),
+    #[error("a snapshot named {0:?} exists already")]
+    Exists(String),
+    #[error("session {0:#x} is already served here")]
+    Taken(u64),
+    #[error("this server keeps no session across a broken connection (--reconnect-grace 0): a restored session could never be resumed")]
+    NoGrace,
+    #[error("snapshot file: {0}")]
+    File(#[from] std::io::Error),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// What a checkpoint or restore did.
+#[derive(Debug, Clone, Copy)]
+pub struct Done {
+    pub session: u64,
+    pub bytes: u64,
+    pub memory_bytes: u64,
+    pub took: Duration,
+}
+
+fn path_of(service: &Service, name: &str) -> Result<PathBuf, OpError> {
+    let dir = service.checkpoint_dir.as_ref().ok_or(OpError::NoDirectory)?;
+    if !rgpu_protocol::auth::valid_snapshot_name(name) {
+        return Err(OpError::BadName);
+    }
+    Ok(dir.join(name))
+}
+
+/// Writes session `id` to `name` in the checkpoint directory; with `leave`
+/// it is no longer served here once written.
+pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Duration, leave: bool) -> Result<Done, OpError> {
+    let path = path_of(service, name)?;
+    if path.exists() {
+        return Err(OpError::Exists(name.to_string()));
+    }
+    let (key, client_name) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
+    let admission = service.leases.admission(id);
+    let partial = path.with_file_name(format!("{name}.partial"));
+    let file = File::create(&partial)?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<Done, OpError>>();
+    let started = Instant::now();
+    let (partial2, path2) = (partial.clone(), path.clone());
+    let visit = Box::new(move |p: Parts<'_>| -> After {
+        if tx.is_closed() {
+            // The caller gave up: the session goes on untouched.
+            return After::Serve;
+        }
+        let meta = SessionMeta { id, key, client_name, executed: p.executed, deferred: p.deferred, admission };
+        let mut w = BufWriter::with_capacity(IO_BUFFER, file);
+        let written = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w)
+            .map_err(OpError::from)
+            .and_then(|c: Captured| {
+                let f = w.into_inner().map_err(|e| e.into_error())?;
+                f.sync_all()?;
+                std::fs::rename(&partial2, &path2)?;
+                Ok(c)
+            });
+        let after = match &written {
+            Ok(_) if leave => After::Leave,
+            _ => After::Serve,
+        };
+        let r = written.map(|c| Done { session: id, bytes: c.bytes, memory_bytes: c.memory_bytes, took: started.elapsed() });
+        if r.is_err() {
+            let _ = std::fs::remove_file(&partial2);
+        }
+        let _ = tx.send(r);
+        after
+    });
+    if !service.sessions.visit(id, visit) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(OpError::NoSession(id));
+    }
+    let r = rx.await.map_err(|_| OpError::Ended(id));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    let done = r??;
+    info!(session = format_args!("{id:#x}"), bytes = done.bytes, memory = done.memory_bytes,
+        ms = done.took.as_millis() as u64, leave, file = %path.display(), "session checkpointed");
+    Ok(done)
+}
+
+/// Rebuilds the session saved as `name` and serves it, waiting for its
+/// client's resume.
+pub async fn restore(service: &Arc<Service>, name: &str) -> Result<Done, OpError> {
+    let path = path_of(service, name)?;
+    if service.limits.reconnect_grace.is_zero() {
+        return Err(OpError::NoGrace);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let svc = service.clone();
+    std::thread::Builder::new()
+        .name("rgpu-restore".into())
+        .spawn(move || {
+            let _ = tx.send(restore_from(&svc, path));
+        })?;
+    rx.await.map_err(|_| OpError::ShuttingDown)?
+}
+
+/// As [`restore`], on the calling thread (at start, before connections are taken).
+pub fn restore_now(service: &Arc<Service>, name: &str) -> Result<Done, OpError> {
+    let path = path_of(service, name)?;
+    if service.limits.reconnect_grace.is_zero() {
+        return Err(OpError::NoGrace);
+    }
+    restore_from(service, path)
+}
+
+fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> {
+    let started = Instant::now();
+    let file = File::open(&path)?;
+    let bytes = file.metadata()?.len();
+    let mut r = BufReader::with_capacity(IO_BUFFER, file);
+    let opened = checkpoint::open(&mut r)?;
+    let meta = opened.meta.clone();
+    let id = meta.id;
+    let budget = meta.admission.as_ref().and_then(|a| service.leases.budget(a));
+    let backend = service.backend.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))?;
+    opened.check_fits(service.backend.devices(), backend.module_arch(0))?;
+    // Registered before it is rebuilt: a client that comes back meanwhile
+    // waits in the session's channel instead of being told it is unknown.
+    let rx = match service.sessions.adopt(id, meta.key, &meta.client_name, true, REPLACE_WAIT) {
+        Ok(rx) => rx,
+        Err(crate::session::registry::AttachError::ShuttingDown) => return Err(OpError::ShuttingDown),
+        Err(_) => return Err(OpError::Taken(id)),
+    };
+    let input = service.session_input(meta.admission.as_ref());
+    let meter = service.meter(id, meta.admission.as_ref().map(|a| a.lease));
+    let forget = || {
+        service.sessions.detach(id);
+        service.meters.remove(id);
+    };
+    let mut state = SessionState::new(backend, service.backend.devices().len() as u32)
+        .with_devices(service.backend.devices())
+        .with_input(input)
+        .with_meter(meter);
+    if let Some(a) = &meta.admission {
+        state = state.with_compute_share(a.lease, a.compute_milli).restrict(a.devices.clone());
+    }
+    let rebuilt = match opened.rebuild(&mut state) {
+        Ok(r) => r,
+        Err(e) => {
+            forget();
+            return Err(e.into());
+        }
+    };
+    if let Some(a) = meta.admission.clone() {
+        service.leases.bind(id, a);
+    }
+    let ended = state.ended.clone();
+    service.sessions.bind_ended(id, ended.clone());
+    let grace = service.limits.reconnect_grace;
+    let watch = match crate::session::hangup::Watch::detached(ended, grace) {
+        Ok(w) => w,
+        Err(e) => {
+            service.leases.unbind(id);
+            forget();
+            return Err(e.into());
+        }
+    };
+    let resumer = crate::session::Resumer { rx, link: watch.link(), spin: service.data_plane.tcp_spin() };
+    let span = info_span!("session", id = %format_args!("{id:#x}"), client = %meta.client_name, transport = "tcp");
+    let memory_bytes = rebuilt.memory_bytes;
+    let session = crate::session::Session::<rgpu_transport::select::DataTransport>::restored(
+        state,
+        meta.executed,
+        meta.deferred,
+        rebuilt.window,
+        resumer,
+    );
+    let svc = service.clone();
+    let thread_span = span.clone();
+    let spawned = std::thread::Builder::new().name(format!("rgpu-session-{id:x}")).spawn(move || {
+        let _in = thread_span.enter();
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let end = session.run();
+            info!("restored session: {end}");
+        }));
+        drop(watch);
+        if served.is_err() {
+            error!("session thread panicked; the session is closed and its resources freed");
+        }
+        svc.sessions.detach(id);
+        svc.leases.unbind(id);
+        svc.meters.remove(id);
+        info!("session ended; its resources are freed");
+    });
+    if let Err(e) = spawned {
+        span.in_scope(|| warn!("cannot start the restored session's thread: {e}"));
+        service.leases.unbind(id);
+        forget();
+        return Err(e.into());
+    }
+    let took = started.elapsed();
+    span.in_scope(|| {
+        info!(bytes, memory = memory_bytes, ms = took.as_millis() as u64, file = %path.display(),
+            "session restored; waiting for its client to resume")
+    });
+    Ok(Done { session: id, bytes, memory_bytes, took })
+}
+
+impl From<OpError> for capnp::Error {
+    fn from(e: OpError) -> Self {
+        capnp::Error::failed(e.to_string())
+    }
+}
