@@ -34,6 +34,8 @@ pub struct LeaseView {
     pub token: String,
     /// What its sessions used so far, as its servers last reported.
     pub usage: Option<UsageView>,
+    /// Bytes/s granted each way on each of its servers' links; 0: none asked.
+    pub bandwidth: u64,
 }
 
 /// Metered use (cumulative), as GPU servers report it.
@@ -112,6 +114,19 @@ pub struct ServerView {
     pub last_heartbeat_ms: u64,
     /// All its sessions since it started, as its last heartbeat reported.
     pub usage: Option<UsageView>,
+    /// Bytes/s its links carry each way, as it registered; None: not said (unbounded).
+    pub link_bandwidth: Option<u64>,
+    /// Bytes/s granted to its leases, summed.
+    pub bandwidth_granted: u64,
+    /// Its data-plane traffic at its last heartbeat; None: none reported.
+    pub load: Option<LoadView>,
+}
+
+/// A server's data-plane traffic, bytes/s.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct LoadView {
+    pub bytes_in: u64,
+    pub bytes_out: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -155,6 +170,8 @@ pub struct LeaseSpec {
     pub ttl_ms: u64,
     pub wait_ms: u64,
     pub key: String,
+    /// Bytes/s each way on each server of the lease; 0: none.
+    pub bandwidth: u64,
 }
 
 impl LeaseSpec {
@@ -173,6 +190,7 @@ impl LeaseSpec {
         r.set_ttl_ms(self.ttl_ms);
         r.set_wait_ms(self.wait_ms);
         r.set_key(&self.key);
+        r.set_bandwidth(self.bandwidth);
     }
 }
 
@@ -211,6 +229,7 @@ pub fn read_lease(l: lease_p::Reader<'_>) -> capnp::Result<LeaseView> {
         state: text(l.get_state()),
         token: to_hex(l.get_token()?),
         usage: if l.has_usage() { Some(read_usage(l.get_usage()?)) } else { None },
+        bandwidth: l.get_bandwidth(),
     })
 }
 
@@ -259,6 +278,13 @@ pub fn read_server(s: server_status::Reader<'_>) -> ServerView {
         leases: s.get_leases(),
         last_heartbeat_ms: s.get_last_heartbeat_ms(),
         usage: if s.has_usage() { s.get_usage().ok().map(read_usage) } else { None },
+        link_bandwidth: Some(s.get_link_bandwidth()).filter(|&b| b != 0),
+        bandwidth_granted: s.get_bandwidth_granted(),
+        load: if s.has_load() {
+            s.get_load().ok().map(|l| LoadView { bytes_in: l.get_bytes_in_per_s(), bytes_out: l.get_bytes_out_per_s() })
+        } else {
+            None
+        },
     }
 }
 
@@ -344,6 +370,7 @@ mod tests {
         m.init_root::<server_status::Builder>().set_gpus(4);
         let s = read_server(m.get_root_as_reader::<server_status::Reader>().unwrap());
         assert_eq!((s.id.as_str(), s.gpus, s.partitions.len(), s.transports.len()), ("", 4, 0, 0));
+        assert_eq!((s.link_bandwidth, s.bandwidth_granted, s.load), (None, 0, None), "an older broker says nothing of links");
     }
 
     #[test]
@@ -360,6 +387,7 @@ mod tests {
             ttl_ms: 8,
             wait_ms: 9,
             key: "k".into(),
+            bandwidth: 10,
         };
         let mut m = capnp::message::Builder::new_default();
         spec.write(m.init_root::<lease_request::Builder>());
@@ -372,5 +400,6 @@ mod tests {
         assert!(r.get_scope_required());
         assert_eq!((r.get_priority(), r.get_ttl_ms(), r.get_wait_ms()), (7, 8, 9));
         assert_eq!(r.get_key().unwrap(), "k");
+        assert_eq!(r.get_bandwidth(), 10);
     }
 }

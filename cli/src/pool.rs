@@ -106,6 +106,20 @@ pub struct LeaseArgs {
     /// Idempotency key: retrying with the same key returns the same lease.
     #[arg(long, value_name = "KEY")]
     pub key: Option<String>,
+    /// Network bandwidth each way on each server of the lease, e.g. 10Gb/s,
+    /// 400Mb/s or 1.25GB/s (b: bits, B: bytes): granted only where the
+    /// server's links have that much not granted to others.
+    #[arg(long, value_name = "RATE", value_parser = parse_lease_bandwidth)]
+    pub bandwidth: Option<u64>,
+}
+
+/// `--bandwidth`: a rate with a unit, more than zero.
+fn parse_lease_bandwidth(s: &str) -> Result<u64, String> {
+    match rgpu_config::parse_bandwidth(s) {
+        Ok(0) => Err("a bandwidth must be more than 0 (leave --bandwidth out to ask for none)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err("expected a rate such as 10Gb/s, 400Mb/s or 1.25GB/s (b: bits, B: bytes)".into()),
+    }
 }
 
 /// `--memory`: a size with a unit, more than zero.
@@ -143,6 +157,7 @@ impl LeaseArgs {
             ttl_ms: self.ttl.unwrap_or(default_ttl_ms),
             wait_ms: self.wait.unwrap_or(0),
             key: self.key.clone().unwrap_or_default(),
+            bandwidth: self.bandwidth.unwrap_or(0),
         }
     }
 }
@@ -176,6 +191,9 @@ pub fn print_lease(l: &LeaseView) {
     if l.memory_limit > 0 {
         println!("share     {} of memory, compute {}/1000 of one GPU", gib(l.memory_limit), l.compute_milli);
     }
+    if l.bandwidth > 0 {
+        println!("bandwidth {} each way on each of its servers", rgpu_config::format_bandwidth(l.bandwidth));
+    }
     for g in &l.gpus {
         println!("gpu       {} #{} {} ({}) uuid {}", g.server, g.ordinal, g.model, gib(g.memory), g.uuid);
     }
@@ -192,19 +210,20 @@ pub fn lease_env(l: &LeaseView) -> Vec<(String, String)> {
 
 pub fn lease_table(leases: &[LeaseView]) {
     println!(
-        "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  SERVERS",
-        "LEASE", "TENANT", "GPUS", "STATE", "MEMORY", "EXPIRES", "DEVICE", "KERNELS", "IN", "OUT"
+        "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  SERVERS",
+        "LEASE", "TENANT", "GPUS", "STATE", "MEMORY", "BANDWIDTH", "EXPIRES", "DEVICE", "KERNELS", "IN", "OUT"
     );
     for l in leases {
         let mem = if l.memory_limit > 0 { gib(l.memory_limit) } else { "whole".into() };
         let u = UseCells::of(l.usage.as_ref());
         println!(
-            "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  {}",
+            "{:<16}  {:<10}  {:>4}  {:<8}  {:>9}  {:>9}  {:<10}  {:>10}  {:>8}  {:>9}  {:>9}  {}",
             l.id,
             l.tenant,
             l.gpus.len(),
             l.state,
             mem,
+            if l.bandwidth > 0 { rgpu_config::format_bandwidth(l.bandwidth) } else { "-".into() },
             relative(l.deadline_ms),
             u.device,
             u.kernels,
@@ -293,11 +312,17 @@ pub fn usage_table(records: &[UsageRecordView]) {
     }
 }
 
+/// "granted of capacity" of a server's links; capacity "-" where it did not say (unbounded).
+pub fn link_cell(s: &ServerView) -> String {
+    let cap = s.link_bandwidth.map_or_else(|| "-".to_string(), rgpu_config::format_bandwidth);
+    format!("{} of {cap}", rgpu_config::format_bandwidth(s.bandwidth_granted))
+}
+
 pub fn server_table(servers: &[ServerView]) {
     println!(
-        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  DRAIN",
+        "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>9}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  {:>19}  {:>9}  DRAIN",
         "SERVER", "NODE", "LEAF", "SPINE", "STATE", "GPUS FREE", "LEASES", "MEMORY USED", "PARTITIONS", "TRANSPORTS",
-        "DEVICE", "IN", "OUT"
+        "DEVICE", "IN", "OUT", "LINK GRANTED", "LOAD"
     );
     for s in servers {
         let drain = if !s.draining {
@@ -309,7 +334,7 @@ pub fn server_table(servers: &[ServerView]) {
         };
         let u = UseCells::of(s.usage.as_ref());
         println!(
-            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  {}",
+            "{:<22}  {:<12}  {:<8}  {:<8}  {:<11}  {:>4}/{:<4}  {:>6}  {:>15}  {:<10}  {:<10}  {:>10}  {:>9}  {:>9}  {:>19}  {:>9}  {}",
             s.id,
             s.node,
             s.leaf,
@@ -325,6 +350,8 @@ pub fn server_table(servers: &[ServerView]) {
             u.device,
             u.bytes_in,
             u.bytes_out,
+            link_cell(s),
+            s.load.map_or_else(|| "-".to_string(), |l| rgpu_config::format_bandwidth(l.bytes_in.max(l.bytes_out))),
             drain
         );
     }
@@ -343,5 +370,61 @@ pub fn audit_table(records: &[AuditView]) {
             if r.ok { "ok" } else { "no" },
             r.detail
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Lease {
+        #[command(flatten)]
+        lease: LeaseArgs,
+    }
+
+    fn spec(args: &[&str]) -> Result<LeaseSpec, clap::Error> {
+        Lease::try_parse_from(std::iter::once("lease").chain(args.iter().copied())).map(|l| l.lease.spec(60_000))
+    }
+
+    #[test]
+    fn bandwidth_is_asked_in_bits_or_bytes_per_second() {
+        assert_eq!(spec(&["--gpus", "1", "--bandwidth", "10Gb/s"]).unwrap().bandwidth, 1_250_000_000);
+        assert_eq!(spec(&["--memory", "2GiB", "--bandwidth", "400Mb/s"]).unwrap().bandwidth, 50_000_000);
+        assert_eq!(spec(&["--bandwidth", "2GB/s"]).unwrap().bandwidth, 2_000_000_000);
+        assert_eq!(spec(&[]).unwrap().bandwidth, 0, "none asked unless given");
+        for bad in ["10Gb", "0Gb/s", "fast", "-1Gb/s"] {
+            assert!(spec(&["--bandwidth", bad]).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_server_s_link_cell_says_granted_of_capacity() {
+        let mut s = ServerView {
+            id: "s".into(),
+            node: String::new(),
+            leaf: String::new(),
+            spine: String::new(),
+            partitions: Vec::new(),
+            models: Vec::new(),
+            transports: Vec::new(),
+            state: "up".into(),
+            draining: false,
+            drain_deadline_ms: 0,
+            gpus: 1,
+            gpus_free: 1,
+            memory: 0,
+            memory_used: 0,
+            leases: 0,
+            last_heartbeat_ms: 0,
+            usage: None,
+            link_bandwidth: Some(12_500_000_000),
+            bandwidth_granted: 1_250_000_000,
+            load: None,
+        };
+        assert_eq!(link_cell(&s), "10Gb/s of 100Gb/s");
+        s.link_bandwidth = None;
+        assert_eq!(link_cell(&s), "10Gb/s of -");
     }
 }

@@ -143,6 +143,8 @@ fn errors_of_common_mistakes() {
         ("error-memory-unknown-unit", &["run", "--memory", "20XB", "--", "true"]),
         ("error-memory-not-a-size", &["lease", "--memory", "lots"]),
         ("error-memory-zero", &["lease", "--memory", "0GiB"]),
+        ("error-bandwidth-not-a-rate", &["lease", "--bandwidth", "10Gb"]),
+        ("error-bandwidth-zero", &["lease", "--bandwidth", "0Gb/s"]),
         ("error-same-bad-scope", &["lease", "--gpus", "2", "--same", "rack"]),
         ("error-strict-without-same", &["lease", "--gpus", "2", "--strict"]),
         ("error-release-no-lease", &["release"]),

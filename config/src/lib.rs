@@ -18,6 +18,7 @@
 //! flag of `--help` is a TOML key, and flag > env > file > default holds for
 //! each setting.
 
+mod bandwidth;
 mod size;
 mod text;
 pub mod testing;
@@ -26,6 +27,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
+pub use bandwidth::{format_bandwidth, parse_bandwidth};
 pub use size::parse_size;
 pub use text::{toml_text, via_from_str, FromText};
 

@@ -2,8 +2,9 @@
 //! whole GPUs or fractions of one and get a signed, fenced token; operators
 //! drain servers. Layers (neon storage controller shape):
 //!
-//! - [`inventory`], [`placement`], [`state`]: pure; the state machine and
-//!   placement take `now` and return decisions, changes and events;
+//! - [`inventory`], [`placement`], [`fabric`], [`state`]: pure; the state
+//!   machine and placement take `now` and return decisions, changes and
+//!   events ([`fabric`]: link capacities, granted bandwidth and traffic);
 //! - [`store`]: durability behind one trait, group-committed by one writer
 //!   thread: redb (one broker), or etcd (several, one leading);
 //! - [`service`]: orchestration: lock the state, apply, persist, answer;
@@ -16,6 +17,7 @@
 //! The client side of the same API (what the `rgpu` CLI and GPU servers
 //! call) is the `rgpu-broker-client` crate, which does not link this one.
 pub mod audit;
+pub mod fabric;
 pub mod identity;
 pub mod inventory;
 pub mod metrics;

@@ -365,7 +365,7 @@ pub fn place_in(
     policy: &dyn Policy,
     cx: &Context,
 ) -> Result<Vec<Slot>, NoPlace> {
-    place_with(servers, demand, eligible, policy, cx, None)
+    place_with(servers, demand, eligible, policy, cx, None, None)
 }
 
 /// [`place`] keeping servers' scores in `cache` between calls: the same
@@ -378,7 +378,41 @@ pub fn place_cached(
     policy: &dyn Policy,
     cache: &mut ScoreCache,
 ) -> Result<Vec<Slot>, NoPlace> {
-    place_with(servers, demand, eligible, policy, &Context::default(), Some(cache))
+    place_with(servers, demand, eligible, policy, &Context::default(), Some(cache), None)
+}
+
+/// What the fabric adds to placement (`crate::fabric`): whether a server's
+/// links can carry the demand now, and, only between candidates the policy
+/// scores the same, which is freer. Scores are never changed by it, so the
+/// policy's choice stays as good by its own measure.
+pub trait Links {
+    /// Can server `si` take the demand's bandwidth now? (A server that
+    /// cannot is busy, as one whose host is full.)
+    fn fits(&self, si: usize) -> bool;
+    /// Free bandwidth of the unit of servers `members`: among equal scores
+    /// the higher wins (then the earlier, as without it).
+    fn headroom(&self, members: &[usize]) -> u128;
+}
+
+/// [`place_cached`] with the fabric's say ([`Links`]): the broker's path.
+pub fn place_cached_on(
+    servers: &[Server],
+    demand: &Demand,
+    eligible: &dyn Fn(&Server) -> bool,
+    policy: &dyn Policy,
+    cache: &mut ScoreCache,
+    links: &dyn Links,
+) -> Result<Vec<Slot>, NoPlace> {
+    place_with(servers, demand, eligible, policy, &Context::default(), Some(cache), Some(links))
+}
+
+fn links_fit(links: Option<&dyn Links>, si: usize) -> bool {
+    links.is_none_or(|l| l.fits(si))
+}
+
+/// Whether `a` wins a tie of scores against `b` (the earlier candidate).
+fn freer(links: Option<&dyn Links>, a: &[usize], b: &[usize]) -> bool {
+    links.is_some_and(|l| l.headroom(a) > l.headroom(b))
 }
 
 fn place_with(
@@ -388,14 +422,15 @@ fn place_with(
     policy: &dyn Policy,
     cx: &Context,
     cache: Option<&mut ScoreCache>,
+    links: Option<&dyn Links>,
 ) -> Result<Vec<Slot>, NoPlace> {
     policy.observe(demand, cx);
     // Host resources change without a server version: keep nothing.
     let cache = if cx.hosts.is_empty() { cache } else { None };
     if demand.is_fraction() {
-        place_fraction(servers, demand, eligible, policy, cx, cache)
+        place_fraction(servers, demand, eligible, policy, cx, cache, links)
     } else {
-        place_whole(servers, demand, eligible, policy, cx, cache)
+        place_whole(servers, demand, eligible, policy, cx, cache, links)
     }
 }
 
@@ -410,6 +445,7 @@ fn place_fraction(
     policy: &dyn Policy,
     cx: &Context,
     cache: Option<&mut ScoreCache>,
+    links: Option<&dyn Links>,
 ) -> Result<Vec<Slot>, NoPlace> {
     let mut entries = cache.and_then(|c| c.entries(policy, d, u8::MAX, servers.len()));
     let mut best: Option<(i64, Slot)> = None;
@@ -429,10 +465,10 @@ fn place_fraction(
         could_ever |= e.could_ever;
         // Whether new leases may land (reachable, drained) and host room are
         // not part of the server's version: checked every time.
-        if e.gi == NO_GPU || !s.schedulable() || !cx.host_fits(si) {
+        if e.gi == NO_GPU || !s.schedulable() || !cx.host_fits(si) || !links_fit(links, si) {
             continue;
         }
-        if best.is_none_or(|(b, _)| e.score > b) {
+        if best.is_none_or(|(b, (bs, _))| e.score > b || (e.score == b && freer(links, &[si], &[bs]))) {
             best = Some((e.score, (si, e.gi)));
         }
     }
@@ -515,6 +551,7 @@ fn place_whole(
     policy: &dyn Policy,
     cx: &Context,
     mut cache: Option<&mut ScoreCache>,
+    links: Option<&dyn Links>,
 ) -> Result<Vec<Slot>, NoPlace> {
     let n = d.gpus;
     // Per eligible server: (index, free, all).
@@ -530,7 +567,7 @@ fn place_whole(
         if d.scope_required && d.scope != Scope::Any {
             *biggest.entry((d.scope, s.unit_key(d.scope))).or_default() += all;
         }
-        if free > 0 && cx.host_fits(si) {
+        if free > 0 && cx.host_fits(si) && links_fit(links, si) {
             cand.push((si, free, all));
         }
     }
@@ -569,7 +606,7 @@ fn place_whole(
                     }
                     None => policy.score_unit_in(cx, servers, &[si], &u, d),
                 };
-                if best.is_none_or(|(b, _)| score > b) {
+                if best.is_none_or(|(b, bs)| score > b || (score == b && freer(links, &[si], &[bs]))) {
                     best = Some((score, si));
                 }
             }
@@ -612,7 +649,7 @@ fn place_whole(
                     }
                     None => policy.score_unit_in(cx, servers, members, u, d),
                 };
-                if best.is_none_or(|(b, _)| score > b) {
+                if best.is_none_or(|(b, bi)| score > b || (score == b && freer(links, members, &units[bi].2))) {
                     best = Some((score, i));
                 }
             }

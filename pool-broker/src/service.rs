@@ -251,6 +251,12 @@ impl Service {
         self.book().report(server, leases, total, |l| ours.contains(&l));
     }
 
+    /// A server's data-plane traffic from its heartbeat (placement's
+    /// tie-break reads it: `fabric`).
+    pub fn report_load(&self, server: &str, load: crate::fabric::Load) {
+        self.lock().report_load(server, load);
+    }
+
     pub fn lease_usage(&self, id: u64) -> Option<usage::Usage> {
         self.book().lease(id)
     }
@@ -355,13 +361,19 @@ impl Service {
 
     /// Registers a server whose proof was checked.
     pub async fn register(&self, spec: ServerSpec) -> Result<u64, BrokerError> {
+        self.register_linked(spec, None).await
+    }
+
+    /// [`Service::register`] with the server's link capacity (bytes/s each
+    /// way; None: unbounded).
+    pub async fn register_linked(&self, spec: ServerSpec, link: Option<u64>) -> Result<u64, BrokerError> {
         if spec.id.is_empty() {
             return Err(BrokerError::Invalid("a server registers with its address as id".into()));
         }
         self.serving()?;
         let (rx, hb) = {
             let mut st = self.lock();
-            st.register(spec, now_ms());
+            st.register_linked(spec, link, now_ms());
             (self.commit(&mut st), st.limits.heartbeat_ms)
         };
         Self::durable(rx).await?;
@@ -637,6 +649,7 @@ mod tests {
             ttl_ms: 1000,
             deadline: 5000,
             state: crate::state::LeaseState::Active,
+            bandwidth: 0,
         }
     }
 

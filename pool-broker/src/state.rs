@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::fabric::{self, Fabric};
 use crate::inventory::{Drain, Millis, Server, ServerSpec};
 use crate::placement::{self, Demand, NoPlace, Policy};
 
@@ -82,6 +83,10 @@ pub struct Lease {
     pub ttl_ms: u64,
     pub deadline: Millis,
     pub state: LeaseState,
+    /// Bytes/s each way granted on each of its servers' links (0: none
+    /// asked; see `fabric`).
+    #[serde(default)]
+    pub bandwidth: u64,
 }
 
 impl Lease {
@@ -121,6 +126,9 @@ pub struct LeaseRequest {
     pub ttl_ms: u64,
     pub wait_ms: u64,
     pub key: String,
+    /// Bytes/s each way on each server the lease lands on; 0: none.
+    #[serde(default)]
+    pub bandwidth: u64,
 }
 
 /// Operator policy per tenant (from the broker's configuration). A quota
@@ -278,6 +286,8 @@ pub struct State {
     policy: Box<dyn Policy>,
     /// Servers' placement scores between grants (see `ScoreCache`).
     scores: placement::ScoreCache,
+    /// Link capacities, grants and traffic, by server index.
+    fabric: Fabric,
 }
 
 const DEFAULT_PARTITION: &str = "default";
@@ -301,6 +311,7 @@ impl State {
             events: Vec::new(),
             policy,
             scores: placement::ScoreCache::new(),
+            fabric: Fabric::default(),
         }
     }
 
@@ -317,6 +328,8 @@ impl State {
         for (spec, drain) in servers {
             let i = self.servers.len();
             self.index.insert(spec.id.clone(), i);
+            // Its capacity is unknown until it registers again.
+            self.fabric.place_server(i, &spec.leaf, None, false);
             let mut s = Server::new(spec, now);
             s.drain = drain;
             self.servers.push(s);
@@ -357,6 +370,11 @@ impl State {
         self.index.get(id).map(|&i| &self.servers[i])
     }
 
+    /// Server `id`'s links (capacity, granted bandwidth, traffic).
+    pub fn link(&self, id: &str) -> Option<&fabric::Link> {
+        self.index.get(id).and_then(|&i| self.fabric.link(i))
+    }
+
     /// Changes to persist and events to deliver after them, since last taken.
     pub fn take_output(&mut self) -> (Vec<Change>, Vec<Event>) {
         (std::mem::take(&mut self.changes), std::mem::take(&mut self.events))
@@ -387,7 +405,13 @@ impl State {
 
     // ---- servers ----
 
-    pub fn register(&mut self, mut spec: ServerSpec, now: Millis) {
+    pub fn register(&mut self, spec: ServerSpec, now: Millis) {
+        self.register_linked(spec, None, now)
+    }
+
+    /// [`State::register`] with the server's link capacity (bytes/s each
+    /// way; None: it did not say, unbounded).
+    pub fn register_linked(&mut self, mut spec: ServerSpec, link: Option<u64>, now: Millis) {
         if spec.partitions.is_empty() {
             spec.partitions.push(DEFAULT_PARTITION.to_string());
         }
@@ -401,6 +425,7 @@ impl State {
                 if restarted {
                     s.drain = None;
                 }
+                self.fabric.place_server(i, &spec.leaf, link, true);
                 if s.spec != spec || restarted {
                     // Keep what is leased of GPUs that are still there.
                     let old: HashMap<[u8; 16], crate::inventory::Gpu> =
@@ -422,6 +447,7 @@ impl State {
             }
             None => {
                 self.index.insert(spec.id.clone(), self.servers.len());
+                self.fabric.place_server(self.servers.len(), &spec.leaf, link, true);
                 self.servers.push(Server::new(spec.clone(), now));
                 self.changes.push(Change::Server { spec, drain: None });
             }
@@ -446,6 +472,13 @@ impl State {
             .filter(|l| l.state == LeaseState::Active && l.gpus.iter().any(|g| g.server == id))
             .collect();
         Some((live, self.generation))
+    }
+
+    /// Server `id`'s data-plane traffic, from its heartbeat.
+    pub fn report_load(&mut self, id: &str, load: fabric::Load) {
+        if let Some(&i) = self.index.get(id) {
+            self.fabric.report(i, load);
+        }
     }
 
     /// Stops new grants on `id`; `for_shutdown`: the server asked, to stop
@@ -638,12 +671,16 @@ impl State {
         self.check_quota_now(&req.tenant, self.demand_share(req))?;
         let parts = self.partitions_of(&req.tenant);
         let eligible = |s: &Server| s.serves_any(&parts);
-        let slots = match placement::place_cached(
+        if let Some(why) = self.fabric.never(req.bandwidth, &self.servers, &eligible) {
+            return Err(BrokerError::Invalid(why));
+        }
+        let slots = match placement::place_cached_on(
             &self.servers,
             &req.demand,
             &eligible,
             self.policy.as_ref(),
             &mut self.scores,
+            &self.fabric.view(req.bandwidth),
         ) {
             Ok(s) => s,
             Err(NoPlace::Busy) => {
@@ -692,6 +729,7 @@ impl State {
             ttl_ms: req.ttl_ms,
             deadline: now.saturating_add(req.ttl_ms),
             state: LeaseState::Active,
+            bandwidth: req.bandwidth,
         };
         self.occupy(&lease);
         if !lease.key.is_empty() {
@@ -724,10 +762,20 @@ impl State {
                 s.recount();
             }
         }
+        let on = self.servers_of(l);
+        self.fabric.occupy(&on, l.bandwidth);
         let u = self.usage.entry(l.tenant.clone()).or_default();
         u.milli += l.gpu_milli();
         u.memory += l.memory();
         u.leases += 1;
+    }
+
+    /// The distinct servers (indices) `l` is on.
+    fn servers_of(&self, l: &Lease) -> Vec<usize> {
+        let mut v: Vec<usize> = l.gpus.iter().filter_map(|g| self.index.get(&g.server).copied()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
     }
 
     fn vacate(&mut self, l: &Lease) {
@@ -742,6 +790,8 @@ impl State {
                 s.recount();
             }
         }
+        let on = self.servers_of(l);
+        self.fabric.vacate(&on, l.bandwidth);
         if let Some(u) = self.usage.get_mut(&l.tenant) {
             u.milli = u.milli.saturating_sub(l.gpu_milli());
             u.memory = u.memory.saturating_sub(l.memory());

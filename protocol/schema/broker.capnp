@@ -69,8 +69,9 @@ interface ServerAgent {
   # the list has ended, and the server closes its sessions. known = false:
   # the broker forgot the server; register again. `usage`: what each lease
   # with sessions here used so far (cumulative); `total`: all sessions here
-  # since the server started, leased or not.
-  heartbeat @0 (usage :List(Usage), total :Usage) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
+  # since the server started, leased or not. `load`: its data-plane
+  # traffic since the last heartbeat (absent from an older server).
+  heartbeat @0 (usage :List(Usage), total :Usage, load :LinkLoad) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
   # The server drains itself to stop (SIGTERM): no new grants; leases left
   # at deadlineMs are revoked; its next registration ends the drain.
   drainForShutdown @1 (deadlineMs :UInt64) -> (server :ServerStatus);
@@ -96,6 +97,7 @@ struct ServerInfo {
   partitions @4 :List(Text);
   gpus @5 :List(GpuInfo);
   transports @6 :List(Text);  # data-plane transports it serves: "tcp", and "rdma" when it can
+  linkBandwidth @7 :UInt64;   # bytes/s its links carry each way (--link-bandwidth); 0: not said (unbounded)
 }
 
 struct GpuInfo {
@@ -119,6 +121,7 @@ struct LeaseRequest {
   ttlMs @8 :UInt64;
   waitMs @9 :UInt64;          # how long to queue when it cannot be placed now
   key @10 :Text;              # idempotency key: a retry with the same key gets the same lease
+  bandwidth @11 :UInt64;      # bytes/s each way on each of its servers' links (0: none asked)
 }
 
 enum Scope {
@@ -149,6 +152,7 @@ struct Lease {
   grantedMs @9 :UInt64;
   priority @10 :Int32;
   usage @11 :Usage;           # summed over its servers' last reports
+  bandwidth @12 :UInt64;      # bytes/s granted on each of its servers' links (0: none asked)
 }
 
 # The accounting record of an ended lease (or, for a live one, so far:
@@ -179,6 +183,13 @@ struct Usage {
   memoryPeak @7 :UInt64;      # its high-water mark
 }
 
+# A server's data-plane traffic, bytes/s over the interval since its
+# previous heartbeat, all transports together.
+struct LinkLoad {
+  bytesInPerS @0 :UInt64;     # from clients
+  bytesOutPerS @1 :UInt64;
+}
+
 struct LeaseRef {
   id @0 :UInt64;
   generation @1 :UInt64;
@@ -203,6 +214,9 @@ struct ServerStatus {
   models @14 :List(Text);
   transports @15 :List(Text); # as the server registered them (empty: an older server, TCP)
   usage @16 :Usage;           # its last heartbeat's total
+  linkBandwidth @17 :UInt64;  # as registered (0: not said, unbounded)
+  bandwidthGranted @18 :UInt64; # bytes/s its leases were granted, summed
+  load @19 :LinkLoad;         # its last heartbeat's (absent: none reported)
 }
 
 struct BrokerStatus {

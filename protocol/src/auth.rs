@@ -130,6 +130,11 @@ pub fn register_message(nonce: &[u8], s: server_info::Reader<'_>) -> capnp::Resu
     for t in transports.iter() {
         m.text(t?.to_str()?);
     }
+    // Covered when given, so a server that does not say signs the bytes
+    // it signed before the field existed.
+    if s.get_link_bandwidth() != 0 {
+        m.u64(s.get_link_bandwidth());
+    }
     Ok(m.0)
 }
 
@@ -168,9 +173,14 @@ mod tests {
     }
 
     fn info(gpu_memory: u64, partition: &str) -> Vec<u8> {
+        info_with_link(gpu_memory, partition, 0)
+    }
+
+    fn info_with_link(gpu_memory: u64, partition: &str, link: u64) -> Vec<u8> {
         let mut b = capnp::message::Builder::new_default();
         let mut s = b.init_root::<server_info::Builder>();
         s.set_id("gpu1:7767");
+        s.set_link_bandwidth(link);
         s.reborrow().init_partitions(1).set(0, partition);
         let mut g = s.reborrow().init_gpus(1).get(0);
         g.set_uuid(&[7; 16]);
@@ -183,6 +193,8 @@ mod tests {
         assert_eq!(info(1 << 30, "a"), info(1 << 30, "a"));
         assert_ne!(info(1 << 30, "a"), info(2 << 30, "a"));
         assert_ne!(info(1 << 30, "a"), info(1 << 30, "b"));
+        assert_ne!(info_with_link(1 << 30, "a", 1_250_000_000), info_with_link(1 << 30, "a", 2_500_000_000));
+        assert_ne!(info_with_link(1 << 30, "a", 1_250_000_000), info(1 << 30, "a"));
     }
 
     #[test]

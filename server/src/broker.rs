@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::config::Labels;
-use crate::metering::Usage;
+use crate::metering::{LinkRate, Usage};
 use crate::service::Service;
 
 pub struct Agent {
@@ -56,6 +56,8 @@ pub struct Agent {
     drain_deadline: OnceCell<u64>,
     /// TLS to the broker (`--tls-ca`), or plaintext (`--plaintext`).
     security: rgpu_tls::ClientSecurity,
+    /// The data plane's bytes/s between heartbeats.
+    link_rate: RefCell<LinkRate>,
 }
 
 /// The drain a stopping server does first.
@@ -84,6 +86,7 @@ impl Agent {
             stopping,
             drain_deadline: OnceCell::new(),
             security: rgpu_tls::ClientSecurity::Plaintext,
+            link_rate: RefCell::new(LinkRate::default()),
         }
     }
 
@@ -175,6 +178,7 @@ impl Agent {
             s.set_node(&self.labels.node);
             s.set_leaf(&self.labels.leaf);
             s.set_spine(&self.labels.spine);
+            s.set_link_bandwidth(self.labels.link_bandwidth.unwrap_or(0));
             let mut p = s.reborrow().init_partitions(self.labels.partitions.len() as u32);
             for (i, x) in self.labels.partitions.iter().enumerate() {
                 p.set(i as u32, x);
@@ -218,7 +222,7 @@ impl Agent {
                 drain_asked = true;
             }
             let mut req = agent.heartbeat_request();
-            report_usage(service, req.get());
+            report_usage(service, req.get(), &mut self.link_rate.borrow_mut());
             let reply = tokio::time::timeout(every * 3, req.send().promise)
                 .await
                 .map_err(|_| "heartbeat unanswered".to_string())?
@@ -262,7 +266,7 @@ fn leader_named(e: &str) -> Option<String> {
 
 /// What each lease with sessions here used, and this server in all, into
 /// a heartbeat.
-fn report_usage(service: &Service, mut hb: server_agent::heartbeat_params::Builder<'_>) {
+fn report_usage(service: &Service, mut hb: server_agent::heartbeat_params::Builder<'_>, rate: &mut LinkRate) {
     let write = |mut w: rgpu_protocol::broker_capnp::usage::Builder<'_>, lease: u64, u: &Usage| {
         w.set_lease(lease);
         w.set_kernels(u.kernels);
@@ -278,7 +282,14 @@ fn report_usage(service: &Service, mut hb: server_agent::heartbeat_params::Build
     for (i, (lease, u)) in by_lease.iter().enumerate() {
         write(list.reborrow().get(i as u32), *lease, u);
     }
-    write(hb.init_total(), 0, &service.meters.total(service.backend.kernel_times_known()));
+    let total = service.meters.total(service.backend.kernel_times_known());
+    write(hb.reborrow().init_total(), 0, &total);
+    // The first heartbeat has no interval behind it: no load yet.
+    if let Some((bytes_in, bytes_out)) = rate.sample(std::time::Instant::now(), total.bytes_in, total.bytes_out) {
+        let mut l = hb.init_load();
+        l.set_bytes_in_per_s(bytes_in);
+        l.set_bytes_out_per_s(bytes_out);
+    }
 }
 
 fn close(service: &Service, sessions: Vec<u64>) {

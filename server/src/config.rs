@@ -177,6 +177,14 @@ rgpu_config::settings! {
         /// stops at once [default: 30]. A second signal stops at once.
         #[setting(flag = "drain-timeout", env = "RGPU_SERVER_DRAIN_TIMEOUT", value_name = "SECS")]
         drain_timeout: u64 = DEFAULT_DRAIN_TIMEOUT_S,
+        /// Topology: what this server's network links carry each way, e.g.
+        /// 100Gb/s, 400Mb/s or 12.5GB/s (b: bits, B: bytes), registered with
+        /// the broker, which grants leases' bandwidth (`rgpu lease
+        /// --bandwidth`) here up to it and prefers servers with more free
+        /// [default: not said: unbounded].
+        #[setting(flag = "link-bandwidth", env = "RGPU_SERVER_LINK_BANDWIDTH", value_name = "RATE",
+                  parse = parse_link_bandwidth)]
+        link_bandwidth: Option<u64> = None,
         /// Partitions (tenant pools) this server serves, comma-separated (in
         /// the file, a string or an array) [default: default].
         #[setting(flag = "partitions", env = "RGPU_SERVER_PARTITIONS", value_name = "PARTITIONS")]
@@ -264,6 +272,8 @@ pub struct Labels {
     pub leaf: String,
     pub spine: String,
     pub partitions: Vec<String>,
+    /// Bytes/s the server's links carry each way; None: not said.
+    pub link_bandwidth: Option<u64>,
 }
 
 /// Checkpoint and restore (docs/migration.md): both need the key and the directory.
@@ -382,6 +392,7 @@ impl Config {
                     leaf: s.leaf,
                     spine: s.spine,
                     partitions: s.partitions,
+                    link_bandwidth: s.link_bandwidth,
                 },
                 drain_timeout: Duration::from_secs(s.drain_timeout),
                 broker_security,
@@ -389,6 +400,14 @@ impl Config {
             metrics: s.metrics,
             checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore },
         })
+    }
+}
+
+/// `--link-bandwidth`: a rate above zero (leave it out for unbounded).
+pub fn parse_link_bandwidth(s: &str) -> Result<Option<u64>, String> {
+    match rgpu_config::parse_bandwidth(s)? {
+        0 => Err(format!("link-bandwidth {s:?} must be more than 0 (leave it out when the link is not known)")),
+        n => Ok(Some(n)),
     }
 }
 
@@ -461,6 +480,7 @@ mod tests {
         ("leaf", ["l1", "l2"]),
         ("spine", ["s1", "s2"]),
         ("drain-timeout", ["0", "5"]),
+        ("link-bandwidth", ["10Gb/s", "25GB/s"]),
         ("partitions", ["a,b", "c"]),
         ("metrics", ["127.0.0.1:9100", "[::1]:9101"]),
         ("tls-cert", ["/c1", "/c2"]),
@@ -560,6 +580,18 @@ mod tests {
         assert!(c.pool.broker.is_none() && c.pool.labels.partitions.is_empty());
         assert_eq!(c.pool.drain_timeout, Duration::from_secs(DEFAULT_DRAIN_TIMEOUT_S));
         assert!(c.metrics.is_none(), "metrics are off by default");
+        assert_eq!(c.pool.labels.link_bandwidth, None, "a link is unbounded unless said");
+    }
+
+    #[test]
+    fn link_bandwidth_takes_bits_or_bytes_per_second() {
+        let c = load(&["--link-bandwidth", "100Gb/s"], &[]).unwrap();
+        assert_eq!(c.pool.labels.link_bandwidth, Some(12_500_000_000));
+        let c = load(&[], &[("RGPU_SERVER_LINK_BANDWIDTH", "2GB/s")]).unwrap();
+        assert_eq!(c.pool.labels.link_bandwidth, Some(2_000_000_000));
+        for bad in ["0", "0Gb/s", "10Gb", "fast"] {
+            assert!(load(&["--link-bandwidth", bad], &[]).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 
@@ -168,6 +168,27 @@ impl SessionMeter {
     }
 }
 
+/// Bytes/s each way between two readings of the server's byte totals
+/// ([`Meters::total`], which only grow): the traffic heartbeats report.
+#[derive(Debug, Default)]
+pub struct LinkRate {
+    last: Option<(Instant, u64, u64)>,
+}
+
+impl LinkRate {
+    /// The rate since the last reading; None on the first (or when no time
+    /// passed).
+    pub fn sample(&mut self, now: Instant, bytes_in: u64, bytes_out: u64) -> Option<(u64, u64)> {
+        let (then, i, o) = self.last.replace((now, bytes_in, bytes_out))?;
+        let dt = now.checked_duration_since(then)?.as_secs_f64();
+        if dt <= 0.0 {
+            return None;
+        }
+        let per_s = |now: u64, then: u64| (now.saturating_sub(then) as f64 / dt) as u64;
+        Some((per_s(bytes_in, i), per_s(bytes_out, o)))
+    }
+}
+
 /// The live sessions' meters, and what ended sessions of each lease used,
 /// so that a lease's totals survive its sessions.
 #[derive(Default)]
@@ -249,6 +270,16 @@ impl Meters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_rate_is_bytes_per_second_between_readings() {
+        let mut r = LinkRate::default();
+        let t = Instant::now();
+        assert_eq!(r.sample(t, 1000, 0), None, "no interval yet");
+        assert_eq!(r.sample(t + Duration::from_millis(500), 6000, 250), Some((10_000, 500)));
+        assert_eq!(r.sample(t + Duration::from_millis(1500), 6000, 250), Some((0, 0)), "idle");
+        assert_eq!(r.sample(t + Duration::from_millis(1500), 9000, 250), None, "no time passed");
+    }
 
     #[test]
     fn a_lease_keeps_what_its_ended_sessions_used() {

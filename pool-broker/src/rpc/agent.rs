@@ -35,6 +35,11 @@ impl server_agent::Server for Agent {
             let leases = p.get_usage()?.iter().take(crate::usage::MAX_REPORTS).map(|u| (u.get_lease(), Usage::read(u))).collect();
             self.service.report_usage(&self.server_id, leases, Usage::read(p.get_total()?));
         }
+        if p.has_load() {
+            let l = p.get_load()?;
+            let load = crate::fabric::Load { bytes_in: l.get_bytes_in_per_s(), bytes_out: l.get_bytes_out_per_s() };
+            self.service.report_load(&self.server_id, load);
+        }
         let mut out = results.get();
         match self.service.heartbeat(&self.server_id) {
             None => out.set_known(false),

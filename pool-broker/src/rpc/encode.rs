@@ -16,6 +16,7 @@ pub fn write_lease(mut b: lease_p::Builder<'_>, l: &Lease, token: &[u8]) {
     b.set_deadline_ms(l.deadline);
     b.set_granted_ms(l.granted);
     b.set_priority(l.priority);
+    b.set_bandwidth(l.bandwidth);
     b.set_state(match l.state {
         LeaseState::Active => "active",
         LeaseState::Lost => "lost",
@@ -47,6 +48,15 @@ pub fn write_server(mut b: server_status::Builder<'_>, st: &State, s: &Server) {
     b.set_memory_used(used);
     b.set_leases(leases);
     b.set_last_heartbeat_ms(s.last_heartbeat);
+    if let Some(link) = st.link(&s.spec.id) {
+        b.set_link_bandwidth(link.capacity.unwrap_or(0));
+        b.set_bandwidth_granted(link.granted);
+        if let Some(load) = link.load {
+            let mut w = b.reborrow().init_load();
+            w.set_bytes_in_per_s(load.bytes_in);
+            w.set_bytes_out_per_s(load.bytes_out);
+        }
+    }
     let mut p = b.reborrow().init_partitions(s.spec.partitions.len() as u32);
     for (i, x) in s.spec.partitions.iter().enumerate() {
         p.set(i as u32, x);

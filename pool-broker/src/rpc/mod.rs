@@ -181,8 +181,9 @@ impl broker::Server for Broker {
             self.service.failed(&self.host);
         }
         let gpus = spec.gpus.len();
+        let link = Some(s.get_link_bandwidth()).filter(|&b| b != 0);
         let r = match checked {
-            Ok(()) => self.service.register(spec).await,
+            Ok(()) => self.service.register_linked(spec, link).await,
             Err(e) => Err(e),
         };
         audit(&self.service, &format!("server:{id}"), &self.peer, "register", &id, &r, |_| format!("{gpus} GPU(s)"));

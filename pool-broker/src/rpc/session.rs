@@ -79,6 +79,7 @@ impl session::Server for Session {
             ttl_ms: r.get_ttl_ms(),
             wait_ms: r.get_wait_ms(),
             key: text(r.get_key()),
+            bandwidth: r.get_bandwidth(),
         };
         let l = self.service.lease(&self.id, req).await;
         let target = l.as_ref().map_or_else(|_| self.id.tenant.clone(), |l| lease_id(l.id));
