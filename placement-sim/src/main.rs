@@ -12,7 +12,7 @@ use clap::Parser;
 
 use rgpu_placement_sim::pooling;
 use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
-use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
+use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF, SIZES};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
 
 #[derive(Parser, Debug)]
@@ -45,6 +45,9 @@ struct Args {
     /// Skip the dynamic replay.
     #[arg(long)]
     no_dynamic: bool,
+    /// Skip the static runs (the dynamic replay only).
+    #[arg(long)]
+    no_static: bool,
     /// Dynamic replay: every Nth GPU node (a smaller cluster of the same mix).
     #[arg(long, default_value_t = 8)]
     dyn_every: usize,
@@ -149,7 +152,7 @@ fn main() -> Result<()> {
     // ---- static: the published experiment ----
     let t_static = Instant::now();
     let mut tasks: Vec<(usize, Kind, u64)> = Vec::new();
-    for w in 0..loaded.len() {
+    for w in (0..loaded.len()).filter(|_| !a.no_static) {
         for &k in &kinds {
             for &s in &seeds {
                 tasks.push((w, k, s));
@@ -247,7 +250,8 @@ fn main() -> Result<()> {
             let t = Instant::now();
             let pol = k.policy(&dists[w], seeds[0]);
             let r = run_dynamic(&dnodes, &replay_of(w).1, pol.as_ref(), 400);
-            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, overloaded {:.2}%, p99 delay {}s ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, 100.0 * r.mean_ratio_overloaded, r.delay_p99, t.elapsed().as_secs_f64());
+            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, overloaded {:.2}%, p99 delay {}s, gave up {} ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, 100.0 * r.mean_ratio_overloaded, r.delay_p99, r.abandoned, t.elapsed().as_secs_f64());
+            eprintln!("{}", why_lines(&loaded[w].0, k.label(), &r));
             r
         });
         dyn_secs = t_dyn.elapsed().as_secs_f64();
@@ -310,6 +314,26 @@ fn main() -> Result<()> {
     std::fs::write(a.out.join("summary.md"), &md)?;
     print!("{md}");
     Ok(())
+}
+
+/// Why the GPU pods that gave up were kept out on arrival, by size.
+fn why_lines(name: &str, policy: &str, r: &DynamicRun) -> String {
+    let mut out = String::new();
+    let w = &r.why;
+    let n = r.abandoned.max(1) as f64;
+    let _ = writeln!(out, "    why {name} {policy}: mean free GPU share at their arrival {:.1} GPUs ({:.1} on nodes with room for their CPU part)", w.free_milli_sum as f64 / n / 1000.0, w.free_on_host_ok_sum as f64 / n / 1000.0);
+    for (k, size) in SIZES.iter().enumerate() {
+        let g = w.gave_up[k];
+        let tot: u64 = g.iter().sum();
+        let _ = writeln!(
+            out,
+            "      {size:<13} started {:>7}, gave up {tot:>6} (mean duration {:>6.0} s): CPU {:>6}, memory {:>6}, fragmented {:>6}, full {:>6}",
+            w.started[k],
+            w.gave_up_dur_s[k] as f64 / tot.max(1) as f64,
+            g[0], g[1], g[2], g[3]
+        );
+    }
+    out
 }
 
 fn machine() -> String {
