@@ -28,6 +28,9 @@ pub enum Kind {
     BestFit,
     Fgd,
     Ours,
+    /// rgpu's packing with the CPU-capped fragment (`Fgd::packing_cpu_capped`;
+    /// not in the default run).
+    OursCpu,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             Kind::BestFit => "best-fit",
             Kind::Fgd => "fgd",
             Kind::Ours => "rgpu (fgd-pack)",
+            Kind::OursCpu => "rgpu, CPU-capped (fgd-pack-cpu)",
         }
     }
 
@@ -48,6 +52,7 @@ impl Kind {
             "best-fit" | "bestfit" => Kind::BestFit,
             "fgd" => Kind::Fgd,
             "ours" | "rgpu" | "fgd-pack" => Kind::Ours,
+            "ours-cpu" | "fgd-pack-cpu" => Kind::OursCpu,
             _ => return None,
         })
     }
@@ -60,6 +65,7 @@ impl Kind {
             Kind::BestFit => Box::new(BestFit::new()),
             Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
             Kind::Ours => Box::new(Fgd::packing(workload.clone(), seed)),
+            Kind::OursCpu => Box::new(Fgd::packing_cpu_capped(workload.clone(), seed)),
         }
     }
 }
