@@ -252,7 +252,7 @@ fn main() -> Result<()> {
             let t = Instant::now();
             let pol = k.policy(&dists[w], seeds[0]);
             let r = run_dynamic(&dnodes, &replay_of(w).1, pol.as_ref(), 400);
-            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, overloaded {:.2}%, p99 delay {}s, gave up {} ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, 100.0 * r.mean_ratio_overloaded, r.delay_p99, r.abandoned, t.elapsed().as_secs_f64());
+            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, served {:.0} GPU-h, overloaded {:.2}%, p99 delay {}s, gave up {} ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, r.served_gpu_h, 100.0 * r.mean_ratio_overloaded, r.delay_p99, r.abandoned, t.elapsed().as_secs_f64());
             eprintln!("{}", why_lines(&loaded[w].0, k.label(), &r));
             r
         });
@@ -268,16 +268,16 @@ fn main() -> Result<()> {
             a.dyn_load,
             (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).map(|w| format!("{} {} copies", loaded[w].0, replay_of(w).0)).collect::<Vec<_>>().join(", ")
         );
-        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting: GPU pods (their GPUs) / CPU-only pods |");
-        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | GPU time served (GPU-h) | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting: GPU pods (their GPUs) / CPU-only pods |");
+        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for ((w, k), r) in dtasks.iter().zip(&dres) {
             for (t, v) in &r.timeline {
                 let _ = writeln!(csv, "{},{},{t},{:.4}", loaded[*w].0, k.label(), 100.0 * v);
             }
             let _ = writeln!(
                 dyn_table,
-                "| {} | {} | {:.2}% | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} ({:.0}) / {} |",
-                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned, r.abandoned_gpu_milli as f64 / 1000.0, r.abandoned_cpu_only
+                "| {} | {} | {:.2}% | {:.0} | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} ({:.0}) / {} |",
+                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.served_gpu_h, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned, r.abandoned_gpu_milli as f64 / 1000.0, r.abandoned_cpu_only
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;

@@ -522,8 +522,12 @@ pub fn run_static_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, seed: u6
 pub struct DynamicRun {
     /// (time in seconds from the first creation, allocation ratio).
     pub timeline: Vec<(u64, f64)>,
-    /// Time-weighted mean allocation ratio over the trace.
+    /// Time-weighted mean allocation ratio over the trace (from the first
+    /// arrival to the last event, which a pod that started late moves).
     pub mean_ratio: f64,
+    /// GPU time served, GPU-hours: what the mean ratio is not when the
+    /// policies' last events differ.
+    pub served_gpu_h: f64,
     pub gpu_pods: usize,
     pub started: usize,
     /// Queueing delay (start - creation), seconds, of GPU pods that started.
@@ -720,6 +724,7 @@ pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points:
     for &q in &queue {
         r.give_up(&pods[q], why_of.remove(&q), dur(&pods[q]));
     }
+    r.served_gpu_h = area * c.capacity_milli as f64 / 1000.0 / 3600.0;
     r.mean_ratio = if last_t > t0 { area / (last_t - t0) as f64 } else { c.allocation_ratio() };
     r.overloaded_s = over.iter().map(|(a, b)| b - a).sum();
     r.mean_ratio_overloaded = if r.overloaded_s > 0 { over_area / r.overloaded_s as f64 } else { 0.0 };
