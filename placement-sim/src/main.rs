@@ -12,7 +12,7 @@ use clap::Parser;
 
 use rgpu_placement_sim::pooling;
 use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
-use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF};
+use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF, SIZES};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
 
 #[derive(Parser, Debug)]
@@ -45,6 +45,9 @@ struct Args {
     /// Skip the dynamic replay.
     #[arg(long)]
     no_dynamic: bool,
+    /// Skip the static runs (the dynamic replay only).
+    #[arg(long)]
+    no_static: bool,
     /// Dynamic replay: every Nth GPU node (a smaller cluster of the same mix).
     #[arg(long, default_value_t = 8)]
     dyn_every: usize,
@@ -149,7 +152,7 @@ fn main() -> Result<()> {
     // ---- static: the published experiment ----
     let t_static = Instant::now();
     let mut tasks: Vec<(usize, Kind, u64)> = Vec::new();
-    for w in 0..loaded.len() {
+    for w in (0..loaded.len()).filter(|_| !a.no_static) {
         for &k in &kinds {
             for &s in &seeds {
                 tasks.push((w, k, s));
@@ -174,7 +177,9 @@ fn main() -> Result<()> {
     std::fs::write(a.out.join("static.csv"), csv)?;
 
     let mut table = String::new();
-    let _ = writeln!(table, "| workload | random | best-fit | FGD | **rgpu (fgd-pack)** | rgpu - FGD | published random / best-fit / FGD |");
+    // The rgpu column: the default policy, or the variant when only it runs.
+    let ours = if kinds.contains(&Kind::OursCpu) && !kinds.contains(&Kind::Ours) { Kind::OursCpu } else { Kind::Ours };
+    let _ = writeln!(table, "| workload | random | best-fit | FGD | **{}** | rgpu - FGD | published random / best-fit / FGD |", ours.label());
     let _ = writeln!(table, "|---|---|---|---|---|---|---|");
     let mut summary = String::from("workload,policy,mean_pct,stddev_pct,seeds,published_pct\n");
     for (w, (name, _)) in loaded.iter().enumerate() {
@@ -189,7 +194,7 @@ fn main() -> Result<()> {
                 Kind::Random => Some(p[0]),
                 Kind::BestFit => Some(p[1]),
                 Kind::Fgd => Some(p[2]),
-                Kind::Ours => None,
+                Kind::Ours | Kind::OursCpu => None,
             });
             let _ = writeln!(summary, "{name},{},{m:.3},{sd:.3},{},{}", k.label(), finals.len(), pubv.map_or(String::new(), |p| format!("{p:.2}")));
             cells.push(format!("{m:.2} ± {sd:.2}"));
@@ -198,13 +203,13 @@ fn main() -> Result<()> {
             series.push((format!("{} ({m:.2}%)", k.label()), pts));
         }
         let get = |k: Kind| by_kind.iter().find(|x| x.0 == k).map(|x| x.1);
-        let diff = match (get(Kind::Ours), get(Kind::Fgd)) {
+        let diff = match (get(ours), get(Kind::Fgd)) {
             (Some(o), Some(f)) => format!("{:+.2}", o - f),
             _ => "-".into(),
         };
         let cell = |k: Kind| kinds.iter().position(|&x| x == k).map_or("-".to_string(), |i| cells[i].clone());
         let pubs = published(name).map_or("-".into(), |p| format!("{:.2} / {:.2} / {:.2}", p[0], p[1], p[2]));
-        let _ = writeln!(table, "| {name} | {} | {} | {} | **{}** | {diff} | {pubs} |", cell(Kind::Random), cell(Kind::BestFit), cell(Kind::Fgd), cell(Kind::Ours));
+        let _ = writeln!(table, "| {name} | {} | {} | {} | **{}** | {diff} | {pubs} |", cell(Kind::Random), cell(Kind::BestFit), cell(Kind::Fgd), cell(ours));
         let svg = svg_plot(
             &format!("openb {name}: GPU allocation vs arrived demand (mean of {} seeds)", seeds.len()),
             "arrived GPU demand (% of cluster GPUs)",
@@ -247,7 +252,8 @@ fn main() -> Result<()> {
             let t = Instant::now();
             let pol = k.policy(&dists[w], seeds[0]);
             let r = run_dynamic(&dnodes, &replay_of(w).1, pol.as_ref(), 400);
-            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, overloaded {:.2}%, p99 delay {}s ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, 100.0 * r.mean_ratio_overloaded, r.delay_p99, t.elapsed().as_secs_f64());
+            eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, served {:.0} GPU-h, overloaded {:.2}%, p99 delay {}s, gave up {} ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, r.served_gpu_h, 100.0 * r.mean_ratio_overloaded, r.delay_p99, r.abandoned, t.elapsed().as_secs_f64());
+            eprintln!("{}", why_lines(&loaded[w].0, k.label(), &r));
             r
         });
         dyn_secs = t_dyn.elapsed().as_secs_f64();
@@ -262,16 +268,16 @@ fn main() -> Result<()> {
             a.dyn_load,
             (0..loaded.len()).filter(|&w| has_times(&loaded[w].1)).map(|w| format!("{} {} copies", loaded[w].0, replay_of(w).0)).collect::<Vec<_>>().join(", ")
         );
-        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting: GPU pods (their GPUs) / CPU-only pods |");
-        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(dyn_table, "| workload | policy | mean GPU allocation | GPU time served (GPU-h) | overloaded: hours, mean allocation | GPU pods | started | waited | delay p50 / p99 | of those that waited: p50 / p99 | rejected (never fit) | gave up waiting: GPU pods (their GPUs) / CPU-only pods |");
+        let _ = writeln!(dyn_table, "|---|---|---|---|---|---|---|---|---|---|---|---|");
         for ((w, k), r) in dtasks.iter().zip(&dres) {
             for (t, v) in &r.timeline {
                 let _ = writeln!(csv, "{},{},{t},{:.4}", loaded[*w].0, k.label(), 100.0 * v);
             }
             let _ = writeln!(
                 dyn_table,
-                "| {} | {} | {:.2}% | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} ({:.0}) / {} |",
-                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned, r.abandoned_gpu_milli as f64 / 1000.0, r.abandoned_cpu_only
+                "| {} | {} | {:.2}% | {:.0} | {:.1} h, {:.2}% | {} | {} | {} | {} / {} s | {} / {} s | {} | {} ({:.0}) / {} |",
+                loaded[*w].0, k.label(), 100.0 * r.mean_ratio, r.served_gpu_h, r.overloaded_s as f64 / 3600.0, 100.0 * r.mean_ratio_overloaded, r.gpu_pods, r.started, r.delayed, r.delay_p50, r.delay_p99, r.waited_p50, r.waited_p99, r.rejected, r.abandoned, r.abandoned_gpu_milli as f64 / 1000.0, r.abandoned_cpu_only
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;
@@ -310,6 +316,26 @@ fn main() -> Result<()> {
     std::fs::write(a.out.join("summary.md"), &md)?;
     print!("{md}");
     Ok(())
+}
+
+/// Why the GPU pods that gave up were kept out on arrival, by size.
+fn why_lines(name: &str, policy: &str, r: &DynamicRun) -> String {
+    let mut out = String::new();
+    let w = &r.why;
+    let n = r.abandoned.max(1) as f64;
+    let _ = writeln!(out, "    why {name} {policy}: mean free GPU share at their arrival {:.1} GPUs ({:.1} on nodes with room for their CPU part)", w.free_milli_sum as f64 / n / 1000.0, w.free_on_host_ok_sum as f64 / n / 1000.0);
+    for (k, size) in SIZES.iter().enumerate() {
+        let g = w.gave_up[k];
+        let tot: u64 = g.iter().sum();
+        let _ = writeln!(
+            out,
+            "      {size:<13} started {:>7}, gave up {tot:>6} (mean duration {:>6.0} s): CPU {:>6}, memory {:>6}, fragmented {:>6}, full {:>6}",
+            w.started[k],
+            w.gave_up_dur_s[k] as f64 / tot.max(1) as f64,
+            g[0], g[1], g[2], g[3]
+        );
+    }
+    out
 }
 
 fn machine() -> String {

@@ -28,6 +28,9 @@ pub enum Kind {
     BestFit,
     Fgd,
     Ours,
+    /// rgpu's packing with the CPU-capped fragment (`Fgd::packing_cpu_capped`;
+    /// not in the default run).
+    OursCpu,
 }
 
 impl Kind {
@@ -39,6 +42,7 @@ impl Kind {
             Kind::BestFit => "best-fit",
             Kind::Fgd => "fgd",
             Kind::Ours => "rgpu (fgd-pack)",
+            Kind::OursCpu => "rgpu, CPU-capped (fgd-pack-cpu)",
         }
     }
 
@@ -48,6 +52,7 @@ impl Kind {
             "best-fit" | "bestfit" => Kind::BestFit,
             "fgd" => Kind::Fgd,
             "ours" | "rgpu" | "fgd-pack" => Kind::Ours,
+            "ours-cpu" | "fgd-pack-cpu" => Kind::OursCpu,
             _ => return None,
         })
     }
@@ -60,6 +65,7 @@ impl Kind {
             Kind::BestFit => Box::new(BestFit::new()),
             Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
             Kind::Ours => Box::new(Fgd::packing(workload.clone(), seed)),
+            Kind::OursCpu => Box::new(Fgd::packing_cpu_capped(workload.clone(), seed)),
         }
     }
 }
@@ -332,6 +338,41 @@ impl Cluster {
         }
     }
 
+    /// Why `pod` (a GPU pod that does not fit now, nodes as the trace ran)
+    /// is kept out, with the free GPU share in all and on nodes whose host
+    /// holds its CPU part.
+    pub fn blocked(&self, pod: &Pod) -> (Blocked, u64, u64) {
+        let need = need_of(pod);
+        let (mut cpu, mut mem) = (false, false);
+        let (mut free, mut free_ok) = (0u64, 0u64);
+        for (si, s) in self.servers.iter().enumerate() {
+            let f: u64 = s.gpus.iter().filter(|g| g.model_allowed(&pod.models)).map(|g| g.free_milli() as u64).sum();
+            free += f;
+            let h = &self.hosts[si];
+            let (c_ok, m_ok) = (h.cpu_milli >= need.cpu_milli, h.memory >= need.memory);
+            if c_ok && m_ok {
+                free_ok += f;
+            }
+            if self.gpus_fit(pod, si) {
+                if !c_ok {
+                    cpu = true;
+                } else if !m_ok {
+                    mem = true;
+                }
+            }
+        }
+        let b = if cpu {
+            Blocked::Cpu
+        } else if mem {
+            Blocked::Memory
+        } else if free_ok >= pod.gpu_demand() {
+            Blocked::Fragmented
+        } else {
+            Blocked::Full
+        };
+        (b, free, free_ok)
+    }
+
     /// Could `pod`'s GPUs (all of them) come from server `si` now?
     fn gpus_fit(&self, pod: &Pod, si: usize) -> bool {
         let s = &self.servers[si];
@@ -481,8 +522,12 @@ pub fn run_static_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, seed: u6
 pub struct DynamicRun {
     /// (time in seconds from the first creation, allocation ratio).
     pub timeline: Vec<(u64, f64)>,
-    /// Time-weighted mean allocation ratio over the trace.
+    /// Time-weighted mean allocation ratio over the trace (from the first
+    /// arrival to the last event, which a pod that started late moves).
     pub mean_ratio: f64,
+    /// GPU time served, GPU-hours: what the mean ratio is not when the
+    /// policies' last events differ.
+    pub served_gpu_h: f64,
     pub gpu_pods: usize,
     pub started: usize,
     /// Queueing delay (start - creation), seconds, of GPU pods that started.
@@ -506,15 +551,78 @@ pub struct DynamicRun {
     pub mean_ratio_overloaded: f64,
     /// Seconds the offered demand was at least the capacity.
     pub overloaded_s: u64,
+    /// Why GPU pods that gave up could not start when they arrived, by size.
+    pub why: Why,
+}
+
+/// What kept a GPU pod out when it arrived (the cluster's state then).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blocked {
+    /// Some node had room for its GPUs but too little free CPU.
+    Cpu,
+    /// Some node had room for its GPUs and CPU, too little memory.
+    Memory,
+    /// No node had room for its GPUs, yet the free share of the models it
+    /// may use, summed over nodes with room for its CPU and memory, was at
+    /// least its demand (GPU fragmentation).
+    Fragmented,
+    /// Less GPU share free than it asks, where its CPU part fits: full.
+    Full,
+}
+
+/// Size classes of GPU pods.
+pub const SIZES: [&str; 4] = ["< 0.5 GPU", "0.5-0.99 GPU", "1 GPU", "2+ GPUs"];
+
+fn size_class(p: &Pod) -> usize {
+    match (p.num_gpu, p.gpu_milli) {
+        (1, m) if m < 500 => 0,
+        (1, m) if m < 1000 => 1,
+        (1, _) => 2,
+        _ => 3,
+    }
+}
+
+/// Counts of GPU pods that gave up, by size class and [`Blocked`] reason,
+/// with their summed traced durations (seconds).
+#[derive(Debug, Clone, Default)]
+pub struct Why {
+    /// [size][reason: cpu, memory, fragmented, full]
+    pub gave_up: [[u64; 4]; 4],
+    /// Summed durations of those that gave up, per size.
+    pub gave_up_dur_s: [u64; 4],
+    /// GPU pods that started and those that gave up, per size.
+    pub started: [u64; 4],
+    /// Free GPU share (milli) summed over the arrivals that were blocked
+    /// and later gave up, on all nodes and on nodes with room for the CPU part.
+    pub free_milli_sum: u64,
+    pub free_on_host_ok_sum: u64,
+}
+
+impl Why {
+    fn reason_index(b: Blocked) -> usize {
+        match b {
+            Blocked::Cpu => 0,
+            Blocked::Memory => 1,
+            Blocked::Fragmented => 2,
+            Blocked::Full => 3,
+        }
+    }
 }
 
 impl DynamicRun {
-    fn give_up(&mut self, p: &Pod) {
+    fn give_up(&mut self, p: &Pod, why: Option<(Blocked, u64, u64)>, dur: u64) {
         if p.num_gpu == 0 {
             self.abandoned_cpu_only += 1;
         } else {
             self.abandoned += 1;
             self.abandoned_gpu_milli += p.gpu_demand();
+            let k = size_class(p);
+            if let Some((b, free, free_ok)) = why {
+                self.why.gave_up[k][Why::reason_index(b)] += 1;
+                self.why.free_milli_sum += free;
+                self.why.free_on_host_ok_sum += free_ok;
+            }
+            self.why.gave_up_dur_s[k] += dur;
         }
     }
 }
@@ -545,6 +653,7 @@ pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points:
     let mut over_area = 0.0;
     let mut placed: HashMap<usize, Placed> = HashMap::new();
     let mut queue: VecDeque<usize> = VecDeque::new();
+    let mut why_of: HashMap<usize, (Blocked, u64, u64)> = HashMap::new();
     let mut r = DynamicRun { gpu_pods: pods.iter().filter(|p| p.num_gpu > 0).count(), ..DynamicRun::default() };
     let mut delays: Vec<u64> = Vec::new();
     let step = ((t_end - t0) / points.max(1) as u64).max(1);
@@ -569,12 +678,16 @@ pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points:
                 Ok(()) => {
                     if pods[i].num_gpu > 0 {
                         r.started += 1;
+                        r.why.started[size_class(&pods[i])] += 1;
                         delays.push(0);
                     }
                 }
                 Err(NoPlace::Impossible(_)) => r.rejected += 1,
                 Err(NoPlace::Busy) => {
                     if c.could_ever(&pods[i]) {
+                        if pods[i].num_gpu > 0 && c.pooling == Pooling::Node {
+                            why_of.insert(i, c.blocked(&pods[i]));
+                        }
                         queue.push_back(i);
                     } else {
                         r.rejected += 1;
@@ -590,13 +703,15 @@ pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points:
                     let q = queue[k];
                     if pods[q].deletion.is_some_and(|d| d < now) {
                         queue.remove(k);
-                        r.give_up(&pods[q]);
+                        r.give_up(&pods[q], why_of.remove(&q), dur(&pods[q]));
                         continue;
                     }
                     if c.may_fit_after(&pods[q], &pl) && start(&mut c, q, now, &mut heap, &mut placed).is_ok() {
                         queue.remove(k);
+                        why_of.remove(&q);
                         if pods[q].num_gpu > 0 {
                             r.started += 1;
+                            r.why.started[size_class(&pods[q])] += 1;
                             delays.push(now - pods[q].creation);
                         }
                         continue;
@@ -607,8 +722,9 @@ pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points:
         }
     }
     for &q in &queue {
-        r.give_up(&pods[q]);
+        r.give_up(&pods[q], why_of.remove(&q), dur(&pods[q]));
     }
+    r.served_gpu_h = area * c.capacity_milli as f64 / 1000.0 / 3600.0;
     r.mean_ratio = if last_t > t0 { area / (last_t - t0) as f64 } else { c.allocation_ratio() };
     r.overloaded_s = over.iter().map(|(a, b)| b - a).sum();
     r.mean_ratio_overloaded = if r.overloaded_s > 0 { over_area / r.overloaded_s as f64 } else { 0.0 };

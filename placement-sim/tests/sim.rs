@@ -189,3 +189,36 @@ fn pooling_removes_cpu_stranding_and_lets_gpus_come_from_several_nodes() {
     assert_eq!((r.started, r.delayed), (8, 0), "{r:?}");
     assert!((r.mean_ratio - 1.0).abs() < 1e-9);
 }
+
+/// A pod that gives up is told apart by what kept it out on arrival: a
+/// GPU with room on a node short of CPU, or no GPU with room at all.
+#[test]
+fn give_ups_are_counted_by_what_kept_them_out() {
+    let nodes = vec![Node { name: "n0".into(), cpu_milli: 8000, memory_mib: 262_144, gpus: 2, model: "T4".into() }];
+    let at = |i: usize, num_gpu: u32, milli: u32, cpu: u64, from: u64, to: u64| Pod {
+        cpu_milli: cpu,
+        creation: from,
+        deletion: Some(to),
+        scheduled: Some(from),
+        ..pod(i, num_gpu, milli)
+    };
+    let pods = vec![
+        // Takes all the CPU and one GPU until t=1000.
+        at(0, 1, 1000, 8000, 0, 1000),
+        // A GPU has room, the CPU does not: gives up at t=100.
+        at(1, 1, 300, 1000, 10, 100),
+        // A whole GPU is free, the CPU is not: gives up at t=200.
+        at(2, 1, 1000, 1000, 20, 200),
+    ];
+    let w = workload_of(&pods);
+    let r = run_dynamic(&nodes, &pods, Kind::Fgd.policy(&w, 42).as_ref(), 10);
+    assert_eq!(r.abandoned, 2, "{r:?}");
+    // [size][cpu, memory, fragmented, full]
+    assert_eq!(r.why.gave_up[0], [1, 0, 0, 0], "{:?}", r.why);
+    assert_eq!(r.why.gave_up[2], [1, 0, 0, 0], "{:?}", r.why);
+    assert_eq!(r.why.started[2], 1);
+    // Where nothing has GPU room, the pod is counted as full.
+    let pods = vec![at(0, 2, 1000, 1000, 0, 1000), at(1, 1, 500, 1000, 10, 100)];
+    let r = run_dynamic(&nodes, &pods, Kind::Fgd.policy(&w, 42).as_ref(), 10);
+    assert_eq!(r.why.gave_up[1], [0, 0, 0, 1], "{:?}", r.why);
+}
