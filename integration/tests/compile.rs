@@ -31,6 +31,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_async_device",
     "rt_tensor_core",
     "rt_async_copy",
+    "rt_cooperative",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).
