@@ -57,8 +57,7 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES, "device access to pageable host memory"),
         (A::CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED, "device access to host memory"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM, "mapped host memory"),
-        (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH, "cooperative launch (cuLaunchCooperativeKernel)"),
-        (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH, "cooperative launch"),
+        (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH, "multi-device cooperative launch (cuLaunchCooperativeKernelMultiDevice)"),
         (A::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, "launch attributes (clusters) in cuLaunchKernelEx"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, "stream memory operations (cuStreamWaitValue*)"),
         (A::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1, "stream memory operations"),
@@ -278,21 +277,23 @@ pub fn error_from_code(code: u32) -> CuError {
 mod tests {
     use super::*;
 
-    /// A server that reports managed memory and cooperative launch (a real GPU does) is shown
-    /// to the program without them; everything else passes through.
+    /// A server that reports managed memory and multi-device cooperative launch (a real GPU
+    /// does) is shown to the program without them; everything else passes through.
     #[test]
     fn features_rgpu_does_not_offer_read_zero() {
         type A = CUdevice_attribute;
         let server = [
             (A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0, 1),
             (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0, 1),
+            (A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH.0, 1),
             (A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0, 0),
             (A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0, 132),
             (A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0, 1),
         ];
         let a = as_provided(&server, 0);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY.0], 0, "no virtual memory management on the server");
-        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0], 0);
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH.0], 1, "cooperative launch is forwarded");
+        assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH.0], 0);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED.0], 1, "the shim provides pools itself");
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT.0], 132);
         assert_eq!(a[&A::CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING.0], 1);
@@ -314,7 +315,7 @@ mod tests {
     fn the_features_turned_off_are_not_implemented() {
         for name in [
             "cuMemHostGetDevicePointer_v2",
-            "cuLaunchCooperativeKernel",
+            "cuLaunchCooperativeKernelMultiDevice",
             "cuStreamWaitValue32_v2",
             "cuIpcGetEventHandle",
             "cuMemExportToShareableHandle",

@@ -242,7 +242,7 @@ int main() {
     CUdeviceptr um = 0;
     CUresult ur = cuMemAllocManaged(&um, 4096, CU_MEM_ATTACH_GLOBAL);
     EXPECT((managed != 0) == (ur == CUDA_SUCCESS), "MANAGED_MEMORY attribute %d but cuMemAllocManaged -> %d", managed, (int)ur);
-    EXPECT(coop == 0, "COOPERATIVE_LAUNCH %d for a feature rgpu lacks", coop);
+    EXPECT(coop == 1, "COOPERATIVE_LAUNCH %d, but cuLaunchCooperativeKernel is there (rt_cooperative)", coop);
     EXPECT(pools == 1, "MEMORY_POOLS_SUPPORTED %d, but the stream-ordered allocator is there", pools);
     if (ur == CUDA_SUCCESS) CU_CHECK(cuMemFree(um));
     ok("attributes of managed memory, cooperative launch and memory pools match what the calls do");

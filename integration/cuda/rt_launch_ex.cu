@@ -1,8 +1,9 @@
 // cudaLaunchKernelEx with launch attributes: those that only tune scheduling
 // (priority, programmatic stream serialisation, a 1x1x1 cluster, a
-// non-cooperative grid) launch and compute the right result; a cooperative
-// grid, which rgpu does not offer, fails clearly instead of running as an
-// ordinary grid.
+// non-cooperative grid) launch and compute the right result; so does a
+// cooperative grid (rt_cooperative.cu tests grid synchronisation); a cluster
+// bigger than one block, which rgpu does not offer, fails clearly instead of
+// running as an ordinary grid.
 #include <cuda_runtime.h>
 #include "check.h"
 
@@ -43,12 +44,21 @@ int main() {
     attrs[0].id = cudaLaunchAttributeCooperative;
     attrs[0].val.cooperative = 1;
     cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, scale, d, 3.0f, n);
-    EXPECT(e != cudaSuccess, "a cooperative launch was accepted, but rgpu does not offer grid synchronisation");
+    CHECK(cudaLaunchKernelEx(&cfg, scale, d, 3.0f, n));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < n; i++) EXPECT(h[i] == 6.0f * i, "x[%d] = %f after a cooperative scale by 3", i, h[i]);
+    ok("cudaLaunchKernelEx with cudaLaunchAttributeCooperative: right result");
+
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = 2;
+    attrs[0].val.clusterDim.y = attrs[0].val.clusterDim.z = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, scale, d, 5.0f, n);
+    EXPECT(e != cudaSuccess, "a launch with 2-block clusters was accepted, but rgpu does not offer clusters");
     (void)cudaGetLastError();  // the launch error is not sticky: clear it
     CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
-    for (int i = 0; i < n; i++) EXPECT(h[i] == 2.0f * i, "x[%d] = %f: the refused launch ran", i, h[i]);
-    ok("a cooperative launch fails clearly (%s) and does not run", cudaGetErrorName(e));
+    for (int i = 0; i < n; i++) EXPECT(h[i] == 6.0f * i, "x[%d] = %f: the refused launch ran", i, h[i]);
+    ok("a launch with 2-block clusters fails clearly (%s) and does not run", cudaGetErrorName(e));
     CHECK(cudaFree(d));
     return test_end();
 }

@@ -32,6 +32,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_tensor_core",
     "rt_async_copy",
     "rt_tls_canary",
+    "rt_cooperative",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).

@@ -115,4 +115,5 @@ runtime_tests! {
     async_device => plain;
     tensor_core => plain;
     async_copy => plain;
+    cooperative => plain;
 }

@@ -179,6 +179,7 @@ struct LaunchKernel {
   blockZ @7 :UInt32;
   sharedMemBytes @8 :UInt32;
   stream @9 :UInt64;
+  cooperative @10 :Bool;           # cuLaunchCooperativeKernel: every block resident at once
 }
 
 struct MemCreate {

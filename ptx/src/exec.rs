@@ -101,6 +101,9 @@ struct Warp {
     /// bar.red in flight: (op, dst, lanes waiting, lanes whose predicate held).
     bar_red: Option<(BarRed, u32, u32, u32)>,
     first_thread: u32,
+    /// Polling accesses (strong loads, atomics) since the warp last let others run, counted in
+    /// cooperative launches only.
+    polls: u32,
 }
 
 struct Shared<'a> {
@@ -113,6 +116,11 @@ struct Shared<'a> {
     /// Raised by the caller to stop the launch (its session ended).
     cancel: &'a AtomicBool,
     start: Instant,
+    /// A cooperative launch: every block is resident at once and a warp that keeps polling
+    /// memory, or runs long, lets the others run (see [`launch_cooperative`]).
+    coop: bool,
+    /// `%envreg1`, `%envreg2`.
+    env: [u64; 2],
 }
 
 impl Shared<'_> {
@@ -180,14 +188,131 @@ pub fn launch_gated(
     cancel: &AtomicBool,
     gate: &dyn BlockGate,
 ) -> Result<LaunchOutput, ExecError> {
+    run_grid(prog, cfg, params, mem, cancel, gate, false)
+}
+
+/// Polling accesses after which a warp of a cooperative launch lets the other warps and blocks
+/// run: a spin loop (`grid.sync()` polls with `ld.acquire`) costs the others a few hundred
+/// instructions per turn.
+const POLLS_PER_TURN: u32 = 32;
+
+/// Steps a warp of a cooperative launch runs before it lets the others run anyway (a spin loop
+/// on plain loads, or long work between two polls).
+const STEPS_PER_TURN: u32 = 0x4000;
+
+/// Runs a cooperative grid (`cuLaunchCooperativeKernel`): as [`launch_gated`], with every block
+/// resident at once, as a GPU guarantees for a grid that fits its occupancy (the caller bounds
+/// the grid: every block's state is held for the whole launch). Each worker owns a fixed set of
+/// blocks and takes them in turns: a block runs until one of its warps has polled memory
+/// [`POLLS_PER_TURN`] times or run [`STEPS_PER_TURN`] steps, then the next block gets the
+/// worker, so blocks waiting for each other (a grid-wide barrier, a flag) all make progress.
+/// `%envreg1:%envreg2` hold the address of a zeroed grid-sync workspace
+/// ([`GRID_SYNC_ADDR`]), where cooperative groups' `grid.sync()` keeps its barrier word. Each
+/// turn enters `gate`, so compute shares hold; the time limit and `cancel` stop it as any launch.
+pub fn launch_cooperative(
+    prog: &Program,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    mem: &dyn GlobalMemory,
+    cancel: &AtomicBool,
+    gate: &dyn BlockGate,
+) -> Result<LaunchOutput, ExecError> {
+    let ws = GridSync { inner: mem, words: (0..GRID_SYNC_BYTES / 8).map(|_| AtomicU64::new(0)).collect() };
+    run_grid(prog, cfg, params, &ws, cancel, gate, true)
+}
+
+/// A cooperative launch's memory: the session's, and the grid-sync workspace.
+struct GridSync<'a> {
+    inner: &'a dyn GlobalMemory,
+    words: Box<[AtomicU64]>,
+}
+
+// SAFETY: the workspace lives as long as the launch (the value outlives `run_grid`'s workers)
+// and is only accessed atomically; other regions are the inner memory's.
+unsafe impl GlobalMemory for GridSync<'_> {
+    fn region(&self, addr: u64) -> Option<Region> {
+        if addr.wrapping_sub(GRID_SYNC_ADDR) < GRID_SYNC_BYTES {
+            return Some(Region { start: GRID_SYNC_ADDR, len: GRID_SYNC_BYTES, host: self.words.as_ptr() as *mut u8 });
+        }
+        self.inner.region(addr)
+    }
+}
+
+fn run_grid(
+    prog: &Program,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    mem: &dyn GlobalMemory,
+    cancel: &AtomicBool,
+    gate: &dyn BlockGate,
+    coop: bool,
+) -> Result<LaunchOutput, ExecError> {
     let nblocks = cfg.grid.iter().map(|&g| g as u64).product::<u64>();
     let start = Instant::now();
-    let sh = Shared { prog, cfg, params, mem, deadline: start + cfg.time_limit, abort: AtomicBool::new(false), cancel, start };
+    let env = if coop { [GRID_SYNC_ADDR >> 32, GRID_SYNC_ADDR & 0xffff_ffff] } else { [0, 0] };
+    let sh = Shared { prog, cfg, params, mem, deadline: start + cfg.time_limit, abort: AtomicBool::new(false), cancel, start, coop, env };
     let next = AtomicUsize::new(0);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
     let first_err: Mutex<Option<ExecError>> = Mutex::new(None);
     let count = AtomicU64::new(0);
     let workers = cfg.workers.max(1).min(nblocks.max(1) as usize);
+    let fail = |e: ExecError| {
+        sh.abort.store(true, Ordering::Relaxed);
+        let mut f = first_err.lock().unwrap_or_else(|p| p.into_inner());
+        // A real fault wins over the blocks it stopped.
+        if f.as_ref().is_none_or(|x| x.fault == Fault::Aborted) {
+            *f = Some(e);
+        }
+    };
+    let ctaid_of = |b: u64| {
+        let g = cfg.grid;
+        [(b % g[0] as u64) as u32, (b / g[0] as u64 % g[1] as u64) as u32, (b / (g[0] as u64 * g[1] as u64)) as u32]
+    };
+    // Cooperative: worker `wi` owns blocks wi, wi + workers, ... and runs them in turns.
+    let coop_work = |wi: usize| {
+        let mut blocks: Vec<(u64, BlockRunner, Vec<u8>)> = (wi as u64..nblocks)
+            .step_by(workers)
+            .map(|b| {
+                let mut r = BlockRunner::new(&sh);
+                r.start(ctaid_of(b));
+                (b, r, Vec::new())
+            })
+            .collect();
+        let (mut k, mut n, mut promised) = (0usize, 0u64, false);
+        while !blocks.is_empty() && (promised || !sh.abort.load(Ordering::Relaxed)) {
+            k %= blocks.len();
+            let ctaid = ctaid_of(blocks[k].0);
+            let entered = gate.enter(&|| sh.stop_now().is_some());
+            let stop = sh.stop_now().or((!entered).then_some(Fault::Aborted));
+            let ran = match stop {
+                Some(fault) => Err(ExecError { kernel: prog.name.clone(), block: ctaid, thread: [0; 3], line: 0, fault }),
+                None => {
+                    let (_, r, out) = &mut blocks[k];
+                    r.resume(ctaid, out, &mut n)
+                }
+            };
+            let finished = matches!(ran, Ok(true));
+            let another = entered && ran.is_ok() && blocks.len() > finished as usize && !sh.abort.load(Ordering::Relaxed);
+            if entered {
+                gate.leave(another);
+            }
+            promised = another;
+            match ran {
+                Ok(true) => {
+                    let (b, _, out) = blocks.remove(k);
+                    if !out.is_empty() {
+                        outputs.lock().unwrap_or_else(|p| p.into_inner()).push((b, out));
+                    }
+                }
+                Ok(false) => k += 1,
+                Err(e) => {
+                    fail(e);
+                    break;
+                }
+            }
+        }
+        count.fetch_add(n, Ordering::Relaxed);
+    };
     let work = || {
         let mut blk = BlockRunner::new(&sh);
         let mut b = next.fetch_add(1, Ordering::Relaxed) as u64;
@@ -198,8 +323,7 @@ pub fn launch_gated(
             if b >= nblocks || (!promised && sh.abort.load(Ordering::Relaxed)) {
                 break;
             }
-            let g = cfg.grid;
-            let ctaid = [(b % g[0] as u64) as u32, (b / g[0] as u64 % g[1] as u64) as u32, (b / (g[0] as u64 * g[1] as u64)) as u32];
+            let ctaid = ctaid_of(b);
             let mut out = Vec::new();
             let entered = gate.enter(&|| sh.stop_now().is_some());
             let stop = sh.stop_now().or((!entered).then_some(Fault::Aborted));
@@ -222,12 +346,7 @@ pub fn launch_gated(
                     }
                 }
                 Err(e) => {
-                    sh.abort.store(true, Ordering::Relaxed);
-                    let mut f = first_err.lock().unwrap_or_else(|p| p.into_inner());
-                    // A real fault wins over the blocks it stopped.
-                    if f.as_ref().is_none_or(|x| x.fault == Fault::Aborted) {
-                        *f = Some(e);
-                    }
+                    fail(e);
                     break;
                 }
             }
@@ -235,11 +354,20 @@ pub fn launch_gated(
         }
     };
     if workers == 1 {
-        work();
+        if coop {
+            coop_work(0);
+        } else {
+            work();
+        }
     } else {
         std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(work);
+            for wi in 0..workers {
+                if coop {
+                    let coop_work = &coop_work;
+                    s.spawn(move || coop_work(wi));
+                } else {
+                    s.spawn(work);
+                }
             }
         });
     }
@@ -268,6 +396,9 @@ enum Stop {
     Barrier,
     /// The warp waits on an mbarrier phase: the other warps get a turn before it goes on.
     Yield,
+    /// A cooperative launch's warp has had its turn (it kept polling memory, or ran long):
+    /// the other blocks get theirs before it goes on.
+    Poll,
 }
 
 impl<'a> BlockRunner<'a> {
@@ -289,6 +420,7 @@ impl<'a> BlockRunner<'a> {
                 conv_wait: 0,
                 bar_red: None,
                 first_thread: (w * LANES) as u32,
+                polls: 0,
             })
             .collect();
         let shared = vec![0; (p.dyn_shared_offset + sh.cfg.dyn_shared as u64).max(p.shared_static) as usize];
@@ -296,6 +428,15 @@ impl<'a> BlockRunner<'a> {
     }
 
     fn run(&mut self, ctaid: [u32; 3], out: &mut Vec<u8>) -> Result<u64, ExecError> {
+        self.start(ctaid);
+        let mut count = 0u64;
+        // Only a cooperative launch's warps stop for a turn; this one runs to the end.
+        while !self.resume(ctaid, out, &mut count)? {}
+        Ok(count)
+    }
+
+    /// Sets the block up to run block `ctaid` from its first instruction.
+    fn start(&mut self, ctaid: [u32; 3]) {
         let cfg = self.sh.cfg;
         let nthreads = cfg.block.iter().product::<u32>();
         let nwarps = self.warps.len() as u32;
@@ -311,6 +452,7 @@ impl<'a> BlockRunner<'a> {
             w.conv.clear();
             w.conv_wait = 0;
             w.bar_red = None;
+            w.polls = 0;
             w.local.fill(0);
             let r = &mut w.regs;
             for l in 0..LANES {
@@ -338,12 +480,20 @@ impl<'a> BlockRunner<'a> {
                 set(r, special::GRIDID, 1);
                 set(r, special::DYN_SMEM, cfg.dyn_shared as u64);
                 set(r, special::TOTAL_SMEM, self.shared.len() as u64);
+                set(r, special::ENVREG1, self.sh.env[0]);
+                set(r, special::ENVREG2, self.sh.env[1]);
             }
         }
-        let mut count = 0u64;
+    }
+
+    /// Runs the block until it ends (true) or, in a cooperative launch, until a round of its
+    /// warps in which one had its turn (false: call again to go on); instructions are added
+    /// to `count`.
+    fn resume(&mut self, ctaid: [u32; 3], out: &mut Vec<u8>, count: &mut u64) -> Result<bool, ExecError> {
         loop {
             let mut live = false;
             let mut yielded = false;
+            let mut turn_over = false;
             for wi in 0..self.warps.len() {
                 if self.warps[wi].alive == 0 || self.warps[wi].at_bar {
                     live |= self.warps[wi].alive != 0;
@@ -351,18 +501,25 @@ impl<'a> BlockRunner<'a> {
                 }
                 live = true;
                 let mut w = std::mem::replace(&mut self.warps[wi], empty_warp());
-                let r = self.run_warp(&mut w, ctaid, out, &mut count);
+                let r = self.run_warp(&mut w, ctaid, out, count);
                 self.warps[wi] = w;
-                yielded |= matches!(r?, Stop::Yield);
+                match r? {
+                    Stop::Yield => yielded = true,
+                    Stop::Poll => turn_over = true,
+                    Stop::Exited | Stop::Barrier => {}
+                }
             }
             if !live {
-                return Ok(count);
+                return Ok(true);
             }
             if let Some(fault) = self.sh.stop_now() {
                 let w = self.warps.iter().find(|w| w.alive != 0).unwrap_or(&self.warps[0]);
                 let lane = w.alive.trailing_zeros() as usize % LANES;
                 let line = self.sh.prog.insts.get(w.pcs[lane] as usize).map_or(0, |i| i.line);
                 return Err(self.err(w, lane, line, ctaid, fault));
+            }
+            if turn_over {
+                return Ok(false);
             }
             if yielded {
                 // A warp is spinning on an mbarrier, not at the block barrier: another round.
@@ -408,10 +565,18 @@ impl<'a> BlockRunner<'a> {
         let mut steps: u32 = 0;
         loop {
             steps = steps.wrapping_add(1);
-            if steps & 0x3fff == 0 {
+            if steps & (STEPS_PER_TURN - 1) == 0 {
                 if let Some(f) = self.sh.stop_now() {
                     return Err(self.err(w, mask.trailing_zeros() as usize, insts.get(pc as usize).map_or(0, |i| i.line), ctaid, f));
                 }
+                if self.sh.coop {
+                    w.polls = POLLS_PER_TURN;
+                }
+            }
+            if w.polls >= POLLS_PER_TURN {
+                w.polls = 0;
+                set_pcs(&mut w.pcs, mask, pc);
+                return Ok(Stop::Poll);
             }
             if !w.conv.is_empty() && self.sh.prog.joins.get(pc as usize).copied().unwrap_or(false) {
                 mask = arrive(w, pc, mask);
@@ -539,6 +704,9 @@ impl<'a> BlockRunner<'a> {
                     if active != 0 {
                         if let Err((lane, f)) = self.exec(w, op, active, out) {
                             return Err(self.err(w, lane, inst.line, ctaid, f));
+                        }
+                        if self.sh.coop && polls(op) {
+                            w.polls += 1;
                         }
                     }
                 }
@@ -749,7 +917,7 @@ impl<'a> BlockRunner<'a> {
                     map1(regs, m, d, a, |x| if win == 0 { x } else { x.wrapping_sub(win) })
                 }
             }
-            Op::Ld { sp, size, sext, ref ds, base, off } => {
+            Op::Ld { sp, size, sext, strong, ref ds, base, off } => {
                 let bv = fetch(regs, base);
                 let n = ds.len() as u64;
                 for l in 0..LANES {
@@ -767,6 +935,11 @@ impl<'a> BlockRunner<'a> {
                             w.regs[*dd as usize * LANES + l] = v;
                         }
                     }
+                }
+                if strong {
+                    // What the thread reads next is not read before this (`ld.acquire`; the
+                    // host's loads are relaxed atomics).
+                    std::sync::atomic::fence(Ordering::Acquire);
                 }
             }
             Op::St { sp, size, ref vals, base, off } => {
@@ -1140,7 +1313,17 @@ impl<'a> BlockRunner<'a> {
 }
 
 fn empty_warp() -> Warp {
-    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, conv: Vec::new(), conv_wait: 0, bar_red: None, first_thread: 0 }
+    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, conv: Vec::new(), conv_wait: 0, bar_red: None, first_thread: 0, polls: 0 }
+}
+
+/// Whether `op` is how a thread watches memory another block writes: a strong load or an
+/// atomic outside shared memory.
+fn polls(op: &Op) -> bool {
+    match *op {
+        Op::Ld { sp, strong, .. } => strong && !matches!(sp, Space::Shared | Space::Local | Space::KParam),
+        Op::Atom { sp, .. } => !matches!(sp, Space::Shared | Space::Local),
+        _ => false,
+    }
 }
 
 /// (smallest pc among live lanes, lanes at it, smallest pc among the others).

@@ -33,6 +33,12 @@ pub const LOCAL_WINDOW: u64 = 0x0000_2000_0000_0000;
 pub const KPARAM_WINDOW: u64 = 0x0000_3000_0000_0000;
 /// Size of each window.
 pub const WINDOW_SIZE: u64 = 0x0000_1000_0000_0000;
+/// Device address of a cooperative launch's grid-sync workspace (what a driver passes in
+/// `%envreg1:%envreg2`): global memory of the launch itself, above the windows and below the
+/// sim's virtual-memory window (0x5000_0000_0000) and device memory.
+pub const GRID_SYNC_ADDR: u64 = 0x0000_4000_0000_0000;
+/// Its size: `grid.sync()` uses the word at offset 4; the rest is zero, as a driver's is.
+pub const GRID_SYNC_BYTES: u64 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum I2 {
@@ -336,7 +342,9 @@ pub enum Op {
     CvtX2 { to: Packed, from: Option<Packed>, relu: bool, satfinite: bool, d: u32, a: Src, b: Src },
     /// Converts between a space's own addresses and generic ones.
     Cvta { to_generic: bool, sp: Space, d: u32, a: Src },
-    Ld { sp: Space, size: u8, sext: bool, ds: Vec<Option<u32>>, base: Src, off: i64 },
+    /// `strong`: `.volatile`, `.relaxed` or `.acquire`, the loads a thread polls another's
+    /// progress with (a cooperative launch lets other blocks run when a warp keeps polling).
+    Ld { sp: Space, size: u8, sext: bool, strong: bool, ds: Vec<Option<u32>>, base: Src, off: i64 },
     St { sp: Space, size: u8, vals: Vec<Src>, base: Src, off: i64 },
     Atom { sp: Space, op: AtomOp, t: AtomTy, d: Option<u32>, base: Src, off: i64, b: Src, c: Option<Src> },
     Bra { target: u32 },
@@ -543,7 +551,12 @@ pub mod special {
     pub const TOTAL_SMEM: u32 = 24;
     /// The carry flag of carry chains (`CC.CF`), one per thread; not nameable in PTX.
     pub const CC: u32 = 25;
-    pub const COUNT: u32 = 26;
+    /// `%envreg1`/`%envreg2`: the high and low halves of the grid-sync workspace's address
+    /// (cooperative groups' `grid.sync()` spins on a word there); 0 outside cooperative launches,
+    /// where `grid.sync()` traps as on a GPU.
+    pub const ENVREG1: u32 = 26;
+    pub const ENVREG2: u32 = 27;
+    pub const COUNT: u32 = 28;
 
     pub fn lookup(name: &str) -> Option<u32> {
         Some(match name {
@@ -572,6 +585,8 @@ pub mod special {
             "%gridid" => GRIDID,
             "%dynamic_smem_size" => DYN_SMEM,
             "%total_smem_size" => TOTAL_SMEM,
+            "%envreg1" => ENVREG1,
+            "%envreg2" => ENVREG2,
             _ => return None,
         })
     }

@@ -23,7 +23,7 @@ pub mod parse;
 mod printf;
 mod reconverge;
 
-pub use exec::{launch, launch_cancellable, launch_gated, BlockGate, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
+pub use exec::{launch, launch_cancellable, launch_cooperative, launch_gated, BlockGate, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
 pub use ir::Program;
 
 use std::sync::atomic::AtomicU64;

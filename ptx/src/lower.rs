@@ -479,6 +479,9 @@ impl<'a> Lowerer<'a> {
         if let Some(s) = special::lookup(n) {
             return Ok(s);
         }
+        if n.starts_with("%envreg") {
+            return Err(unsupported(line, format!("{n} (only %envreg1 and %envreg2, the grid-sync workspace, are provided)")));
+        }
         if !self.is_reg(n) {
             return Err(PtxError::Parse { line, msg: format!("`{n}` is not a declared register") });
         }
@@ -734,7 +737,7 @@ impl<'a> Lowerer<'a> {
             if let Some(Sym::Local(off)) = self.lookup(n) {
                 let r = self.nregs;
                 self.nregs += 1;
-                self.push(guard, Op::Ld { sp: Space::Local, size: 8, sext: false, ds: vec![Some(r)], base: Src::C(off), off: 0 }, line);
+                self.push(guard, Op::Ld { sp: Space::Local, size: 8, sext: false, strong: false, ds: vec![Some(r)], base: Src::C(off), off: 0 }, line);
                 return Ok(Src::R(r));
             }
         }
@@ -784,7 +787,7 @@ impl<'a> Lowerer<'a> {
         }
         self.lower_body(f, scope, false)?;
         for (d, s, size) in copy_back {
-            self.push(None, Op::Ld { sp: Space::Local, size, sext: false, ds: vec![Some(d)], base: Src::C(s), off: 0 }, line);
+            self.push(None, Op::Ld { sp: Space::Local, size, sext: false, strong: false, ds: vec![Some(d)], base: Src::C(s), off: 0 }, line);
         }
         Ok(())
     }
@@ -1216,7 +1219,8 @@ impl<'a> Lowerer<'a> {
                         }
                         d => vec![Some(self.dst(d, line)?)],
                     };
-                    Op::Ld { sp, size, sext, ds, base, off }
+                    let strong = ["volatile", "relaxed", "acquire"].iter().any(|m| i.has(m));
+                    Op::Ld { sp, size, sext, strong, ds, base, off }
                 } else {
                     let ft = float_ty(ty);
                     let vals = match vo {

@@ -4,6 +4,7 @@
 use super::*;
 use std::time::Duration;
 
+mod cooperative;
 mod matrix;
 
 const BASE: u64 = 0x7f00_0000_0000;

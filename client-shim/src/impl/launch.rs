@@ -27,6 +27,57 @@ pub(crate) unsafe fn kernel(
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> CuResult<()> {
+    launch(f, [gx, gy, gz], [bx, by, bz], shared, s, params, extra, false)
+}
+
+/// cuLaunchCooperativeKernel: every block resident at once, so the kernel may synchronise the
+/// whole grid (cooperative groups' `grid.sync()`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn cooperative_kernel(
+    f: CUfunction,
+    gx: u32,
+    gy: u32,
+    gz: u32,
+    bx: u32,
+    by: u32,
+    bz: u32,
+    shared: u32,
+    s: CUstream,
+    params: *mut *mut c_void,
+) -> CuResult<()> {
+    launch(f, [gx, gy, gz], [bx, by, bz], shared, s, params, std::ptr::null_mut(), true)
+}
+
+/// A cooperative grid must fit the device at once: what a real driver checks at the call,
+/// with the occupancy the program was told (`cuOccupancyMaxActiveBlocksPerMultiprocessor` x
+/// the SM count). The server checks again (it is not told the client's numbers).
+fn check_cooperative(rt: &Runtime, func: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> CuResult<()> {
+    let dev = rt.device(func.device)?;
+    if dev.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? == 0 {
+        tracing::warn!("cooperative launch of {}: the device does not support cooperative launches", func.name.to_string_lossy());
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let threads = block.iter().map(|&b| b as u64).product::<u64>();
+    let per_sm = crate::r#impl::occupancy::blocks_per_sm(func, i32::try_from(threads).unwrap_or(i32::MAX), shared as usize)?;
+    let sms = dev.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    let blocks = grid.iter().map(|&g| g as u64).product::<u64>();
+    if blocks > per_sm.max(0) as u64 * sms.max(0) as u64 {
+        return Err(CuError::COOPERATIVE_LAUNCH_TOO_LARGE);
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    f: CUfunction,
+    [gx, gy, gz]: [u32; 3],
+    [bx, by, bz]: [u32; 3],
+    shared: u32,
+    s: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+    cooperative: bool,
+) -> CuResult<()> {
     let rt = runtime::get()?;
     // A function handle lives exactly as long as its module.
     let func = resolve_function(f)?;
@@ -35,6 +86,9 @@ pub(crate) unsafe fn kernel(
         return Err(CuError::INVALID_HANDLE);
     }
     check_dims(rt, &func, [gx, gy, gz], [bx, by, bz], shared)?;
+    if cooperative {
+        check_cooperative(rt, &func, [gx, gy, gz], [bx, by, bz], shared)?;
+    }
     // A kernel its server cannot run is refused here, where the program sees it, and is still
     // sent: the server refuses it too, and that failure surfaces at the next synchronising
     // call, as a kernel that failed on the device would. So a library that drops launch errors
@@ -54,17 +108,33 @@ pub(crate) unsafe fn kernel(
     pack(&func, params, extra, buf)?;
     let node = || {
         refused?;
+        if cooperative {
+            // A graph's kernel node carries no cooperative flag here: replayed as an ordinary
+            // launch, its grid.sync() would trap.
+            tracing::warn!("capturing a cooperative launch into a graph is not supported by rgpu");
+            return Err(CuError::NOT_SUPPORTED);
+        }
         let (grid, block) = ([gx, gy, gz], [bx, by, bz]);
         Ok(Node::Kernel(KernelNode { func: f as usize as u64, function: func.clone(), grid, block, shared, params: buf.to_vec() }))
     };
     if capture::record(sh, node)? {
         return Ok(());
     }
-    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf)?;
+    send(rt, &func, [gx, gy, gz], [bx, by, bz], shared, sh, buf, cooperative)?;
     refused
 }
 
-fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], shared: u32, stream: u64, params: &[u8]) -> CuResult<()> {
+#[allow(clippy::too_many_arguments)]
+fn send(
+    rt: &Runtime,
+    f: &module::Function,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: u64,
+    params: &[u8],
+    cooperative: bool,
+) -> CuResult<()> {
     crate::objects::managed::to_device(rt)?;
     rt.conn(f.device)?
         .post(
@@ -80,6 +150,7 @@ fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], sha
                 l.set_block_z(block[2]);
                 l.set_shared_mem_bytes(shared);
                 l.set_stream(stream);
+                l.set_cooperative(cooperative);
             },
             params,
         )
@@ -87,22 +158,28 @@ fn send(rt: &Runtime, f: &module::Function, grid: [u32; 3], block: [u32; 3], sha
 }
 
 pub(crate) unsafe fn kernel_ex(c: &CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> CuResult<()> {
+    let mut cooperative = false;
     if c.numAttrs != 0 {
         if c.attrs.is_null() {
             return Err(CuError::INVALID_VALUE);
         }
         for a in std::slice::from_raw_parts(c.attrs, c.numAttrs as usize) {
             check_launch_attribute(a)?;
+            if a.id == CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE {
+                cooperative = a.value.cooperative != 0;
+            }
         }
     }
-    kernel(f, c.gridDimX, c.gridDimY, c.gridDimZ, c.blockDimX, c.blockDimY, c.blockDimZ, c.sharedMemBytes, c.hStream, params, extra)
+    let (grid, block) = ([c.gridDimX, c.gridDimY, c.gridDimZ], [c.blockDimX, c.blockDimY, c.blockDimZ]);
+    launch(f, grid, block, c.sharedMemBytes, c.hStream, params, extra, cooperative)
 }
 
 /// Launch attributes that only tune how a launch is scheduled leave its result as it is: they
 /// are accepted and not forwarded (the kernel then runs as without them: serialised, default
-/// priority and cache policy, which CUDA allows). Those that change what a launch means
-/// (cooperative grids, clusters bigger than one block, events triggered from inside a kernel)
-/// are refused with CUDA_ERROR_NOT_SUPPORTED, as rgpu does not offer them yet.
+/// priority and cache policy, which CUDA allows). The cooperative one is a cooperative launch
+/// (the caller reads it). Those that change what a launch means otherwise (clusters bigger
+/// than one block, events triggered from inside a kernel) are refused with
+/// CUDA_ERROR_NOT_SUPPORTED, as rgpu does not offer them yet.
 unsafe fn check_launch_attribute(a: &CUlaunchAttribute) -> CuResult<()> {
     type L = CUlaunchAttributeID;
     let v = &a.value;
@@ -117,7 +194,7 @@ unsafe fn check_launch_attribute(a: &CUlaunchAttribute) -> CuResult<()> {
         | L::CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE
         // Allowing the next kernel to start early: running it after this one is stricter.
         | L::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => true,
-        L::CU_LAUNCH_ATTRIBUTE_COOPERATIVE => v.cooperative == 0,
+        L::CU_LAUNCH_ATTRIBUTE_COOPERATIVE => true,
         L::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
             let d = v.clusterDim;
             (d.x, d.y, d.z) == (1, 1, 1) || (d.x, d.y, d.z) == (0, 0, 0)

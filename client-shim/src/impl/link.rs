@@ -4,6 +4,7 @@
 use std::ffi::{c_char, c_void, CStr};
 
 use crate::cuda::types::*;
+use crate::objects::device_runtime;
 use crate::objects::link::LinkState;
 use crate::objects::module::image_bytes;
 use crate::objects::objects;
@@ -53,6 +54,15 @@ pub(crate) unsafe fn create_v2(n: u32, options: *mut CUjit_option, values: *mut 
 /// Takes one input image as cuModuleLoadData would take it.
 fn add(s: &LinkState, ty: CUjitInputType, bytes: Vec<u8>, name: &str) -> CuResult<()> {
     type T = CUjitInputType;
+    let (ty, bytes) = match ty {
+        // NVIDIA's device runtime is SASS only: rgpu links its own PTX for what of it
+        // programs use (objects::device_runtime).
+        T::CU_JIT_INPUT_LIBRARY if device_runtime::is_cudadevrt(&bytes) => {
+            tracing::debug!("cuLinkAddData: {name:?} is the device runtime: linking rgpu's cooperative-groups PTX in its place");
+            (T::CU_JIT_INPUT_PTX, device_runtime::COOPERATIVE_GROUPS_PTX.as_bytes().to_vec())
+        }
+        _ => (ty, bytes),
+    };
     match ty {
         T::CU_JIT_INPUT_PTX | T::CU_JIT_INPUT_CUBIN | T::CU_JIT_INPUT_FATBINARY => {}
         _ => {

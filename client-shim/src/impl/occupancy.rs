@@ -18,7 +18,7 @@ fn device_attribute(dev: CUdevice, attr: CUdevice_attribute) -> CuResult<i32> {
     runtime::get()?.device(dev)?.attribute(attr)
 }
 
-fn blocks_per_sm(f: &module::Function, block: i32, dyn_smem: usize) -> CuResult<i32> {
+pub(crate) fn blocks_per_sm(f: &module::Function, block: i32, dyn_smem: usize) -> CuResult<i32> {
     if block <= 0 {
         return Err(CuError::INVALID_VALUE);
     }

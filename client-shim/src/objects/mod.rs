@@ -30,6 +30,7 @@
 pub mod capture;
 pub mod cls;
 pub mod context;
+pub mod device_runtime;
 pub mod event;
 pub mod graph;
 pub mod graph_exec;

@@ -102,7 +102,7 @@ mod tests {
     use super::*;
 
     fn dims(grid: [u32; 3], block: [u32; 3], shared: u32) -> LaunchDims {
-        LaunchDims { grid, block, shared_mem_bytes: shared }
+        LaunchDims { grid, block, shared_mem_bytes: shared, cooperative: false }
     }
 
     const ANY: KernelNeeds = KernelNeeds { max_threads_per_block: 1024, static_shared: 0 };

@@ -148,6 +148,8 @@ pub struct LaunchDims {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_mem_bytes: u32,
+    /// `cuLaunchCooperativeKernel`: every block resident at once (grid-wide sync).
+    pub cooperative: bool,
 }
 
 /// A device-memory transfer failed either on the device side (a CUDA error

@@ -24,6 +24,7 @@ impl LaunchKernel {
                 grid: [r.get_grid_x(), r.get_grid_y(), r.get_grid_z()],
                 block: [r.get_block_x(), r.get_block_y(), r.get_block_z()],
                 shared_mem_bytes: r.get_shared_mem_bytes(),
+                cooperative: r.get_cooperative(),
             },
             stream: r.get_stream(),
         }

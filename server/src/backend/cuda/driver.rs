@@ -74,6 +74,7 @@ pub const REQUIRED_SYMBOLS: &[&str] = &[
     "cuFuncGetParamInfo",
     "cuFuncGetAttribute",
     "cuLaunchKernel",
+    "cuLaunchCooperativeKernel",
 ];
 
 /// Why the cuda backend cannot start.

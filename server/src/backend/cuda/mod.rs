@@ -691,6 +691,11 @@ impl BackendSession for CudaSession {
         let kp = if ptrs.is_empty() { std::ptr::null_mut() } else { ptrs.as_mut_ptr() };
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
+        if dims.cooperative {
+            // The driver checks the grid against the device's occupancy
+            // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) and provides the grid barrier.
+            return cu!(sys::cuLaunchCooperativeKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp));
+        }
         cu!(sys::cuLaunchKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp, std::ptr::null_mut()))
     }
 }

@@ -4,7 +4,7 @@
 //! The ids and names are copied from `CUdevice_attribute` in cuda.h (CUDA 13),
 //! deprecated aliases included (they share an id with their replacement).
 //! Values describe an H100-SXM-class device; a feature the sim cannot offer
-//! over rgpu (host-mapped memory, managed memory, cooperative launch, VMM,
+//! over rgpu (host-mapped memory, managed memory, multi-device cooperative launch, VMM,
 //! memory pools, IPC, clusters...) is 0.
 //! To add an attribute of a newer cuda.h: append its (id, name) to [`ATTRIBUTES`]
 //! and give it a value in [`value`] if it is not 0.
@@ -276,6 +276,8 @@ pub fn value(id: u32, p: &SimDeviceParams) -> i32 {
         85 => p.ordinal, // MULTI_GPU_BOARD_GROUP_ID
         87 => 2, // SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO
         90 => 1, // COMPUTE_PREEMPTION_SUPPORTED
+        // backend/sim/cooperative.rs: grids that fit the occupancy, every block resident.
+        95 => 1, // COOPERATIVE_LAUNCH
         97 => 227 * 1024, // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
         // server/src/vmm.rs, backend/sim/vmm.rs: reservations, maps, access.
         102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED

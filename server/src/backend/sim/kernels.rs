@@ -181,7 +181,14 @@ pub fn run(
         time_limit,
         printf_limit: PRINTF_LIMIT,
     };
-    match rgpu_ptx::launch_gated(prog, &cfg, params, mem, cancel, share) {
+    let ran = if dims.cooperative {
+        // Every block resident at once, taking turns on the workers (checked against the
+        // occupancy and MAX_LAUNCH_STATE at the launch: sim::cooperative).
+        rgpu_ptx::launch_cooperative(prog, &cfg, params, mem, cancel, share)
+    } else {
+        rgpu_ptx::launch_gated(prog, &cfg, params, mem, cancel, share)
+    };
+    match ran {
         Ok(out) => {
             output.extend_from_slice(&out.printf);
             Ok(())

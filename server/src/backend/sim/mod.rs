@@ -9,6 +9,7 @@
 //! memory is never copied, freed or remapped under a running kernel.
 
 pub mod attributes;
+pub mod cooperative;
 pub mod executor;
 pub mod kernels;
 pub mod memory;
@@ -184,6 +185,8 @@ struct SimModule {
     global_bytes: u64,
     /// Per kernel: its decoded program, or why it cannot run here.
     programs: Vec<Result<Arc<rgpu_ptx::Program>, String>>,
+    /// Per kernel: what its occupancy counts (cooperative grids are held to it).
+    resources: Vec<cooperative::Resources>,
 }
 
 struct SimSession {
@@ -435,9 +438,10 @@ impl SimSession {
             })
             .collect::<Vec<_>>();
         let t = self.token();
+        let resources = functions.iter().map(cooperative::Resources::of).collect();
         self.modules.insert(
             t,
-            SimModule { globals: ptrs, global_bytes, programs },
+            SimModule { globals: ptrs, global_bytes, programs, resources },
         );
         debug!(module = t, kernels = functions.len(), globals = globals.len(), "sim module loaded");
         // The module-level note explains the module as a whole; empty when
@@ -842,6 +846,10 @@ impl BackendSession for SimSession {
                 return Err(CuError::NOT_SUPPORTED);
             }
         };
+        if dims.cooperative {
+            let r = m.resources.get(function as usize).ok_or(CuError::INVALID_HANDLE)?;
+            cooperative::check(&prog.name, r, dims, kernels::block_state_bytes(&prog, dims))?;
+        }
         if prog.does_nothing() {
             // Parameters and dimensions were checked; there is nothing to run.
             return Ok(());
