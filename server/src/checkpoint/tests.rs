@@ -70,7 +70,7 @@ fn read(s: &mut SessionState, ptr: u64, len: u64) -> Vec<u8> {
 }
 
 fn launch(s: &mut SessionState, function: u32, (grid, block): (u32, u32), params: &[u8], stream: u64) {
-    let dims = LaunchDims { grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes: 0 };
+    let dims = LaunchDims { grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes: 0, cooperative: false };
     let (token, device) = s.check_launch(MODULE, function, &dims, params.len() as u64).unwrap();
     let st = s.stream(stream, device).unwrap();
     s.backend.launch_kernel(token, function, &dims, st, params).unwrap();
@@ -239,7 +239,7 @@ fn queued_work_that_does_not_finish_in_time_refuses_the_capture() {
 \t@%p1 bra $L__loop;\n\tst.global.u32 [%rd1], %r1;\n\tret;\n}\n";
     let held = s.input.modules.charge(busy.len() as u64).unwrap();
     crate::command::module::install(&mut s, 77, 0, busy.as_bytes().to_vec(), held, None).unwrap();
-    let dims = LaunchDims { grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0 };
+    let dims = LaunchDims { grid: [1, 1, 1], block: [1, 1, 1], shared_mem_bytes: 0, cooperative: false };
     let (token, _) = s.check_launch(77, 0, &dims, 8).unwrap();
     s.backend.launch_kernel(token, 0, &dims, StreamRef::Default { device: 0 }, &out.to_le_bytes()).unwrap();
     let mut bytes = Vec::new();
