@@ -4,41 +4,20 @@
 
 use std::time::Duration;
 
-use capnp_rpc::{rpc_twoparty_capnp, twoparty, RpcSystem};
-use futures::AsyncReadExt;
 use rgpu_protocol::auth::{server_op_message, ServerOp};
 use rgpu_protocol::control_capnp::gpu_server;
 use rgpu_protocol::token::sign_bytes;
-use rgpu_protocol::{CONTROL_PREAMBLE, PROTOCOL_VERSION};
-use tokio::io::AsyncWriteExt;
+use rgpu_protocol::PROTOCOL_VERSION;
 
-use crate::{rpc_err, run_for, unreachable_err, ClientSecurity, ControlError, CONNECT_TIMEOUT};
+use crate::{rpc_err, run_for, ClientSecurity, ControlError};
 
 type Driver = tokio::task::JoinHandle<Result<(), capnp::Error>>;
 
 /// Connects to `addr`'s control plane (TLS as `security` says); the returned
 /// task drives the connection (abort it when done). Inside a `LocalSet`.
 async fn connect(addr: &str, security: &ClientSecurity) -> Result<(gpu_server::Client, Driver), ControlError> {
-    let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
-        .await
-        .map_err(|_| unreachable_err(addr, "connection timed out"))?
-        .map_err(|e| unreachable_err(addr, e))?;
-    tcp.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
-    let (mut stream, _refusal) = rgpu_tls::client::connect(security, addr, tcp)
-        .await
-        .map_err(|e| ControlError::Tls { addr: addr.into(), reason: e.to_string() })?;
-    stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
-    stream.flush().await.map_err(|e| unreachable_err(addr, e))?;
-    let (reader, writer) = tokio_util::compat::TokioAsyncReadCompatExt::compat(stream).split();
-    let network = twoparty::VatNetwork::new(
-        futures::io::BufReader::new(reader),
-        futures::io::BufWriter::new(writer),
-        rpc_twoparty_capnp::Side::Client,
-        Default::default(),
-    );
-    let mut rpc = RpcSystem::new(Box::new(network), None);
-    let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
-    Ok((server, tokio::task::spawn_local(rpc)))
+    let (server, driver, _refusal) = crate::connect(addr, security).await?;
+    Ok((server, driver))
 }
 
 /// What a checkpoint or restore did, as the server measured it.
