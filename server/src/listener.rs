@@ -356,10 +356,7 @@ async fn attach(
                     error!("session thread panicked; the session is closed and its resources freed");
                 }
             }
-            svc.sessions.detach(id);
-            svc.leases.unbind(id);
-            svc.meters.remove(id);
-            info!("session ended; its resources are freed");
+            svc.session_ended(id);
         });
     if let Err(e) = spawned {
         // The closure (and with it the state, permit and guard) is dropped.

@@ -231,10 +231,7 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
         if served.is_err() {
             error!("session thread panicked; the session is closed and its resources freed");
         }
-        svc.sessions.detach(id);
-        svc.leases.unbind(id);
-        svc.meters.remove(id);
-        info!("session ended; its resources are freed");
+        svc.session_ended(id);
     });
     if let Err(e) = spawned {
         span.in_scope(|| warn!("cannot start the restored session's thread: {e}"));

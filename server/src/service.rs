@@ -111,6 +111,15 @@ impl Service {
         m
     }
 
+    /// Session `id`'s thread is over (its connection gone past the grace,
+    /// closed, or panicked): what the service held for it goes.
+    pub fn session_ended(&self, id: u64) {
+        self.sessions.detach(id);
+        self.leases.unbind(id);
+        self.meters.remove(id);
+        tracing::info!("session ended; its resources are freed");
+    }
+
     /// Carries data connections as `data_plane` says.
     pub fn with_data_plane(mut self, data_plane: DataPlane) -> Self {
         self.data_plane = data_plane;
