@@ -33,6 +33,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_async_copy",
     "rt_tls_canary",
     "rt_cooperative",
+    "rt_checkpoint",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).
