@@ -50,7 +50,14 @@ fn server(dir: &Path, broker: &str, leaf: &str) -> Proc {
 }
 
 fn rgpu(args: &[&str]) -> Output {
-    let out = Command::new(bin_dir().join("rgpu")).args(args).stdin(Stdio::null()).output().unwrap();
+    // The daemons serve in clear (common::start): the cli says so too.
+    let out = Command::new(bin_dir().join("rgpu"))
+        .args(args)
+        .env("RGPU_PLAINTEXT", "1")
+        .env_remove("RGPU_TLS_CA")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(out.status.success(), "rgpu {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     out
 }
@@ -101,7 +108,8 @@ fn links_are_registered_loads_reported_and_bandwidth_granted_up_to_capacity() {
         let (running, on, token) = (&running, &on, &l1.token);
         let demo = s.spawn(move || {
             let out = Command::new(bin_dir().join("rgpu"))
-                .args(["demo", "--server", on, "--size-mib", "16"])
+                .args(["demo", "--server", on, "--size-mib", "16", "--plaintext"])
+                .env_remove("RGPU_TLS_CA")
                 .env("RGPU_SHIM", bin_dir().join("libcuda.so"))
                 .env("RGPU_TOKEN", token)
                 .stdin(Stdio::null())
