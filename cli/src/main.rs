@@ -43,6 +43,7 @@ enum Command {
     Top(commands::top::Args),
     Checkpoint(commands::checkpoint::Args),
     Restore(commands::restore::Args),
+    Migrate(commands::migrate::Args),
 }
 
 fn main() {
@@ -72,6 +73,7 @@ fn main() {
         Command::Audit(a) => commands::audit::exec(a),
         Command::Checkpoint(a) => commands::checkpoint::exec(a),
         Command::Restore(a) => commands::restore::exec(a),
+        Command::Migrate(a) => commands::migrate::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

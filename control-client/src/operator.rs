@@ -1,4 +1,4 @@
-//! A GPU server's operator calls (control.capnp `checkpoint`, `restore`):
+//! A GPU server's operator calls (control.capnp `checkpoint`, `restore`, `migrate`):
 //! each takes the connection's challenge and proves it holds the server's
 //! admin key over it (`rgpu_protocol::auth::server_op_message`).
 
@@ -116,6 +116,56 @@ pub fn restore(
                 bytes: r.get_bytes(),
                 memory_bytes: r.get_memory_bytes(),
                 took: Duration::from_micros(r.get_micros()),
+            })
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
+/// What a live migration did, as the source server measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migrated {
+    pub bytes: u64,
+    pub memory_bytes: u64,
+    /// From the call to the target's "rebuilt".
+    pub took: Duration,
+    /// How long the session was held still (no progress for its program).
+    pub paused: Duration,
+}
+
+/// Moves session `session` from the server at `addr` to the one at
+/// `target` while its program runs (both servers hold the same admin key).
+#[allow(clippy::too_many_arguments)]
+pub fn migrate(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    session: u64,
+    target: &str,
+    quiesce: Duration,
+    limit: Duration,
+) -> Result<Migrated, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Migrate, session, target));
+            let mut req = server.migrate_request();
+            let mut p = req.get();
+            p.set_session_id(session);
+            p.set_target(target);
+            p.set_quiesce_ms(u32::try_from(quiesce.as_millis()).unwrap_or(u32::MAX));
+            p.set_nonce(&nonce);
+            p.set_proof(&proof);
+            let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+            let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+            Ok(Migrated {
+                bytes: r.get_bytes(),
+                memory_bytes: r.get_memory_bytes(),
+                took: Duration::from_micros(r.get_micros()),
+                paused: Duration::from_micros(r.get_pause_micros()),
             })
         }
         .await;

@@ -2,7 +2,9 @@
 //! the shim against a server; its session is checkpointed to a snapshot,
 //! the server is killed, a new server starts at the same address and the
 //! snapshot is restored there. The program's shim resumes the session by
-//! itself and the program finishes with every result right.
+//! itself and the program finishes with every result right. Live
+//! migration: the session moved between two running servers, the shim
+//! redirected.
 
 use rgpu_integration::*;
 use std::path::{Path, PathBuf};
@@ -211,4 +213,177 @@ fn a_restore_is_refused_without_the_admin_key_and_a_snapshot_name_is_never_a_pat
     let plain = Server::start_default();
     let (ok, err) = rgpu(&["restore", "junk.snap", "--server", &plain.addr_string()], &key);
     assert!(!ok && err.contains("--admin-key-file"), "{err}");
+}
+
+/// `rgpu migrate ID --server FROM --to TO`: (success, stderr).
+fn migrate(id: &str, from: &str, to: &str, key: &Path) -> (bool, String) {
+    rgpu(&["migrate", id, "--server", from, "--to", to], key)
+}
+
+/// "the program was held 12.3 ms" from `rgpu migrate`'s report.
+fn held_ms(report: &str) -> f64 {
+    report.split("was held ").nth(1).and_then(|t| t.split(' ').next()).and_then(|ms| ms.parse().ok()).unwrap_or(f64::NAN)
+}
+
+/// Two servers sharing the admin key; the program starts on the first.
+fn two_servers(dir: &Path, seed: &str) -> (Server, Server) {
+    let flags = server_flags(dir);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
+    let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
+    (a, b)
+}
+
+/// Live migration (docs/migration.md): a program mid-run (kernels on a
+/// stream, events, a module global, a 64 MiB buffer) is moved A -> B -> A -> B
+/// between its rounds; every round and the buffer must come out right,
+/// and the servers must have redirected the shim each time.
+#[test]
+fn a_session_migrated_back_and_forth_mid_run_finishes_right() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let (a, b) = two_servers(&dir.0, &format!("rgpu-migrate-{}", std::process::id()));
+    let (aa, ba) = (a.addr_string(), b.addr_string());
+    let key = dir.0.join("admin.key");
+    let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "8", "--wait-ms", "200", "--mib", "64"], &envs);
+    let mut held = Vec::new();
+    for (after, from, to) in [("round 1", &aa, &ba), ("round 3", &ba, &aa), ("round 5", &aa, &ba)] {
+        if !run.wait_for_line(after, run_timeout()) {
+            let out = run.wait(Duration::from_secs(5));
+            panic!("rt_checkpoint never printed {after:?}\n{}", out.describe(&[&a, &b]));
+        }
+        let id = session_id(&a).unwrap_or_else(|| panic!("no session id in the first server's log\n{}", a.describe()));
+        let (ok, report) = migrate(&id, from, to, &key);
+        assert!(ok, "migration {from} -> {to} failed: {report}\n{}\n{}", a.describe(), b.describe());
+        held.push(held_ms(&report));
+        eprintln!("{}", report.trim());
+    }
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    let report = out.describe(&[&a, &b]);
+    for r in 0..8 {
+        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert_eq!(out.stderr.matches("the session moved from").count(), 3, "the shim did not follow three redirects\n{report}");
+    assert_eq!(b.log().matches("session migrated in").count(), 2, "{report}");
+    assert_eq!(a.log().matches("session migrated in").count(), 1, "{report}");
+    assert!(a.log().contains("the session moved to another server; it ends here"), "{report}");
+    eprintln!("held {held:?} ms for 64 MiB; the program finished in {:?}", out.elapsed);
+}
+
+/// Migrations racing the program's asynchronous work: rt_reconnect's 64 MiB
+/// copies and batches of asynchronous launches and copies, with the session
+/// moved to the other server shortly after each starts. Nothing may be
+/// lost or run twice (the program checks every result).
+#[test]
+fn migrations_racing_asynchronous_copies_and_launches_lose_nothing() {
+    let exe = build("rt_reconnect", Variant::Cudart13Shared);
+    let dir = scratch();
+    let (a, b) = two_servers(&dir.0, &format!("rgpu-migrate-race-{}", std::process::id()));
+    let addrs = [a.addr_string(), b.addr_string()];
+    let key = dir.0.join("admin.key");
+    let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
+    let run = spawn_rgpu_env(&addrs[0], &exe, &["--rounds", "3", "--copy-mib", "64"], &envs);
+    let (mut at, mut moves) = (0usize, 0usize);
+    let deadline = Instant::now() + run_timeout();
+    while let Ok(line) = run.lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        let after = if line.starts_with("copying") {
+            Duration::from_millis(40)
+        } else if line.starts_with("launching") {
+            Duration::from_millis(3)
+        } else {
+            continue;
+        };
+        std::thread::sleep(after);
+        let Some(id) = session_id(&a) else { continue };
+        let (ok, report) = migrate(&id, &addrs[at], &addrs[1 - at], &key);
+        // The program may have finished its part meanwhile; a migration of a
+        // session that ended is refused, anything else must succeed.
+        if ok {
+            at = 1 - at;
+            moves += 1;
+        } else {
+            assert!(report.contains("no session"), "migration failed: {report}\n{}\n{}", a.describe(), b.describe());
+        }
+    }
+    let out = run.wait(Duration::from_secs(30));
+    out.assert_pass("rt_reconnect", &[&a, &b]);
+    let report = out.describe(&[&a, &b]);
+    assert!(moves >= 4, "only {moves} of the 6 migrations found the session\n{report}");
+    assert_eq!(out.stderr.matches("the session moved from").count(), moves, "{report}");
+    eprintln!("rt_reconnect --rounds 3 migrated {moves} times in {:?}", out.elapsed);
+}
+
+/// A migration that cannot complete leaves the session where it was, and
+/// the program finishes right there: a target that is not listening, one
+/// with another admin key, and one that takes the stream and dies in the
+/// middle of it (a stand-in that reads 1 MiB and closes).
+#[test]
+fn a_failed_migration_leaves_the_session_running_where_it_was() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let flags = server_flags(&dir.0);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-fail-a", &flags);
+    let other = dir.0.join("other.key");
+    std::fs::write(&other, KEY.replace('1', "e")).unwrap();
+    let other_flags = vec!["--admin-key-file".to_string(), other.display().to_string()];
+    let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-fail-b", &other_flags);
+    let dying = dying_target();
+    let aa = a.addr_string();
+    let key = dir.0.join("admin.key");
+    let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
+    }
+    let id = session_id(&a).expect("a session id");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let (ok, err) = migrate(&id, &aa, &closed, &key);
+    assert!(!ok && err.contains("cannot reach the target"), "{err}");
+    let (ok, err) = migrate(&id, &aa, &b.addr_string(), &key);
+    assert!(!ok && err.contains("not this server's admin key"), "{err}");
+    let (ok, err) = migrate(&id, &aa, &dying.0, &key);
+    assert!(!ok && err.contains("broke during the migration"), "{err}");
+    assert!(dying.1.join().unwrap() > 0, "the stand-in target read nothing");
+    // Not the operator's key: refused before anything is touched.
+    let wrong = dir.0.join("wrong.key");
+    std::fs::write(&wrong, KEY.replace('0', "f")).unwrap();
+    let (ok, err) = migrate(&id, &aa, &b.addr_string(), &wrong);
+    assert!(!ok && err.contains("refused"), "{err}");
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    assert!(!out.stderr.contains("the session moved from"), "{}", out.describe(&[&a, &b]));
+    assert!(!b.log().contains("session migrated in"), "{}", b.describe());
+}
+
+/// A stand-in target: answers the intake handshake as a real one would,
+/// reads 1 MiB of the snapshot and closes (a target killed mid-migration).
+/// Returns its address and the bytes it read.
+fn dying_target() -> (String, std::thread::JoinHandle<usize>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let h = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut preamble = [0u8; 8];
+        s.read_exact(&mut preamble).unwrap();
+        assert_eq!(&preamble, b"RGPUMIG1");
+        s.write_all(&[7u8; 32]).unwrap();
+        let mut proof = [0u8; 32];
+        s.read_exact(&mut proof).unwrap();
+        // "ready": status 0, no reason, two zero counts.
+        s.write_all(&[0u8; 24]).unwrap();
+        let mut got = vec![0u8; 1 << 20];
+        let mut read = 0;
+        while read < got.len() {
+            match s.read(&mut got[read..]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => read += k,
+            }
+        }
+        read
+    });
+    (addr, h)
 }

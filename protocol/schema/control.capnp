@@ -41,6 +41,15 @@ interface GpuServer {
   # one, on a server that admits sessions without tokens, whole devices.
   # A pooled server refuses a caller without a valid token.
   deviceStatus @6 (token :Data) -> (devices :List(DeviceStatus));
+
+  # Moves session `sessionId` to the GPU server at `target` (host:port, as
+  # clients reach it) while its program runs: quiesced as for a checkpoint,
+  # its state streamed server to server, rebuilt there; the client's next
+  # resume here is redirected to `target`. On any failure the session goes
+  # on here. Needs the same admin key on both servers. `pauseMicros`: from
+  # the session held still to the target's rebuild done.
+  migrate @7 (sessionId :UInt64, target :Text, quiesceMs :UInt32, nonce :Data, proof :Data)
+        -> (bytes :UInt64, memoryBytes :UInt64, micros :UInt64, pauseMicros :UInt64);
 }
 
 struct DeviceStatus {

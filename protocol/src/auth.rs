@@ -88,6 +88,10 @@ pub fn valid_snapshot_name(name: &str) -> bool {
 pub enum ServerOp {
     Checkpoint,
     Restore,
+    /// The operator asks a server to move a session to another (`name`: the target's address).
+    Migrate,
+    /// A server hands a session to another (the target's nonce; session 0, no name).
+    Intake,
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -97,6 +101,8 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
     let op = match op {
         ServerOp::Checkpoint => "checkpoint",
         ServerOp::Restore => "restore",
+        ServerOp::Migrate => "migrate",
+        ServerOp::Intake => "intake",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }
@@ -167,6 +173,8 @@ mod tests {
         }
         let m = |op, s, n: &str| server_op_message(&[1; NONCE_LEN], op, s, n);
         assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Restore, 1, "x"));
+        assert_ne!(m(ServerOp::Migrate, 1, "x"), m(ServerOp::Intake, 1, "x"));
+        assert_ne!(m(ServerOp::Migrate, 1, "x"), m(ServerOp::Checkpoint, 1, "x"));
         assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Checkpoint, 2, "x"));
         assert_ne!(m(ServerOp::Checkpoint, 1, "x"), m(ServerOp::Checkpoint, 1, "y"));
         assert_ne!(m(ServerOp::Checkpoint, 1, "x"), server_op_message(&[2; NONCE_LEN], ServerOp::Checkpoint, 1, "x"));

@@ -51,6 +51,19 @@ pub const DATA_PREAMBLE: &[u8; 8] = b"RGPUDAT1";
 /// for an attach, then the last request sequence number it executed (u64
 /// LE), then the replies the client missed. Always TCP.
 pub const RESUME_PREAMBLE: &[u8; 8] = b"RGPURES1";
+/// A server handing a live session to another (docs/migration.md, live
+/// migration): the receiver sends a nonce, the sender proves the shared
+/// admin key over it, then the session's snapshot follows in chunks. Always TCP.
+pub const MIGRATE_PREAMBLE: &[u8; 8] = b"RGPUMIG1";
+
+/// A resume's status when the session moved to another server: the answer's
+/// 8 bytes (this status, the version) are followed by the new address
+/// (u16 LE length, at most [`MAX_REDIRECT_LEN`] bytes of UTF-8 `host:port`),
+/// and the client resumes there. Not a CUresult: a client that does not
+/// know it reads it as a refusal.
+pub const RESUME_MOVED: u32 = 0x4d4f_5645;
+/// Longest address a redirect may carry.
+pub const MAX_REDIRECT_LEN: usize = 255;
 
 /// Length of the data-plane session key handed out by `openSession`.
 pub const SESSION_KEY_LEN: usize = 16;

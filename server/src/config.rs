@@ -201,8 +201,9 @@ rgpu_config::settings! {
         /// TLS: the private key of --tls-cert (PEM).
         #[setting(flag = "tls-key", env = "RGPU_SERVER_TLS_KEY", value_name = "FILE")]
         tls_key: Option<PathBuf> = None,
-        /// TLS: the CA file the broker's certificate is checked against
-        /// (with --broker, unless --plaintext).
+        /// TLS: the CA file the broker's certificate, and the certificates
+        /// of other GPU servers this one migrates sessions to, are checked
+        /// against (with --broker, unless --plaintext).
         #[setting(flag = "tls-ca", env = "RGPU_SERVER_TLS_CA", value_name = "FILE")]
         tls_ca: Option<PathBuf> = None,
         /// Serve both planes, and talk to the broker, in clear: only on a
@@ -283,6 +284,9 @@ pub struct CheckpointConfig {
     pub dir: Option<PathBuf>,
     /// Snapshots restored at start.
     pub restore: Vec<String>,
+    /// How a live migration's target is spoken to; None: TLS is wanted but
+    /// no `--tls-ca` says whom to trust, so migrations out are refused.
+    pub peer_security: Option<rgpu_tls::ClientSecurity>,
 }
 
 /// Settings for the pool broker; the default is no broker (sessions open
@@ -359,6 +363,13 @@ impl Config {
             // No broker to speak to.
             (None, false) => rgpu_tls::ClientSecurity::Plaintext,
         };
+        let peer_security = match (&s.tls_ca, s.plaintext) {
+            (_, true) => Some(rgpu_tls::ClientSecurity::Plaintext),
+            (Some(ca), false) => Some(
+                rgpu_tls::ClientSecurity::new(Some(ca), None, false).context("--tls-ca, to check the servers sessions migrate to")?,
+            ),
+            (None, false) => None,
+        };
         Ok(Config {
             security,
             listen: s.listen,
@@ -398,7 +409,7 @@ impl Config {
                 broker_security,
             },
             metrics: s.metrics,
-            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore },
+            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore, peer_security },
         })
     }
 }

@@ -58,7 +58,7 @@ impl GpuServer {
         let ours = self.nonce.take();
         let Some(key) = &self.service.admin_key else {
             return Err(capnp::Error::failed(
-                "this server has no --admin-key-file: checkpoint and restore are off".into(),
+                "this server has no --admin-key-file: checkpoint, restore and migrate are off".into(),
             ));
         };
         let fresh = ours.is_some_and(|n| n[..] == *nonce);
@@ -293,6 +293,30 @@ impl gpu_server::Server for GpuServer {
         r.set_bytes(done.bytes);
         r.set_memory_bytes(done.memory_bytes);
         r.set_micros(done.took.as_micros() as u64);
+        Ok(())
+    }
+
+    async fn migrate(
+        self: Rc<Self>,
+        params: gpu_server::MigrateParams,
+        mut results: gpu_server::MigrateResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (id, target) = (p.get_session_id(), text(p.get_target()));
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::Migrate, id, &target)?;
+        let quiesce = Duration::from_millis(p.get_quiesce_ms() as u64);
+        info!(peer = %self.peer, session = format_args!("{id:#x}"), %target, "migration asked");
+        let moved = crate::migration::migrate(&self.service, id, &target, quiesce).await.map_err(|e| {
+            warn!(peer = %self.peer, session = format_args!("{id:#x}"), %target, "migration failed: {e}");
+            capnp::Error::from(e)
+        })?;
+        self.activity.call();
+        let mut r = results.get();
+        r.set_bytes(moved.bytes);
+        r.set_memory_bytes(moved.memory_bytes);
+        r.set_micros(moved.took.as_micros() as u64);
+        r.set_pause_micros(moved.paused.as_micros() as u64);
         Ok(())
     }
 }

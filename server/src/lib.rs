@@ -23,6 +23,7 @@ pub mod limits;
 pub mod listener;
 pub mod metering;
 pub mod metrics;
+pub mod migration;
 pub mod quota;
 pub mod relocate;
 pub mod service;

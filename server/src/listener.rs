@@ -15,7 +15,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rgpu_protocol::{CONTROL_PREAMBLE, DATA_PREAMBLE, PROTOCOL_VERSION, RESUME_PREAMBLE, SESSION_KEY_LEN};
+use rgpu_protocol::{
+    CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, SESSION_KEY_LEN,
+};
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
 use rgpu_transport::Transport;
@@ -28,7 +30,7 @@ use tracing::{debug, error, info, info_span, warn};
 
 use crate::limits::AddressSlot;
 use crate::service::Service;
-use crate::session::registry::{AttachError, Resume};
+use crate::session::registry::{AttachError, Resume, ResumeError};
 use crate::state::SessionState;
 use rgpu_cuda_types::CuError;
 
@@ -152,6 +154,8 @@ async fn handle(
         attach(sock, peer, service, shutdown, held, guard, rdma, deadline).await;
     } else if &preamble == RESUME_PREAMBLE {
         resume(sock, peer, service, shutdown, held, deadline).await;
+    } else if &preamble == MIGRATE_PREAMBLE {
+        crate::migration::intake(sock, peer, service, Box::new((held, guard)));
     } else {
         warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
     }
@@ -180,20 +184,11 @@ async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdow
     let last_reply = u64::from_le_bytes(creds[8 + SESSION_KEY_LEN..].try_into().unwrap_or([0; 8]));
     // The resumed connection is encrypted as the first one was: the
     // session continues on this transport, TLS state and all.
-    let (sock, tls) = sock.into_parts();
-    let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
-        Ok(s) => s,
-        Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
-    };
-    let _ = client_timeouts(&std, &service);
-    let transport = match tls {
-        Some(tls) => TcpTransport::with_tls(std, tls),
-        None => TcpTransport::new(std),
-    };
-    let transport = match transport {
+    let transport = match blocking(sock) {
         Ok(t) => t,
         Err(e) => return warn!(%peer, "cannot set up resumed data connection: {e}"),
     };
+    let _ = client_timeouts(transport.stream(), &service);
     let registered = match transport.stream().try_clone() {
         Ok(c) => c,
         Err(e) => return warn!(%peer, "cannot clone socket: {e}"),
@@ -201,11 +196,29 @@ async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdow
     let r = Resume { transport, last_reply, hold: Box::new(held) };
     match service.sessions.resume(id, &creds[8..8 + SESSION_KEY_LEN], registered, r) {
         Ok(()) => info!(%peer, session = format_args!("{id:#x}"), last_reply, "data connection resumed"),
-        Err((e, mut r)) => {
+        Err((ResumeError::Moved(to), mut r)) => {
+            info!(%peer, session = format_args!("{id:#x}"), %to, "resume redirected: the session moved");
+            let len = (to.len() as u16).to_le_bytes();
+            let _ = r.transport.send(&[&status_bytes(RESUME_MOVED), &len, to.as_bytes()]);
+            r.transport.shutdown();
+        }
+        Err((ResumeError::Refused(e), mut r)) => {
             warn!(%peer, session = format_args!("{id:#x}"), "resume refused: {e:?} (unknown session or wrong key)");
             let _ = r.transport.send(&[&status_bytes(CuError::INVALID_HANDLE.code())]);
             r.transport.shutdown();
         }
+    }
+}
+
+/// Takes an accepted connection over as blocking std I/O, its TLS state
+/// (if any) carried over with what it has read.
+pub(crate) fn blocking(sock: Accepted) -> std::io::Result<TcpTransport> {
+    let (sock, tls) = sock.into_parts();
+    let std = sock.into_std()?;
+    std.set_nonblocking(false)?;
+    match tls {
+        Some(tls) => TcpTransport::with_tls(std, tls),
+        None => TcpTransport::new(std),
     }
 }
 
@@ -239,16 +252,7 @@ async fn attach(
     let key = &creds[8..];
     // From here on the connection is blocking std I/O, its TLS state (if
     // any) carried over with what it has read.
-    let (sock, tls) = sock.into_parts();
-    let std = match sock.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)) {
-        Ok(s) => s,
-        Err(e) => return warn!(%peer, "cannot take over data connection: {e}"),
-    };
-    let transport = match tls {
-        Some(tls) => TcpTransport::with_tls(std, tls),
-        None => TcpTransport::new(std),
-    };
-    let mut transport = match transport {
+    let mut transport = match blocking(sock) {
         Ok(t) => t,
         Err(e) => return warn!(%peer, "cannot set up data connection: {e}"),
     };

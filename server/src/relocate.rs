@@ -162,7 +162,22 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
     let file = File::open(&path)?;
     let bytes = file.metadata()?.len();
     let mut r = BufReader::with_capacity(IO_BUFFER, file);
-    let opened = checkpoint::open(&mut r)?;
+    let (id, memory_bytes, span) = serve_rebuilt(service, &mut r, true)?;
+    let took = started.elapsed();
+    span.in_scope(|| {
+        info!(bytes, memory = memory_bytes, ms = took.as_millis() as u64, file = %path.display(),
+            "session restored; waiting for its client to resume")
+    });
+    Ok(Done { session: id, bytes, memory_bytes, took })
+}
+
+/// Reads a snapshot from `r`, rebuilds its session, registers it by its old
+/// id and key and starts its thread waiting for the client's resume.
+/// `replace`: a session of that id still here is closed first (its state
+/// is the one being restored). Returns the id, the device memory rebuilt
+/// and the session's span.
+pub(crate) fn serve_rebuilt(service: &Arc<Service>, r: &mut dyn std::io::Read, replace: bool) -> Result<(u64, u64, tracing::Span), OpError> {
+    let opened = checkpoint::open(r)?;
     let meta = opened.meta.clone();
     let id = meta.id;
     let budget = meta.admission.as_ref().and_then(|a| service.leases.budget(a));
@@ -170,7 +185,7 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
     opened.check_fits(service.backend.devices(), backend.module_arch(0))?;
     // Registered before it is rebuilt: a client that comes back meanwhile
     // waits in the session's channel instead of being told it is unknown.
-    let rx = match service.sessions.adopt(id, meta.key, &meta.client_name, true, REPLACE_WAIT) {
+    let rx = match service.sessions.adopt(id, meta.key, &meta.client_name, replace, REPLACE_WAIT) {
         Ok(rx) => rx,
         Err(crate::session::registry::AttachError::ShuttingDown) => return Err(OpError::ShuttingDown),
         Err(_) => return Err(OpError::Taken(id)),
@@ -239,12 +254,7 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
         forget();
         return Err(e.into());
     }
-    let took = started.elapsed();
-    span.in_scope(|| {
-        info!(bytes, memory = memory_bytes, ms = took.as_millis() as u64, file = %path.display(),
-            "session restored; waiting for its client to resume")
-    });
-    Ok(Done { session: id, bytes, memory_bytes, took })
+    Ok((id, memory_bytes, span))
 }
 
 impl From<OpError> for capnp::Error {

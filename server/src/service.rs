@@ -40,6 +40,11 @@ pub struct Service {
     pub admin_key: Option<Vec<u8>>,
     /// Where snapshots are written and read ([`crate::relocate`]).
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// How this server speaks to other GPU servers (a live migration's
+    /// target): TLS checked against `--tls-ca`, as the broker is, or
+    /// plaintext; None: TLS without a CA to check targets by (migrations
+    /// out are refused).
+    pub peer_security: Option<rgpu_tls::ClientSecurity>,
 }
 
 impl Service {
@@ -62,6 +67,7 @@ impl Service {
             security: rgpu_tls::ServerSecurity::Plaintext,
             admin_key: None,
             checkpoint_dir: None,
+            peer_security: Some(rgpu_tls::ClientSecurity::Plaintext),
         }
     }
 
@@ -75,6 +81,7 @@ impl Service {
     pub fn with_checkpoint(mut self, cfg: &crate::config::CheckpointConfig) -> Self {
         self.admin_key = cfg.admin_key.clone();
         self.checkpoint_dir = cfg.dir.clone();
+        self.peer_security = cfg.peer_security.clone();
         self
     }
 

@@ -32,7 +32,8 @@ pub struct Args {
     quiesce_ms: u32,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
-    timeout: u64,    #[command(flatten)]
+    timeout: u64,
+    #[command(flatten)]
     tls: crate::tls::TlsArgs,
 }
 

@@ -6,6 +6,7 @@ pub mod demo;
 pub mod drain;
 pub mod lease;
 pub mod leases;
+pub mod migrate;
 pub mod release;
 pub mod renew;
 pub mod restore;

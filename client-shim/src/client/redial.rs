@@ -18,7 +18,7 @@
 use std::io;
 use std::time::Duration;
 
-use rgpu_protocol::{PROTOCOL_VERSION, RESUME_PREAMBLE};
+use rgpu_protocol::{MAX_REDIRECT_LEN, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE};
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp;
 use rgpu_transport::Transport;
@@ -89,9 +89,9 @@ pub trait Redial<T>: Send {
     fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(T, u64), Redialed>;
 }
 
-/// Over TCP, to the address the session was opened at, under TLS when the
-/// process uses TLS. A resumed connection is TCP even where the first one
-/// was RDMA.
+/// Over TCP, to the address the session was opened at (or the one it moved
+/// to), under TLS when the process uses TLS. A resumed connection is TCP
+/// even where the first one was RDMA.
 pub struct TcpRedial {
     pub addr: String,
     pub session_id: u64,
@@ -99,9 +99,19 @@ pub struct TcpRedial {
     pub server_timeout: Duration,
 }
 
-impl Redial<DataTransport> for TcpRedial {
-    fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(DataTransport, u64), Redialed> {
-        let timeout = timeout.max(Duration::from_millis(1));
+/// Most redirects one redial follows (a session moved several times while
+/// the client was away is followed; a loop is not).
+const MAX_HOPS: u32 = 8;
+
+/// What one dial of a resume got.
+enum Dialed {
+    Resumed(DataTransport, u64),
+    /// The session moved to this address.
+    Moved(String),
+}
+
+impl TcpRedial {
+    fn dial(&mut self, last_reply: u64, timeout: Duration) -> Result<Dialed, Redialed> {
         let t = tcp::connect(&self.addr, timeout).map_err(Redialed::Failed)?;
         // Under TLS as the first connection was (the process's one setting).
         // A failed handshake is worth another try: a cut mid-handshake
@@ -123,6 +133,20 @@ impl Redial<DataTransport> for TcpRedial {
         if version != PROTOCOL_VERSION {
             return Err(Redialed::Refused(format!("the server now speaks protocol {version}, not {PROTOCOL_VERSION}")));
         }
+        if status == RESUME_MOVED {
+            let mut len = [0u8; 2];
+            t.recv_exact(&mut len).map_err(Redialed::Failed)?;
+            let len = u16::from_le_bytes(len) as usize;
+            if len == 0 || len > MAX_REDIRECT_LEN {
+                return Err(Redialed::Refused(format!("a redirect to an address of {len} bytes")));
+            }
+            let mut to = vec![0u8; len];
+            t.recv_exact(&mut to).map_err(Redialed::Failed)?;
+            return match String::from_utf8(to) {
+                Ok(to) if to.contains(':') && to.chars().all(|c| c.is_ascii_graphic()) => Ok(Dialed::Moved(to)),
+                _ => Err(Redialed::Refused("a redirect to something that is not host:port".into())),
+            };
+        }
         if status != 0 {
             return Err(Redialed::Refused(format!("status {status}")));
         }
@@ -130,7 +154,26 @@ impl Redial<DataTransport> for TcpRedial {
         t.recv_exact(&mut executed).map_err(Redialed::Failed)?;
         t.stream().set_read_timeout(Some(self.server_timeout)).map_err(Redialed::Failed)?;
         t.stream().set_write_timeout(Some(self.server_timeout)).map_err(Redialed::Failed)?;
-        Ok((DataTransport::Tcp(t), u64::from_le_bytes(executed)))
+        Ok(Dialed::Resumed(DataTransport::Tcp(t), u64::from_le_bytes(executed)))
+    }
+}
+
+impl Redial<DataTransport> for TcpRedial {
+    /// Follows the session where it moved (live migration): the server it
+    /// left answers with the new address, which every later redial uses.
+    fn redial(&mut self, last_reply: u64, timeout: Duration) -> Result<(DataTransport, u64), Redialed> {
+        let start = std::time::Instant::now();
+        for _ in 0..=MAX_HOPS {
+            let left = timeout.saturating_sub(start.elapsed()).max(Duration::from_millis(1));
+            match self.dial(last_reply, left)? {
+                Dialed::Resumed(t, executed) => return Ok((t, executed)),
+                Dialed::Moved(to) => {
+                    tracing::info!("the session moved from {} to {to}; resuming it there", self.addr);
+                    self.addr = to;
+                }
+            }
+        }
+        Err(Redialed::Refused(format!("the session was redirected more than {MAX_HOPS} times")))
     }
 }
 

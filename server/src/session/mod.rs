@@ -172,6 +172,10 @@ pub struct Session<T> {
     /// resumes are turned away unanswered (the client tries again, and
     /// finds the session where it was rebuilt).
     left: bool,
+    /// The session moved to another server (live migration): it ends here
+    /// at once, freeing what it holds; its client's resumes are redirected
+    /// by the registry's forwarding note.
+    gone: bool,
 }
 
 /// What a [`registry::Visit`] gets to see of a session held still between
@@ -191,6 +195,8 @@ pub enum After {
     Serve,
     /// Its state left (a checkpoint that moves it): it is served no more.
     Leave,
+    /// It moved to another server, which serves it now: it ends here.
+    Gone,
 }
 
 fn not_connected() -> io::Error {
@@ -212,6 +218,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             resumer: None,
             _hold: None,
             left: false,
+            gone: false,
         }
     }
 
@@ -231,6 +238,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             resumer: Some(r),
             _hold: None,
             left: false,
+            gone: false,
         }
     }
 
@@ -264,7 +272,9 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 info!("data connection lost ({end}); keeping the session for the client to resume");
             }
             let Some(r) = self.wait_for_resume() else {
-                if self.left {
+                if self.gone {
+                    info!("the session moved to another server; it ends here");
+                } else if self.left {
                     info!("the session's state left in a snapshot; it ends here");
                 } else {
                     info!("no resumed connection within the reconnect grace");
@@ -294,6 +304,9 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 Ok(registry::Wake::Resume(got)) => Some(got),
                 Ok(registry::Wake::Visit(v)) => {
                     self.visit(v);
+                    if self.gone {
+                        return None;
+                    }
                     None
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => None,
@@ -314,6 +327,9 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                             old.transport.shutdown();
                         }
                         self.visit(v);
+                        if self.gone {
+                            return None;
+                        }
                     }
                 }
             }
@@ -335,8 +351,10 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             self.deferred.get_or_insert(e);
         }
         let parts = Parts { state: &mut self.state, executed: self.executed, deferred: self.deferred, window: &self.window };
-        if v(parts) == After::Leave {
-            self.left = true;
+        match v(parts) {
+            After::Serve => {}
+            After::Leave => self.left = true,
+            After::Gone => self.gone = true,
         }
     }
 

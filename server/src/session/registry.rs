@@ -16,12 +16,18 @@
 //! afterwards as after any broken connection. A session rebuilt from a
 //! snapshot is adopted ([`Registry::adopt`]): active, with no connection
 //! until its client resumes.
+//!
+//! A session that moved to another server leaves a forwarding note
+//! ([`Registry::forward`]): its key and where it went, so that its client's
+//! resume here is answered with the new address. Notes are bounded in count
+//! and time; a session adopted here again drops its note.
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rgpu_protocol::SESSION_KEY_LEN;
 use rgpu_transport::tcp::TcpTransport;
@@ -37,8 +43,22 @@ pub struct Registry {
 struct Inner {
     pending: HashMap<u64, Pending>,
     active: HashMap<u64, Active>,
+    moved: HashMap<u64, Moved>,
     closing: bool,
 }
+
+/// Where a session that left went, for its client's next resume.
+struct Moved {
+    key: SessionKey,
+    to: String,
+    until: Instant,
+}
+
+/// Most forwarding notes kept (the oldest goes first).
+pub const MAX_FORWARDS: usize = 4096;
+/// How long a forwarding note is kept: longer than any client's
+/// reconnect time (its RGPU_RECONNECT_TIMEOUT).
+pub const FORWARD_FOR: Duration = Duration::from_secs(600);
 
 struct Active {
     key: SessionKey,
@@ -95,6 +115,14 @@ pub enum AttachError {
     /// No pending session has this id, or the key is wrong.
     Unknown,
     ShuttingDown,
+}
+
+/// Why a resume was not handed to its session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeError {
+    Refused(AttachError),
+    /// The session moved to this address (its key was right).
+    Moved(String),
 }
 
 impl Registry {
@@ -157,18 +185,24 @@ impl Registry {
     /// connection it had is shut (dead or not: see the module's comment).
     /// `socket` is a handle on the new connection.
     /// A refused resume comes back, for the caller to answer on it.
-    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), (AttachError, Resume)> {
+    pub fn resume(&self, id: u64, key: &[u8], socket: TcpStream, resume: Resume) -> Result<(), (ResumeError, Resume)> {
         let mut inner = self.lock();
         if inner.closing {
-            return Err((AttachError::ShuttingDown, resume));
+            return Err((ResumeError::Refused(AttachError::ShuttingDown), resume));
+        }
+        // Before the active sessions: a session that moved may still be
+        // ending here, and its client belongs at the new address.
+        let now = Instant::now();
+        if let Some(m) = inner.moved.get(&id).filter(|m| m.until > now && constant_time_eq(&m.key, key)) {
+            return Err((ResumeError::Moved(m.to.clone()), resume));
         }
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
-            return Err((AttachError::Unknown, resume));
+            return Err((ResumeError::Refused(AttachError::Unknown), resume));
         };
         if let Err(mpsc::SendError(w)) = a.resume.send(Wake::Resume(resume)) {
             // Its thread is gone: the resume comes back to be answered.
             return match w {
-                Wake::Resume(r) => Err((AttachError::Unknown, r)),
+                Wake::Resume(r) => Err((ResumeError::Refused(AttachError::Unknown), r)),
                 Wake::Visit(_) => Ok(()),
             };
         }
@@ -193,6 +227,20 @@ impl Registry {
         true
     }
 
+    /// Notes that session `id` (key `key`) now lives at `to`: its client's
+    /// resumes here are redirected there for [`FORWARD_FOR`].
+    pub fn forward(&self, id: u64, key: SessionKey, to: &str) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.moved.retain(|_, m| m.until > now);
+        if inner.moved.len() >= MAX_FORWARDS {
+            if let Some(oldest) = inner.moved.iter().min_by_key(|(_, m)| m.until).map(|(id, _)| *id) {
+                inner.moved.remove(&oldest);
+            }
+        }
+        inner.moved.insert(id, Moved { key, to: to.to_string(), until: now + FORWARD_FOR });
+    }
+
     /// Session `id`'s key and client name, if it is active.
     pub fn identity(&self, id: u64) -> Option<(SessionKey, String)> {
         self.lock().active.get(&id).map(|a| (a.key, a.client_name.clone()))
@@ -201,8 +249,9 @@ impl Registry {
     /// Registers a session rebuilt from a snapshot as active, without a
     /// connection: its client resumes it with `key`. A session with this id
     /// still here is refused, unless `replace` (its state left in the
-    /// snapshot being restored): it is closed, and its thread's end awaited
-    /// (at most `wait`), so that thread's detach cannot drop the new one.
+    /// snapshot being restored) or it moved away (it is ending): it is
+    /// closed, and its thread's end awaited (at most `wait`), so that
+    /// thread's detach cannot drop the new one.
     pub fn adopt(
         &self,
         id: u64,
@@ -222,12 +271,16 @@ impl Registry {
             }
             match inner.active.get(&id) {
                 None => {
+                    // Back here after moving away: resumes are ours again.
+                    inner.moved.remove(&id);
                     let (tx, rx) = mpsc::channel();
                     let a = Active { key, client_name: client_name.to_string(), socket: None, resume: tx, ended: None };
                     inner.active.insert(id, a);
                     return Ok(rx);
                 }
-                Some(old) if replace && std::time::Instant::now() < until => {
+                // A session that moved away and is ending here is
+                // replaced too: it is coming back.
+                Some(old) if (replace || inner.moved.contains_key(&id)) && std::time::Instant::now() < until => {
                     old.close();
                 }
                 Some(_) => return Err(AttachError::Unknown),
@@ -265,6 +318,7 @@ impl Registry {
         let mut inner = self.lock();
         inner.closing = true;
         inner.pending.clear();
+        inner.moved.clear();
         for (_, a) in inner.active.drain() {
             a.close();
         }
@@ -278,4 +332,51 @@ impl Registry {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resume_on_loopback() -> (TcpStream, Resume) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let transport = TcpTransport::new(s).unwrap();
+        (c, Resume { transport, last_reply: 0, hold: Box::new(()) })
+    }
+
+    #[test]
+    fn a_moved_session_is_redirected_only_for_its_key_and_drops_its_note_when_back() {
+        let r = Registry::default();
+        let key = [5u8; SESSION_KEY_LEN];
+        let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        r.forward(7, key, "gpu2:7767");
+        // Still active here (its thread ending), yet the client belongs there.
+        let (c, res) = resume_on_loopback();
+        match r.resume(7, &key, c, res) {
+            Err((ResumeError::Moved(to), _)) => assert_eq!(to, "gpu2:7767"),
+            other => panic!("not redirected: {:?}", other.err().map(|e| e.0)),
+        }
+        // Without the key nothing is said of where it went.
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &[6u8; SESSION_KEY_LEN], c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
+        drop(rx);
+        r.detach(7);
+        // Migrated back: adopted here again, the note is dropped and
+        // resumes reach the session.
+        let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        let (c, res) = resume_on_loopback();
+        assert!(r.resume(7, &key, c, res).is_ok());
+        assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+    }
+
+    #[test]
+    fn forwarding_notes_are_bounded() {
+        let r = Registry::default();
+        for id in 0..(MAX_FORWARDS as u64 + 10) {
+            r.forward(id, [1; SESSION_KEY_LEN], "gpu2:7767");
+        }
+        assert_eq!(r.lock().moved.len(), MAX_FORWARDS);
+    }
 }

@@ -1,0 +1,65 @@
+//! `rgpu migrate SESSION --server ADDR --to TARGET --key-file FILE`
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::checkpoint::{parse_session, read_key};
+
+/// Move a running session to another GPU server while its program runs
+/// (docs/migration.md, live migration).
+///
+/// The session is held still (its queued work finished first), its state
+/// goes from server to server, and its program carries on at the target:
+/// its calls wait, none fails. Both servers need the same --admin-key-file;
+/// on any failure the session goes on where it was.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The session's id, as the server logs it at attach (`session{id=0x...}`).
+    session: String,
+    /// The server holding the session (host:port).
+    #[arg(long)]
+    server: String,
+    /// The server to move it to (host:port, as its clients reach it).
+    #[arg(long)]
+    to: String,
+    /// The servers' admin key file (their --admin-key-file).
+    #[arg(long, env = "RGPU_ADMIN_KEY_FILE")]
+    key_file: PathBuf,
+    /// How long to wait for the session's queued work to finish, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    quiesce_ms: u32,
+    /// How long the whole call may take, in seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout: u64,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
+}
+
+pub fn exec(a: Args) -> Result<i32> {
+    let session = parse_session(&a.session)?;
+    let key = read_key(&a.key_file)?;
+    let security = a.tls.security()?;
+    let r = rgpu_control_client::operator::migrate(
+        &a.server,
+        &security,
+        &key,
+        session,
+        &a.to,
+        Duration::from_millis(a.quiesce_ms as u64),
+        Duration::from_secs(a.timeout),
+    )?;
+    let secs = r.took.as_secs_f64();
+    eprintln!(
+        "Migrated session {session:#x} from {} to {}: {} bytes ({} of device memory) in {:.3} s, {:.0} MiB/s; the program was held {:.1} ms",
+        a.server,
+        a.to,
+        r.bytes,
+        r.memory_bytes,
+        secs,
+        r.bytes as f64 / (1 << 20) as f64 / secs.max(1e-9),
+        r.paused.as_secs_f64() * 1e3,
+    );
+    Ok(0)
+}

@@ -1,0 +1,469 @@
+//! Live migration: a session moved to another GPU server while its program
+//! runs (docs/migration.md). The source holds the session still between
+//! requests (a visit, as a checkpoint does), streams its snapshot straight
+//! to the target over one connection, and once the target says it has
+//! rebuilt the session, leaves a forwarding note and ends the session here:
+//! the client's next resume is redirected to the target, where the resume
+//! handshake, the reply window and the shim's resend window carry the
+//! requests in flight across, exactly once.
+//!
+//! Who decides: the source. The target serves the rebuilt session only to a
+//! client that resumes it, and a client only goes there when the source's
+//! note sends it, which the source writes only after the target's "rebuilt".
+//! So whatever breaks (the target dies mid-stream, refuses, or its answer
+//! is lost), the session is served in exactly one place: without the answer
+//! the source serves on, and the target's copy, never resumed, ends after
+//! its reconnect grace.
+//!
+//! The intake connection (`RGPUMIG1`) is authenticated: the target sends a
+//! nonce, the source answers HMAC-SHA256(admin key, server_op_message(nonce,
+//! Intake, 0, "")): servers that share the operator's admin key accept each
+//! other's sessions, nobody else can push one in. Under TLS both ends are
+//! checked as on every other connection (the source against `--tls-ca`).
+//!
+//! The snapshot travels in chunks ([`ChunkWriter`], [`ChunkReader`]) so
+//! the reader knows where the stream ends without trusting the snapshot's
+//! own lengths for framing, and memory goes from the source's device to
+//! the socket and from the socket into the target's device chunk by chunk.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rgpu_protocol::auth::{server_op_message, ServerOp, NONCE_LEN};
+use rgpu_protocol::{MAX_REDIRECT_LEN, MIGRATE_PREAMBLE};
+use rgpu_tls::server::Accepted;
+use rgpu_tls::ClientSecurity;
+use rgpu_transport::tcp::{self, TcpTransport};
+use rgpu_transport::Transport;
+use tracing::{info, warn};
+
+use crate::checkpoint::{self, SessionMeta, SnapshotError};
+use crate::relocate::OpError;
+use crate::service::Service;
+use crate::session::{After, Parts};
+
+/// Largest chunk on the wire.
+pub const CHUNK: usize = 1 << 20;
+/// Longest error text a target sends back.
+const MAX_REASON: usize = 1024;
+/// Bounds each read and write on the intake connection: a peer that stops
+/// answering for this long has failed the migration.
+const PEER_IO_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bounds connecting to the target and its handshake.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error("{0:?} is not a server address (host:port, at most {MAX_REDIRECT_LEN} bytes)")]
+    BadTarget(String),
+    #[error("this server has no --admin-key-file: it cannot prove itself to a target")]
+    NoKey,
+    #[error("this server serves TLS but has no --tls-ca to check a target's certificate by")]
+    NoCa,
+    #[error("cannot reach the target {addr}: {reason}")]
+    Unreachable { addr: String, reason: String },
+    #[error("the target {addr} refused the session: {reason}")]
+    Refused { addr: String, reason: String },
+    #[error("the connection to the target {addr} broke during the migration ({reason}); the session goes on here")]
+    Lost { addr: String, reason: String },
+    #[error(transparent)]
+    Op(#[from] OpError),
+}
+
+impl From<MigrateError> for capnp::Error {
+    fn from(e: MigrateError) -> Self {
+        capnp::Error::failed(e.to_string())
+    }
+}
+
+/// What a migration did.
+#[derive(Debug, Clone, Copy)]
+pub struct Moved {
+    pub bytes: u64,
+    pub memory_bytes: u64,
+    /// From the call to the target's "rebuilt".
+    pub took: Duration,
+    /// From the session held still to the target's "rebuilt": how long
+    /// the program could make no progress (its resume follows).
+    pub paused: Duration,
+}
+
+/// A byte stream written as length-prefixed chunks (u32 LE length, then
+/// the bytes); [`ChunkWriter::finish`] writes the empty chunk that ends it.
+pub struct ChunkWriter<'a, T: Transport + ?Sized> {
+    t: &'a mut T,
+    buf: Vec<u8>,
+    pub sent: u64,
+}
+
+impl<'a, T: Transport + ?Sized> ChunkWriter<'a, T> {
+    pub fn new(t: &'a mut T) -> Self {
+        ChunkWriter { t, buf: Vec::with_capacity(CHUNK), sent: 0 }
+    }
+
+    fn send(&mut self, bytes_from_buf: bool, direct: &[u8]) -> io::Result<()> {
+        let data: &[u8] = if bytes_from_buf { &self.buf } else { direct };
+        if data.is_empty() {
+            return Ok(());
+        }
+        let len = (data.len() as u32).to_le_bytes();
+        self.t.send(&[&len, data])?;
+        self.sent += data.len() as u64;
+        if bytes_from_buf {
+            self.buf.clear();
+        }
+        Ok(())
+    }
+
+    /// Sends what is buffered and the end of the stream.
+    pub fn finish(mut self) -> io::Result<u64> {
+        self.send(true, &[])?;
+        self.t.send(&[&0u32.to_le_bytes()])?;
+        Ok(self.sent)
+    }
+}
+
+impl<T: Transport + ?Sized> Write for ChunkWriter<'_, T> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.buf.is_empty() && data.len() >= CHUNK {
+            // Large parts (device memory) go out without a copy.
+            self.send(false, &data[..CHUNK])?;
+            return Ok(CHUNK);
+        }
+        let n = data.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == CHUNK {
+            self.send(true, &[])?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.send(true, &[])
+    }
+}
+
+/// Reads what a [`ChunkWriter`] wrote: end of file at the empty chunk; a
+/// chunk longer than [`CHUNK`] is invalid data; a stream cut before its
+/// end is `UnexpectedEof`.
+pub struct ChunkReader<'a, T: Transport + ?Sized> {
+    t: &'a mut T,
+    left: usize,
+    done: bool,
+    pub received: u64,
+}
+
+impl<'a, T: Transport + ?Sized> ChunkReader<'a, T> {
+    pub fn new(t: &'a mut T) -> Self {
+        ChunkReader { t, left: 0, done: false, received: 0 }
+    }
+
+    /// Whether the end of the stream was read.
+    pub fn ended(&mut self) -> io::Result<bool> {
+        let mut b = [0u8; 1];
+        Ok(self.done || self.read(&mut b)? == 0)
+    }
+}
+
+impl<T: Transport + ?Sized> Read for ChunkReader<'_, T> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut len = [0u8; 4];
+            self.t.recv_exact(&mut len)?;
+            let n = u32::from_le_bytes(len) as usize;
+            if n == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            if n > CHUNK {
+                return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a chunk of {n} bytes (at most {CHUNK})")));
+            }
+            self.left = n;
+        }
+        let k = buf.len().min(self.left);
+        self.t.recv_exact(&mut buf[..k])?;
+        self.left -= k;
+        self.received += k as u64;
+        Ok(k)
+    }
+}
+
+/// `host:port`, short enough for a redirect.
+pub fn valid_target(addr: &str) -> bool {
+    addr.len() <= MAX_REDIRECT_LEN
+        && addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0))
+        && addr.chars().all(|c| c.is_ascii_graphic())
+}
+
+/// The target's answer: status (0 ok), then a reason (u32 length, text) or,
+/// when ok, the snapshot bytes and device memory rebuilt (u64 each).
+fn answer(t: &mut TcpTransport, status: u32, reason: &str, bytes: u64, memory: u64) -> io::Result<()> {
+    let reason = &reason.as_bytes()[..reason.len().min(MAX_REASON)];
+    t.send(&[&status.to_le_bytes(), &(reason.len() as u32).to_le_bytes(), reason, &bytes.to_le_bytes(), &memory.to_le_bytes()])
+}
+
+fn read_answer(t: &mut TcpTransport) -> io::Result<Result<(u64, u64), String>> {
+    let mut head = [0u8; 8];
+    t.recv_exact(&mut head)?;
+    let status = u32::from_le_bytes(head[..4].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(head[4..].try_into().unwrap_or_default()) as usize;
+    if len > MAX_REASON {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "an over-long reason"));
+    }
+    let mut reason = vec![0u8; len];
+    t.recv_exact(&mut reason)?;
+    let mut tail = [0u8; 16];
+    t.recv_exact(&mut tail)?;
+    if status != 0 {
+        return Ok(Err(String::from_utf8_lossy(&reason).into_owned()));
+    }
+    let bytes = u64::from_le_bytes(tail[..8].try_into().unwrap_or_default());
+    let memory = u64::from_le_bytes(tail[8..].try_into().unwrap_or_default());
+    Ok(Ok((bytes, memory)))
+}
+
+/// Connects to the target's intake, proves the admin key, and waits for
+/// its "ready" (status 0).
+fn dial(target: &str, security: &ClientSecurity, admin_key: &[u8]) -> Result<TcpTransport, MigrateError> {
+    let unreachable = |e: &dyn std::fmt::Display| MigrateError::Unreachable { addr: target.into(), reason: e.to_string() };
+    let mut t = tcp::connect(target, CONNECT_TIMEOUT).map_err(|e| unreachable(&e))?;
+    if let ClientSecurity::Tls(tls) = security {
+        let mut stream = t.into_stream().map_err(|e| unreachable(&e))?;
+        stream.set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(|e| unreachable(&e))?;
+        let conn = rgpu_tls::client::handshake_blocking(tls, target, &mut stream).map_err(|e| unreachable(&e))?;
+        t = TcpTransport::with_tls(stream, conn.into()).map_err(|e| unreachable(&e))?;
+    }
+    t.stream().set_read_timeout(Some(CONNECT_TIMEOUT)).map_err(|e| unreachable(&e))?;
+    t.stream().set_write_timeout(Some(PEER_IO_TIMEOUT)).map_err(|e| unreachable(&e))?;
+    t.send(&[MIGRATE_PREAMBLE]).map_err(|e| unreachable(&e))?;
+    let mut nonce = [0u8; NONCE_LEN];
+    t.recv_exact(&mut nonce[..8]).map_err(|e| unreachable(&e))?;
+    if nonce[..8] == rgpu_tls::NEEDS_TLS[..] {
+        return Err(unreachable(&"the target serves TLS: give this server --tls-ca"));
+    }
+    t.recv_exact(&mut nonce[8..]).map_err(|e| unreachable(&e))?;
+    let proof = rgpu_protocol::token::sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Intake, 0, ""));
+    t.send(&[&proof]).map_err(|e| unreachable(&e))?;
+    match read_answer(&mut t).map_err(|e| unreachable(&e))? {
+        Ok(_) => {}
+        Err(reason) => return Err(MigrateError::Refused { addr: target.into(), reason }),
+    }
+    t.stream().set_read_timeout(Some(PEER_IO_TIMEOUT)).map_err(|e| unreachable(&e))?;
+    Ok(t)
+}
+
+/// Moves session `id` to the server at `target`. On success the session
+/// is served there and ends here; on any failure it goes on here.
+pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Duration) -> Result<Moved, MigrateError> {
+    if !valid_target(target) {
+        return Err(MigrateError::BadTarget(target.into()));
+    }
+    let admin_key = service.admin_key.clone().ok_or(MigrateError::NoKey)?;
+    let started = Instant::now();
+    let (key, client_name) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
+    let admission = service.leases.admission(id);
+    // Connected and authenticated before the session is touched: a target
+    // that is down or refuses costs the program nothing.
+    let security = service.peer_security.clone().ok_or(MigrateError::NoCa)?;
+    let to = target.to_string();
+    let mut t = tokio::task::spawn_blocking(move || dial(&to, &security, &admin_key))
+        .await
+        .map_err(|_| OpError::ShuttingDown)??;
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<Moved, MigrateError>>();
+    let (svc, to) = (service.clone(), target.to_string());
+    let visit = Box::new(move |p: Parts<'_>| -> After {
+        if tx.is_closed() {
+            return After::Serve;
+        }
+        let held = Instant::now();
+        let meta = SessionMeta { id, key, client_name, executed: p.executed, deferred: p.deferred, admission };
+        let lost = |e: &dyn std::fmt::Display| MigrateError::Lost { addr: to.clone(), reason: e.to_string() };
+        let r = (|| {
+            let mut w = ChunkWriter::new(&mut t);
+            let captured = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w);
+            let captured = match captured {
+                Ok(c) => c,
+                // The target sees the stream cut and drops what it read.
+                Err(SnapshotError::Io(e)) => return Err(lost(&e)),
+                Err(e) => return Err(MigrateError::Op(e.into())),
+            };
+            w.finish().map_err(|e| lost(&e))?;
+            match read_answer(&mut t) {
+                Ok(Ok((_, memory))) => Ok(Moved { bytes: captured.bytes, memory_bytes: memory, took: started.elapsed(), paused: held.elapsed() }),
+                Ok(Err(reason)) => Err(MigrateError::Refused { addr: to.clone(), reason }),
+                Err(e) => Err(lost(&e)),
+            }
+        })();
+        let after = match &r {
+            Ok(_) => {
+                // Written before the session's thread ends here, so that no
+                // resume finds it neither here nor forwarded.
+                svc.sessions.forward(id, key, &to);
+                After::Gone
+            }
+            Err(_) => After::Serve,
+        };
+        t.shutdown();
+        let _ = tx.send(r);
+        after
+    });
+    if !service.sessions.visit(id, visit) {
+        return Err(OpError::NoSession(id).into());
+    }
+    let moved = rx.await.map_err(|_| OpError::Ended(id))??;
+    info!(session = format_args!("{id:#x}"), %target, bytes = moved.bytes, memory = moved.memory_bytes,
+        pause_ms = moved.paused.as_millis() as u64, ms = moved.took.as_millis() as u64, "session migrated");
+    Ok(moved)
+}
+
+/// Serves one intake connection (its preamble read): authenticates the
+/// sending server, rebuilds the session it streams, and answers. `hold`
+/// keeps the connection counted against the server's limits.
+pub fn intake(sock: Accepted, peer: String, service: Arc<Service>, hold: Box<dyn std::any::Any + Send>) {
+    let t = match crate::listener::blocking(sock) {
+        Ok(t) => t,
+        Err(e) => return warn!(%peer, "cannot take over a migration connection: {e}"),
+    };
+    let spawned = std::thread::Builder::new().name("rgpu-intake".into()).spawn(move || {
+        let _hold = hold;
+        intake_on(t, &peer, &service);
+    });
+    if let Err(e) = spawned {
+        warn!("cannot start a migration intake: {e}");
+    }
+}
+
+fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
+    let refuse = |t: &mut TcpTransport, why: &str| {
+        warn!(%peer, "incoming migration refused: {why}");
+        let _ = answer(t, 1, why, 0, 0);
+        t.shutdown();
+    };
+    let _ = t.stream().set_read_timeout(Some(service.limits.handshake_timeout));
+    let _ = t.stream().set_write_timeout(Some(PEER_IO_TIMEOUT));
+    let Some(admin_key) = service.admin_key.as_deref() else {
+        return refuse(&mut t, "the target has no --admin-key-file: it takes no sessions from other servers");
+    };
+    if service.limits.reconnect_grace.is_zero() {
+        return refuse(&mut t, "the target keeps no session across a broken connection (--reconnect-grace 0)");
+    }
+    let mut nonce = [0u8; NONCE_LEN];
+    if getrandom::fill(&mut nonce).is_err() {
+        return refuse(&mut t, "no randomness");
+    }
+    let mut proof = [0u8; 32];
+    if t.send(&[&nonce]).and_then(|()| t.recv_exact(&mut proof)).is_err() {
+        return warn!(%peer, "migration connection closed during its handshake");
+    }
+    let message = server_op_message(&nonce, ServerOp::Intake, 0, "");
+    if !rgpu_protocol::token::verify_bytes(admin_key, &message, &proof) {
+        return refuse(&mut t, "the sender's proof is not this server's admin key");
+    }
+    if answer(&mut t, 0, "", 0, 0).is_err() {
+        return;
+    }
+    let _ = t.stream().set_read_timeout(Some(PEER_IO_TIMEOUT));
+    let started = Instant::now();
+    let mut r = ChunkReader::new(&mut t);
+    let rebuilt = crate::relocate::serve_rebuilt(service, &mut r, false);
+    let received = r.received;
+    match rebuilt {
+        Ok((_, memory, span)) => {
+            span.in_scope(|| {
+                info!(%peer, bytes = received, memory, ms = started.elapsed().as_millis() as u64,
+                    "session migrated in; waiting for its client to resume")
+            });
+            let _ = answer(&mut t, 0, "", received, memory);
+        }
+        Err(e) => {
+            warn!(%peer, "incoming migration failed: {e}");
+            let _ = answer(&mut t, 2, &e.to_string(), 0, 0);
+        }
+    }
+    t.shutdown();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One end of an in-memory stream.
+    struct Pipe {
+        out: Vec<u8>,
+        input: io::Cursor<Vec<u8>>,
+    }
+
+    impl Transport for Pipe {
+        fn send(&mut self, bufs: &[&[u8]]) -> io::Result<()> {
+            for b in bufs {
+                self.out.extend_from_slice(b);
+            }
+            Ok(())
+        }
+        fn recv_exact(&mut self, buf: &mut [u8]) -> io::Result<()> {
+            self.input.read_exact(buf)
+        }
+        fn peer(&self) -> &str {
+            "pipe"
+        }
+        fn shutdown(&self) {}
+    }
+
+    fn pipe(input: Vec<u8>) -> Pipe {
+        Pipe { out: Vec::new(), input: io::Cursor::new(input) }
+    }
+
+    #[test]
+    fn chunks_carry_a_stream_whole_and_say_where_it_ends() {
+        let data: Vec<u8> = (0..(3 * CHUNK + 12345)).map(|i| (i * 7 % 251) as u8).collect();
+        let mut a = pipe(Vec::new());
+        let mut w = ChunkWriter::new(&mut a);
+        w.write_all(&data[..10]).unwrap();
+        w.write_all(&data[10..2 * CHUNK + 5]).unwrap();
+        w.write_all(&data[2 * CHUNK + 5..]).unwrap();
+        assert_eq!(w.finish().unwrap(), data.len() as u64);
+        let mut wire = a.out.clone();
+        wire.extend_from_slice(b"after the end");
+        let mut b = pipe(wire);
+        let mut r = ChunkReader::new(&mut b);
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got, data);
+        assert!(r.ended().unwrap());
+        let mut rest = Vec::new();
+        b.input.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"after the end", "the reader stops at the end marker");
+    }
+
+    #[test]
+    fn a_cut_or_hostile_stream_is_an_error_not_a_short_read() {
+        let mut a = pipe(Vec::new());
+        let mut w = ChunkWriter::new(&mut a);
+        w.write_all(&[9u8; 1000]).unwrap();
+        w.finish().unwrap();
+        let cut = a.out[..500].to_vec();
+        let mut b = pipe(cut);
+        let e = ChunkReader::new(&mut b).read_to_end(&mut Vec::new()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        let mut huge = ((CHUNK + 1) as u32).to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        let mut b = pipe(huge);
+        let e = ChunkReader::new(&mut b).read_to_end(&mut Vec::new()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn targets_are_host_and_port() {
+        assert!(valid_target("gpu2:7767"));
+        assert!(valid_target("127.0.0.1:9"));
+        assert!(valid_target("[::1]:7767"));
+        for bad in ["gpu2", ":7767", "gpu2:0", "gpu2:99999", "gpu 2:1", ""] {
+            assert!(!valid_target(bad), "{bad:?}");
+        }
+        assert!(!valid_target(&format!("{}:1", "a".repeat(MAX_REDIRECT_LEN))));
+    }
+}
