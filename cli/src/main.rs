@@ -11,6 +11,7 @@ mod paths;
 mod pool;
 mod server_process;
 mod supervise;
+mod table;
 mod tls;
 mod top;
 
@@ -44,6 +45,7 @@ enum Command {
     Checkpoint(commands::checkpoint::Args),
     Restore(commands::restore::Args),
     Migrate(commands::migrate::Args),
+    Sessions(commands::sessions::Args),
 }
 
 fn main() {
@@ -74,6 +76,7 @@ fn main() {
         Command::Checkpoint(a) => commands::checkpoint::exec(a),
         Command::Restore(a) => commands::restore::exec(a),
         Command::Migrate(a) => commands::migrate::exec(a),
+        Command::Sessions(a) => commands::sessions::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

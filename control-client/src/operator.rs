@@ -173,3 +173,49 @@ pub fn migrate(
         r
     })
 }
+
+/// One session a server serves, as `listSessions` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    pub id: u64,
+    pub client: String,
+    /// 0: not under a broker lease.
+    pub lease: u64,
+    pub memory: u64,
+    pub kernels: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// The sessions the server at `addr` serves now.
+pub fn list_sessions(addr: &str, security: &ClientSecurity, admin_key: &[u8], limit: Duration) -> Result<Vec<SessionInfo>, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::ListSessions, 0, ""));
+            let mut req = server.list_sessions_request();
+            req.get().set_nonce(&nonce);
+            req.get().set_proof(&proof);
+            let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+            let list = reply.get().and_then(|r| r.get_sessions()).map_err(|e| rpc_err(addr, e))?;
+            let mut out = Vec::with_capacity(list.len() as usize);
+            for s in list.iter() {
+                let client = s.get_client().ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string();
+                out.push(SessionInfo {
+                    id: s.get_id(),
+                    client,
+                    lease: s.get_lease(),
+                    memory: s.get_memory(),
+                    kernels: s.get_kernels(),
+                    bytes_in: s.get_bytes_in(),
+                    bytes_out: s.get_bytes_out(),
+                });
+            }
+            Ok(out)
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}

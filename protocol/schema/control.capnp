@@ -50,6 +50,20 @@ interface GpuServer {
   # the session held still to the target's rebuild done.
   migrate @7 (sessionId :UInt64, target :Text, quiesceMs :UInt32, nonce :Data, proof :Data)
         -> (bytes :UInt64, memoryBytes :UInt64, micros :UInt64, pauseMicros :UInt64);
+
+  # The sessions this server serves now (an operator call, as above): what
+  # `rgpu sessions` lists, and where `checkpoint` and `migrate` find ids.
+  listSessions @8 (nonce :Data, proof :Data) -> (sessions :List(SessionInfo));
+}
+
+struct SessionInfo {
+  id @0 :UInt64;
+  client @1 :Text;            # the name the client gave at openSession
+  lease @2 :UInt64;           # the broker lease it runs under (0: none)
+  memory @3 :UInt64;          # device memory its allocations hold now
+  kernels @4 :UInt64;
+  bytesIn @5 :UInt64;         # data plane, from its client
+  bytesOut @6 :UInt64;
 }
 
 struct DeviceStatus {

@@ -92,6 +92,8 @@ pub enum ServerOp {
     Migrate,
     /// A server hands a session to another (the target's nonce; session 0, no name).
     Intake,
+    /// The operator lists a server's sessions (session 0, no name).
+    ListSessions,
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -103,6 +105,7 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Restore => "restore",
         ServerOp::Migrate => "migrate",
         ServerOp::Intake => "intake",
+        ServerOp::ListSessions => "list-sessions",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }

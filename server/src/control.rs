@@ -58,7 +58,7 @@ impl GpuServer {
         let ours = self.nonce.take();
         let Some(key) = &self.service.admin_key else {
             return Err(capnp::Error::failed(
-                "this server has no --admin-key-file: checkpoint, restore and migrate are off".into(),
+                "this server has no --admin-key-file: operator calls (checkpoint, restore, migrate, sessions) are off".into(),
             ));
         };
         let fresh = ours.is_some_and(|n| n[..] == *nonce);
@@ -317,6 +317,31 @@ impl gpu_server::Server for GpuServer {
         r.set_memory_bytes(moved.memory_bytes);
         r.set_micros(moved.took.as_micros() as u64);
         r.set_pause_micros(moved.paused.as_micros() as u64);
+        Ok(())
+    }
+
+    async fn list_sessions(
+        self: Rc<Self>,
+        params: gpu_server::ListSessionsParams,
+        mut results: gpu_server::ListSessionsResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::ListSessions, 0, "")?;
+        let sessions = self.service.sessions.active();
+        let mut list = results.get().init_sessions(sessions.len() as u32);
+        for (i, (id, client)) in sessions.iter().enumerate() {
+            let mut s = list.reborrow().get(i as u32);
+            s.set_id(*id);
+            s.set_client(client);
+            s.set_lease(self.service.leases.admission(*id).map_or(0, |a| a.lease));
+            if let Some(u) = self.service.meters.of(*id) {
+                s.set_memory(u.memory);
+                s.set_kernels(u.kernels);
+                s.set_bytes_in(u.bytes_in);
+                s.set_bytes_out(u.bytes_out);
+            }
+        }
         Ok(())
     }
 }

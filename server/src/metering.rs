@@ -227,6 +227,11 @@ impl Meters {
         }
     }
 
+    /// What live session `session` used so far.
+    pub fn of(&self, session: u64) -> Option<Usage> {
+        self.lock().live.get(&session).map(|m| m.usage())
+    }
+
     /// Every live meter.
     pub fn live(&self) -> Vec<Arc<SessionMeter>> {
         self.lock().live.values().cloned().collect()

@@ -61,6 +61,8 @@ pub enum MigrateError {
     NoKey,
     #[error("this server serves TLS but has no --tls-ca to check a target's certificate by")]
     NoCa,
+    #[error("session {session:#x} runs under broker lease {lease}, which the broker places on this server: a target's heartbeat would end it there, and moving a lease through the broker is not supported yet")]
+    Leased { session: u64, lease: u64 },
     #[error("cannot reach the target {addr}: {reason}")]
     Unreachable { addr: String, reason: String },
     #[error("the target {addr} refused the session: {reason}")]
@@ -266,6 +268,11 @@ pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Dur
     let started = Instant::now();
     let (key, client_name) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
     let admission = service.leases.admission(id);
+    if let Some(a) = &admission {
+        // Refused rather than moved to be killed: the program would get
+        // DEVICE_UNAVAILABLE at the target's next heartbeat.
+        return Err(MigrateError::Leased { session: id, lease: a.lease });
+    }
     // Connected and authenticated before the session is touched: a target
     // that is down or refuses costs the program nothing.
     let security = service.peer_security.clone().ok_or(MigrateError::NoCa)?;

@@ -12,6 +12,7 @@ pub mod renew;
 pub mod restore;
 pub mod run;
 pub mod servers;
+pub mod sessions;
 pub mod smi;
 pub mod status;
 pub mod top;

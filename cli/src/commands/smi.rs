@@ -92,16 +92,6 @@ pub fn exec(a: Args) -> Result<i32> {
             ]
         })
         .collect();
-    let head = ["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "CC", "SERVER"].map(String::from);
-    let mut width = head.clone().map(|h| h.len());
-    for r in &rows {
-        for (w, c) in width.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    for r in std::iter::once(&head).chain(&rows) {
-        let line: Vec<String> = r.iter().zip(width).map(|(c, w)| format!("{c:<w$}")).collect();
-        println!("{}", line.join("  ").trim_end());
-    }
+    crate::table::print(["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "CC", "SERVER"], &rows);
     Ok(0)
 }

@@ -44,7 +44,16 @@ struct Inner {
     pending: HashMap<u64, Pending>,
     active: HashMap<u64, Active>,
     moved: HashMap<u64, Moved>,
+    /// Sessions being adopted in place of one still ending here: resumes
+    /// wait in the new session's channel instead of finding no session.
+    arriving: HashMap<u64, Arriving>,
     closing: bool,
+}
+
+struct Arriving {
+    key: SessionKey,
+    resume: mpsc::Sender<Wake>,
+    socket: Option<TcpStream>,
 }
 
 /// Where a session that left went, for its client's next resume.
@@ -196,6 +205,17 @@ impl Registry {
         if let Some(m) = inner.moved.get(&id).filter(|m| m.until > now && constant_time_eq(&m.key, key)) {
             return Err((ResumeError::Moved(m.to.clone()), resume));
         }
+        // Before the active sessions too: the one active may be the one
+        // ending, which the arriving one replaces.
+        if let Some(a) = inner.arriving.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) {
+            if let Err(mpsc::SendError(Wake::Resume(r))) = a.resume.send(Wake::Resume(resume)) {
+                return Err((ResumeError::Refused(AttachError::Unknown), r));
+            }
+            if let Some(old) = a.socket.replace(socket) {
+                let _ = old.shutdown(Shutdown::Both);
+            }
+            return Ok(());
+        }
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
             return Err((ResumeError::Refused(AttachError::Unknown), resume));
         };
@@ -241,6 +261,13 @@ impl Registry {
         inner.moved.insert(id, Moved { key, to: to.to_string(), until: now + FORWARD_FOR });
     }
 
+    /// Every active session's id and client name, by id.
+    pub fn active(&self) -> Vec<(u64, String)> {
+        let mut v: Vec<(u64, String)> = self.lock().active.iter().map(|(&id, a)| (id, a.client_name.clone())).collect();
+        v.sort_by_key(|(id, _)| *id);
+        v
+    }
+
     /// Session `id`'s key and client name, if it is active.
     pub fn identity(&self, id: u64) -> Option<(SessionKey, String)> {
         self.lock().active.get(&id).map(|a| (a.key, a.client_name.clone()))
@@ -261,29 +288,40 @@ impl Registry {
         wait: std::time::Duration,
     ) -> Result<mpsc::Receiver<Wake>, AttachError> {
         let until = std::time::Instant::now() + wait;
+        let (tx, rx) = mpsc::channel();
+        // Set once the old session is being replaced: from then on, resumes
+        // are queued for the new one (see `arriving`).
+        let mut replacing = false;
         loop {
             let mut inner = self.lock();
-            if inner.closing {
-                return Err(AttachError::ShuttingDown);
+            if inner.closing || inner.pending.contains_key(&id) {
+                inner.arriving.remove(&id);
+                return Err(if inner.closing { AttachError::ShuttingDown } else { AttachError::Unknown });
             }
-            if inner.pending.contains_key(&id) {
-                return Err(AttachError::Unknown);
-            }
+            // A session that moved away and is ending here is replaced
+            // too: it is coming back.
+            let replace = replace || replacing || inner.moved.contains_key(&id);
             match inner.active.get(&id) {
                 None => {
                     // Back here after moving away: resumes are ours again.
                     inner.moved.remove(&id);
-                    let (tx, rx) = mpsc::channel();
-                    let a = Active { key, client_name: client_name.to_string(), socket: None, resume: tx, ended: None };
+                    let socket = inner.arriving.remove(&id).and_then(|a| a.socket);
+                    let a = Active { key, client_name: client_name.to_string(), socket, resume: tx, ended: None };
                     inner.active.insert(id, a);
                     return Ok(rx);
                 }
-                // A session that moved away and is ending here is
-                // replaced too: it is coming back.
-                Some(old) if (replace || inner.moved.contains_key(&id)) && std::time::Instant::now() < until => {
+                Some(old) if replace && std::time::Instant::now() < until => {
                     old.close();
+                    if !replacing {
+                        replacing = true;
+                        inner.moved.remove(&id);
+                        inner.arriving.insert(id, Arriving { key, resume: tx.clone(), socket: None });
+                    }
                 }
-                Some(_) => return Err(AttachError::Unknown),
+                Some(_) => {
+                    inner.arriving.remove(&id);
+                    return Err(AttachError::Unknown);
+                }
             }
             drop(inner);
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -319,6 +357,7 @@ impl Registry {
         inner.closing = true;
         inner.pending.clear();
         inner.moved.clear();
+        inner.arriving.clear();
         for (_, a) in inner.active.drain() {
             a.close();
         }
@@ -369,6 +408,38 @@ mod tests {
         let (c, res) = resume_on_loopback();
         assert!(r.resume(7, &key, c, res).is_ok());
         assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+    }
+
+    /// A restore in place of a session still ending here: a resume that
+    /// comes while the old one ends reaches the new one (it used to find
+    /// no session in between and be refused for good).
+    #[test]
+    fn a_resume_during_a_replacement_waits_for_the_new_session() {
+        let r = Arc::new(Registry::default());
+        let key = [5u8; SESSION_KEY_LEN];
+        let _old = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        let ended = Arc::new(AtomicBool::new(false));
+        r.bind_ended(7, ended.clone());
+        // The old session's thread: it sees its ended flag, takes a while
+        // to free what it holds, then detaches.
+        let (r2, e2) = (r.clone(), ended.clone());
+        let old_thread = std::thread::spawn(move || {
+            while !e2.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(150));
+            r2.detach(7);
+        });
+        let r3 = r.clone();
+        let adopting = std::thread::spawn(move || r3.adopt(7, key, "c", true, Duration::from_secs(5)).unwrap());
+        while !ended.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (c, res) = resume_on_loopback();
+        assert!(r.resume(7, &key, c, res).is_ok(), "a resume during the replacement was refused");
+        old_thread.join().unwrap();
+        let new = adopting.join().unwrap();
+        assert!(matches!(new.try_recv(), Ok(Wake::Resume(_))), "the new session did not get the resume");
     }
 
     #[test]
