@@ -133,6 +133,9 @@ pub struct Migrated {
     pub took: Duration,
     /// How long the session was held still (no progress for its program).
     pub paused: Duration,
+    /// Device memory sent while the program ran, and while it was held.
+    pub precopied: u64,
+    pub sent_held: u64,
 }
 
 /// Moves session `session` from the server at `addr` to the one at
@@ -166,6 +169,8 @@ pub fn migrate(
                 memory_bytes: r.get_memory_bytes(),
                 took: Duration::from_micros(r.get_micros()),
                 paused: Duration::from_micros(r.get_pause_micros()),
+                precopied: r.get_precopy_bytes(),
+                sent_held: r.get_held_bytes(),
             })
         }
         .await;

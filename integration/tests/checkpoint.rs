@@ -418,3 +418,72 @@ fn dying_target() -> (String, std::thread::JoinHandle<usize>) {
     });
     (addr, h)
 }
+
+/// The pause and the total time of a live migration of a session holding
+/// 1 GiB, with the pre-copy (A to B) and without (B, `--migrate-precopy=false`,
+/// to A), against copying 1 GiB once over loopback TCP in the same run:
+/// `cargo test --release -p rgpu-integration --test checkpoint -- --ignored --nocapture migration_pause`.
+#[test]
+#[ignore = "a measurement: 1 GiB moved between two servers"]
+fn migration_pause() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let flags = server_flags(&dir.0);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-pause-a", &flags);
+    let mut stop_and_copy = flags.clone();
+    stop_and_copy.push("--migrate-precopy=false".to_string());
+    let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-pause-b", &stop_and_copy);
+    let key = dir.0.join("admin.key");
+    let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn")];
+    let run = spawn_rgpu_env(&a.addr_string(), &exe, &["--rounds", "5", "--wait-ms", "4000", "--mib", "1024"], &envs);
+    let mut reports = Vec::new();
+    let mut addrs = [a.addr_string(), b.addr_string()];
+    for r in 0..4 {
+        assert!(run.wait_for_line(&format!("round {r}"), run_timeout()), "no round {r}");
+        let id = session_id(&a).expect("a session id");
+        let (ok, report) = migrate(&id, &addrs[0], &addrs[1], &key);
+        assert!(ok, "{report}");
+        reports.push(report.trim().to_string());
+        addrs.swap(0, 1);
+    }
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    let baseline = loopback_copy(1 << 30);
+    for r in &reports {
+        eprintln!("{r}");
+    }
+    for s in [&a, &b] {
+        for l in s.log().lines().filter(|l| l.contains("digested again") || l.contains("pre-copied while") || l.contains("migrated in")) {
+            eprintln!("{}", l.split("INFO").nth(1).unwrap_or(l).trim());
+        }
+    }
+    eprintln!("1 GiB over loopback TCP, once: {:.3} s", baseline.as_secs_f64());
+}
+
+/// How long sending `bytes` over one loopback TCP connection takes.
+fn loopback_copy(bytes: usize) -> Duration {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0usize;
+        while got < bytes {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        got
+    });
+    let chunk = vec![7u8; 1 << 20];
+    let start = Instant::now();
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    for _ in 0..bytes / chunk.len() {
+        c.write_all(&chunk).unwrap();
+    }
+    drop(c);
+    assert_eq!(sink.join().unwrap(), bytes);
+    start.elapsed()
+}

@@ -48,8 +48,11 @@ interface GpuServer {
   # resume here is redirected to `target`. On any failure the session goes
   # on here. Needs the same admin key on both servers. `pauseMicros`: from
   # the session held still to the target's rebuild done.
+  # `precopyBytes`: device memory sent while the program ran;
+  # `heldBytes`: device memory sent while it was held (what changed since).
   migrate @7 (sessionId :UInt64, target :Text, quiesceMs :UInt32, nonce :Data, proof :Data)
-        -> (bytes :UInt64, memoryBytes :UInt64, micros :UInt64, pauseMicros :UInt64);
+        -> (bytes :UInt64, memoryBytes :UInt64, micros :UInt64, pauseMicros :UInt64,
+            precopyBytes :UInt64, heldBytes :UInt64);
 
   # The sessions this server serves now (an operator call, as above): what
   # `rgpu sessions` lists, and where `checkpoint` and `migrate` find ids.

@@ -225,6 +225,11 @@ rgpu_config::settings! {
         /// one's address takes its sessions back before their clients resume.
         #[setting(flag = "restore", env = "RGPU_SERVER_RESTORE", value_name = "NAMES")]
         restore: Vec<String> = Vec::new(),
+        /// Live migration out of this server pre-copies a session's memory
+        /// while its program runs, then sends only what changed while it is
+        /// held (docs/migration.md); `--migrate-precopy=false`: everything while it is held.
+        #[setting(flag = "migrate-precopy", env = "RGPU_SERVER_MIGRATE_PRECOPY")]
+        migrate_precopy: bool = true,
     }
 }
 
@@ -284,6 +289,8 @@ pub struct CheckpointConfig {
     pub dir: Option<PathBuf>,
     /// Snapshots restored at start.
     pub restore: Vec<String>,
+    /// Whether migrations out pre-copy memory while the program runs.
+    pub precopy: bool,
     /// How a live migration's target is spoken to; None: TLS is wanted but
     /// no `--tls-ca` says whom to trust, so migrations out are refused.
     pub peer_security: Option<rgpu_tls::ClientSecurity>,
@@ -409,7 +416,7 @@ impl Config {
                 broker_security,
             },
             metrics: s.metrics,
-            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore, peer_security },
+            checkpoint: CheckpointConfig { admin_key, dir: s.checkpoint_dir, restore: s.restore, peer_security, precopy: s.migrate_precopy },
         })
     }
 }
@@ -501,6 +508,7 @@ mod tests {
         ("admin-key-file", ["/a1", "/a2"]),
         ("checkpoint-dir", ["/c1", "/c2"]),
         ("restore", ["a,b", "c"]),
+        ("migrate-precopy", ["false", "true"]),
     ];
 
     #[test]

@@ -317,6 +317,8 @@ impl gpu_server::Server for GpuServer {
         r.set_memory_bytes(moved.memory_bytes);
         r.set_micros(moved.took.as_micros() as u64);
         r.set_pause_micros(moved.paused.as_micros() as u64);
+        r.set_precopy_bytes(moved.precopied);
+        r.set_held_bytes(moved.sent_held);
         Ok(())
     }
 

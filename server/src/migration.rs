@@ -38,6 +38,8 @@ use rgpu_transport::tcp::{self, TcpTransport};
 use rgpu_transport::Transport;
 use tracing::{info, warn};
 
+use crate::backend::MemoryPeek;
+use crate::checkpoint::precopy::{self, Precopied};
 use crate::checkpoint::{self, SessionMeta, SnapshotError};
 use crate::relocate::OpError;
 use crate::service::Service;
@@ -84,6 +86,11 @@ impl From<MigrateError> for capnp::Error {
 pub struct Moved {
     pub bytes: u64,
     pub memory_bytes: u64,
+    /// Device memory sent while the program ran (the pre-copy).
+    pub precopied: u64,
+    /// Device memory sent while it was held (what changed since, or all of
+    /// it without a pre-copy).
+    pub sent_held: u64,
     /// From the call to the target's "rebuilt".
     pub took: Duration,
     /// From the session held still to the target's "rebuilt": how long
@@ -277,9 +284,32 @@ pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Dur
     // that is down or refuses costs the program nothing.
     let security = service.peer_security.clone().ok_or(MigrateError::NoCa)?;
     let to = target.to_string();
-    let mut t = tokio::task::spawn_blocking(move || dial(&to, &security, &admin_key))
+    let t = tokio::task::spawn_blocking(move || dial(&to, &security, &admin_key))
         .await
         .map_err(|_| OpError::ShuttingDown)??;
+    // Pre-copy while the program runs (not for leased sessions: the
+    // target sets a lease's budget when it opens the session, before the
+    // snapshot says whose it is).
+    let plan = if admission.is_none() && service.precopy { precopy_plan(service, id).await? } else { None };
+    let to = target.to_string();
+    let precopy_started = Instant::now();
+    let (mut t, precopied) = tokio::task::spawn_blocking(move || {
+        let mut t = t;
+        let mut w = ChunkWriter::new(&mut t);
+        let sent = match plan {
+            Some((allocs, peek)) => precopy::send(&*peek, &allocs, &mut w),
+            None => w.write_all(&[0]).map(|()| Precopied::new()),
+        };
+        let sent = sent.and_then(|s| w.flush().map(|()| s));
+        sent.map(|s| (t, s)).map_err(|e| MigrateError::Lost { addr: to, reason: e.to_string() })
+    })
+    .await
+    .map_err(|_| OpError::ShuttingDown)??;
+    let precopy_bytes: u64 = precopied.values().map(|s| s.size).sum();
+    if precopy_bytes > 0 {
+        info!(session = format_args!("{id:#x}"), bytes = precopy_bytes, ms = precopy_started.elapsed().as_millis() as u64,
+            "pre-copied while the program runs");
+    }
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Moved, MigrateError>>();
     let (svc, to) = (service.clone(), target.to_string());
     let visit = Box::new(move |p: Parts<'_>| -> After {
@@ -291,7 +321,8 @@ pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Dur
         let lost = |e: &dyn std::fmt::Display| MigrateError::Lost { addr: to.clone(), reason: e.to_string() };
         let r = (|| {
             let mut w = ChunkWriter::new(&mut t);
-            let captured = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w);
+            precopy::send_stale(&precopy::stale(&precopied, p.state), &mut w).map_err(|e| lost(&e))?;
+            let captured = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w, Some(&precopied));
             let captured = match captured {
                 Ok(c) => c,
                 // The target sees the stream cut and drops what it read.
@@ -300,7 +331,14 @@ pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Dur
             };
             w.finish().map_err(|e| lost(&e))?;
             match read_answer(&mut t) {
-                Ok(Ok((_, memory))) => Ok(Moved { bytes: captured.bytes, memory_bytes: memory, took: started.elapsed(), paused: held.elapsed() }),
+                Ok(Ok((_, memory))) => Ok(Moved {
+                    bytes: captured.bytes,
+                    memory_bytes: memory,
+                    precopied: precopy_bytes,
+                    sent_held: captured.memory_sent,
+                    took: started.elapsed(),
+                    paused: held.elapsed(),
+                }),
                 Ok(Err(reason)) => Err(MigrateError::Refused { addr: to.clone(), reason }),
                 Err(e) => Err(lost(&e)),
             }
@@ -323,8 +361,26 @@ pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Dur
     }
     let moved = rx.await.map_err(|_| OpError::Ended(id))??;
     info!(session = format_args!("{id:#x}"), %target, bytes = moved.bytes, memory = moved.memory_bytes,
+        precopied = moved.precopied, sent_held = moved.sent_held,
         pause_ms = moved.paused.as_millis() as u64, ms = moved.took.as_millis() as u64, "session migrated");
     Ok(moved)
+}
+
+/// What a pre-copy takes: the session's client allocations and a reader of
+/// them, got in a short visit (the session goes on at once). None: nothing
+/// worth pre-copying, or a backend without a reader.
+async fn precopy_plan(service: &Arc<Service>, id: u64) -> Result<Option<(Vec<(u64, u32, u64)>, Arc<dyn MemoryPeek>)>, MigrateError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let visit = Box::new(move |p: Parts<'_>| -> After {
+        let _ = tx.send((precopy::client_allocs(p.state), p.state.backend.memory_peek()));
+        After::Serve
+    });
+    if !service.sessions.visit(id, visit) {
+        return Err(OpError::NoSession(id).into());
+    }
+    let (allocs, peek) = rx.await.map_err(|_| OpError::Ended(id))?;
+    let total: u64 = allocs.iter().map(|a| a.2).sum();
+    Ok(peek.filter(|_| total >= precopy::MIN_BYTES).map(|p| (allocs, p)))
 }
 
 /// Serves one intake connection (its preamble read): authenticates the
@@ -376,7 +432,11 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
     let _ = t.stream().set_read_timeout(Some(PEER_IO_TIMEOUT));
     let started = Instant::now();
     let mut r = ChunkReader::new(&mut t);
-    let rebuilt = crate::relocate::serve_rebuilt(service, &mut r, false);
+    let sizes: Vec<u64> = service.backend.devices().iter().map(|d| d.total_mem).collect();
+    let mut open = || service.backend.open_session(None).map_err(|e| SnapshotError::Device(e, "opening a session"));
+    let rebuilt = precopy::receive(&mut r, &sizes, &mut open)
+        .map_err(OpError::from)
+        .and_then(|staged| crate::relocate::serve_rebuilt(service, &mut r, false, staged));
     let received = r.received;
     match rebuilt {
         Ok((_, memory, span)) => {

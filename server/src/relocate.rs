@@ -98,7 +98,7 @@ pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Du
         }
         let meta = SessionMeta { id, key, client_name, executed: p.executed, deferred: p.deferred, admission };
         let mut w = BufWriter::with_capacity(IO_BUFFER, file);
-        let written = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w)
+        let written = checkpoint::capture(p.state, &meta, p.window, quiesce, &mut w, None)
             .map_err(OpError::from)
             .and_then(|c: Captured| {
                 let f = w.into_inner().map_err(|e| e.into_error())?;
@@ -162,7 +162,7 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
     let file = File::open(&path)?;
     let bytes = file.metadata()?.len();
     let mut r = BufReader::with_capacity(IO_BUFFER, file);
-    let (id, memory_bytes, span) = serve_rebuilt(service, &mut r, true)?;
+    let (id, memory_bytes, span) = serve_rebuilt(service, &mut r, true, None)?;
     let took = started.elapsed();
     span.in_scope(|| {
         info!(bytes, memory = memory_bytes, ms = took.as_millis() as u64, file = %path.display(),
@@ -174,14 +174,33 @@ fn restore_from(service: &Arc<Service>, path: PathBuf) -> Result<Done, OpError> 
 /// Reads a snapshot from `r`, rebuilds its session, registers it by its old
 /// id and key and starts its thread waiting for the client's resume.
 /// `replace`: a session of that id still here is closed first (its state
-/// is the one being restored). Returns the id, the device memory rebuilt
-/// and the session's span.
-pub(crate) fn serve_rebuilt(service: &Arc<Service>, r: &mut dyn std::io::Read, replace: bool) -> Result<(u64, u64, tracing::Span), OpError> {
-    let opened = checkpoint::open(r)?;
+/// is the one being restored). `staged`: a live migration's pre-copied
+/// ranges, in the backend session the rebuild then uses. Returns the id,
+/// the device memory rebuilt and the session's span.
+pub(crate) fn serve_rebuilt(
+    service: &Arc<Service>,
+    r: &mut dyn std::io::Read,
+    replace: bool,
+    staged: Option<checkpoint::precopy::Staged>,
+) -> Result<(u64, u64, tracing::Span), OpError> {
+    let mut opened = checkpoint::open(r)?;
     let meta = opened.meta.clone();
     let id = meta.id;
-    let budget = meta.admission.as_ref().and_then(|a| service.leases.budget(a));
-    let backend = service.backend.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))?;
+    let backend = match staged {
+        // A lease's budget is set when its backend session opens, before
+        // the snapshot says whose it is: leased sessions are not pre-copied.
+        Some(_) if meta.admission.is_some() => {
+            return Err(SnapshotError::Malformed("a leased session's memory was pre-copied".into()).into())
+        }
+        Some(s) => {
+            opened = opened.with_staged(s.ranges);
+            s.backend
+        }
+        None => {
+            let budget = meta.admission.as_ref().and_then(|a| service.leases.budget(a));
+            service.backend.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))?
+        }
+    };
     opened.check_fits(service.backend.devices(), backend.module_arch(0))?;
     // Registered before it is rebuilt: a client that comes back meanwhile
     // waits in the session's channel instead of being told it is unknown.

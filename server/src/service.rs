@@ -45,6 +45,8 @@ pub struct Service {
     /// plaintext; None: TLS without a CA to check targets by (migrations
     /// out are refused).
     pub peer_security: Option<rgpu_tls::ClientSecurity>,
+    /// Migrations out pre-copy memory while the program runs.
+    pub precopy: bool,
 }
 
 impl Service {
@@ -68,6 +70,7 @@ impl Service {
             admin_key: None,
             checkpoint_dir: None,
             peer_security: Some(rgpu_tls::ClientSecurity::Plaintext),
+            precopy: true,
         }
     }
 
@@ -82,6 +85,7 @@ impl Service {
         self.admin_key = cfg.admin_key.clone();
         self.checkpoint_dir = cfg.dir.clone();
         self.peer_security = cfg.peer_security.clone();
+        self.precopy = cfg.precopy;
         self
     }
 

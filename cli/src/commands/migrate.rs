@@ -52,13 +52,13 @@ pub fn exec(a: Args) -> Result<i32> {
     )?;
     let secs = r.took.as_secs_f64();
     eprintln!(
-        "Migrated session {session:#x} from {} to {}: {} bytes ({} of device memory) in {:.3} s, {:.0} MiB/s; the program was held {:.1} ms",
+        "Migrated session {session:#x} from {} to {}: {} bytes of device memory in {:.3} s; {} sent while it ran, {} while the program was held {:.1} ms",
         a.server,
         a.to,
-        r.bytes,
         r.memory_bytes,
         secs,
-        r.bytes as f64 / (1 << 20) as f64 / secs.max(1e-9),
+        r.precopied,
+        r.sent_held,
         r.paused.as_secs_f64() * 1e3,
     );
     Ok(0)

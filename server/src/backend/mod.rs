@@ -282,6 +282,22 @@ pub trait Backend: Send + Sync + 'static {
 /// Called with (device, execution time) as each kernel of a session ends.
 pub type KernelTimer = Arc<dyn Fn(u32, std::time::Duration) + Send + Sync>;
 
+/// Reads a session's device memory from another thread while the session
+/// runs: the pre-copy of a live migration (`crate::migration`).
+pub trait MemoryPeek: Send + Sync {
+    /// Copies `buf.len()` bytes at `at` into `buf` if `[alloc, alloc + size)`
+    /// is still one live allocation of `device` and the bytes lie in it;
+    /// false otherwise (nothing copied). Bytes the session's kernels write
+    /// meanwhile may come out torn: callers keep a digest of what they got
+    /// and compare it once the session is held still.
+    fn peek(&self, device: u32, alloc: u64, size: u64, at: u64, buf: &mut [u8]) -> bool;
+    /// Hands `f` the `len` bytes at `at` in place, if they lie in one live
+    /// allocation of `device`. Only while the session is held still (nothing
+    /// writes them): a held migration digests its memory this way, on
+    /// several threads, without copying it.
+    fn with_held(&self, device: u32, at: u64, len: u64, f: &mut dyn FnMut(&[u8])) -> bool;
+}
+
 pub trait BackendSession: Send {
     // --- memory -----------------------------------------------------------
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64>;
@@ -434,6 +450,12 @@ pub trait BackendSession: Send {
     /// Whether this backend can rebuild a session with every device pointer it held.
     fn relocatable(&self) -> bool {
         false
+    }
+    /// A reader of this session's memory for other threads (pre-copy); None:
+    /// the backend has none, and a migration copies everything while the
+    /// session is held still.
+    fn memory_peek(&self) -> Option<Arc<dyn MemoryPeek>> {
+        None
     }
     /// Waits at most `timeout` for every queued stream operation of the session to
     /// finish: `Err(NOT_READY)` if some is still running then.

@@ -6,6 +6,7 @@ use std::io::{self, Write};
 use std::time::{Duration, Instant};
 
 use super::format::{self, Enc, Tag};
+use super::precopy::{self, Precopied};
 use super::{SessionMeta, SnapshotError};
 use crate::backend::{StreamRef, TransferError};
 use crate::session::window::ReplyWindow;
@@ -21,6 +22,9 @@ pub struct Captured {
     pub records: u64,
     /// How long the session's queued work took to finish first.
     pub quiesced_in: Duration,
+    /// Device memory bytes actually written: less than `memory_bytes` where
+    /// a pre-copy had sent the rest.
+    pub memory_sent: u64,
 }
 
 /// Counts what goes through.
@@ -55,6 +59,7 @@ pub fn capture(
     window: &ReplyWindow,
     quiesce: Duration,
     out: &mut dyn Write,
+    precopied: Option<&Precopied>,
 ) -> Result<Captured, SnapshotError> {
     if !state.backend.relocatable() {
         return Err(SnapshotError::Unsupported);
@@ -73,6 +78,7 @@ pub fn capture(
     let mut w = Counting { w: out, n: 0 };
     let mut records = 0u64;
     let mut memory_bytes = 0u64;
+    let mut memory_sent = 0u64;
     format::write_header(&mut w)?;
 
     let (kept, lost) = window.export();
@@ -127,7 +133,42 @@ pub fn capture(
     }
 
     let allocs: Vec<(u64, crate::state::Alloc)> = state.allocs.iter().map(|(&p, a)| (p, *a)).collect();
+    let sent_of = |ptr: u64, a: &crate::state::Alloc| {
+        precopied.and_then(|p| p.get(&ptr)).filter(|s| a.owner == Owner::Client && s.device == a.device && s.size == a.size)
+    };
+    // What changed since the pre-copy, digested on all cores where the
+    // backend can be read from other threads.
+    let targets: Vec<(u64, &precopy::Sent)> = allocs.iter().filter_map(|(p, a)| sent_of(*p, a).map(|s| (*p, s))).collect();
+    let digest_started = Instant::now();
+    let dirty = match state.backend.memory_peek() {
+        Some(peek) if !targets.is_empty() => Some(precopy::dirty_all(&*peek, &targets)),
+        _ => None,
+    };
+    if !targets.is_empty() {
+        let bytes: u64 = targets.iter().map(|(_, s)| s.size).sum();
+        tracing::info!(bytes, ms = digest_started.elapsed().as_secs_f64() * 1e3, "pre-copied memory digested again");
+    }
     for (ptr, a) in allocs {
+        if let Some(sent) = sent_of(ptr, &a) {
+            let runs = match dirty.as_ref().and_then(|d| d.get(&ptr)) {
+                Some(r) => r.clone(),
+                None => precopy::dirty_runs(state, ptr, sent)?,
+            };
+            let bulk: u64 = runs.iter().map(|r| r.1).sum();
+            let mut e = Enc::default();
+            e.u64(ptr).u32(a.device).u64(a.size).u32(runs.len() as u32);
+            for &(o, l) in &runs {
+                e.u64(o).u64(l);
+            }
+            format::write_record(&mut w, Tag::AllocDelta, &e, bulk)?;
+            for (o, l) in runs {
+                copy_out(state, a.device, ptr + o, l, &mut w)?;
+            }
+            memory_bytes += a.size;
+            memory_sent += bulk;
+            records += 1;
+            continue;
+        }
         let mut e = Enc::default();
         e.u64(ptr).u32(a.device).u64(a.size);
         match a.owner {
@@ -135,22 +176,9 @@ pub fn capture(
             Owner::Module(h) => e.u8(1).u64(h),
         };
         format::write_record(&mut w, Tag::Alloc, &e, a.size)?;
-        if a.size > 0 {
-            // Streamed from device memory to the writer, never whole in a buffer.
-            let mut sent = 0u64;
-            let r = state.backend.memcpy_dtoh(StreamRef::Default { device: a.device }, ptr, a.size, &mut |chunk| {
-                w.write_all(chunk)?;
-                sent += chunk.len() as u64;
-                Ok(())
-            });
-            match r {
-                Ok(()) if sent == a.size => {}
-                Ok(()) => return Err(SnapshotError::Io(io::Error::other("device produced fewer bytes than asked"))),
-                Err(TransferError::Io(e)) => return Err(SnapshotError::Io(e)),
-                Err(TransferError::Device(e)) => return Err(SnapshotError::Device(e, "reading device memory")),
-            }
-        }
+        copy_out(state, a.device, ptr, a.size, &mut w)?;
         memory_bytes += a.size;
+        memory_sent += a.size;
         records += 1;
     }
 
@@ -205,5 +233,24 @@ pub fn capture(
     e.u64(records).u64(memory_bytes);
     format::write_record(&mut w, Tag::End, &e, 0)?;
     w.flush()?;
-    Ok(Captured { bytes: w.n, memory_bytes, records, quiesced_in })
+    Ok(Captured { bytes: w.n, memory_bytes, records, quiesced_in, memory_sent })
+}
+
+/// Streams `[ptr, ptr + len)` from device memory to `w`, never whole in a buffer.
+fn copy_out(state: &mut SessionState, device: u32, ptr: u64, len: u64, w: &mut dyn Write) -> Result<(), SnapshotError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let mut sent = 0u64;
+    let r = state.backend.memcpy_dtoh(StreamRef::Default { device }, ptr, len, &mut |chunk| {
+        w.write_all(chunk)?;
+        sent += chunk.len() as u64;
+        Ok(())
+    });
+    match r {
+        Ok(()) if sent == len => Ok(()),
+        Ok(()) => Err(SnapshotError::Io(io::Error::other("device produced fewer bytes than asked"))),
+        Err(TransferError::Io(e)) => Err(SnapshotError::Io(e)),
+        Err(TransferError::Device(e)) => Err(SnapshotError::Device(e, "reading device memory")),
+    }
 }

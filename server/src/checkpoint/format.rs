@@ -37,11 +37,23 @@ pub enum Tag {
     Event = 5,
     /// A reply the client may not have received: its frame is the bulk.
     Reply = 6,
+    /// A client allocation whose contents a live migration's pre-copy
+    /// placed already: only the runs written since are the bulk. In a
+    /// migration stream only (`crate::migration`), never in a file.
+    AllocDelta = 7,
     /// The record count, last: a snapshot cut short has none.
     End = 0xff,
 }
 
 impl Tag {
+    /// The stage a record belongs to: records come in stage order.
+    pub fn stage(self) -> u8 {
+        match self {
+            Tag::AllocDelta => Tag::Alloc as u8,
+            t => t as u8,
+        }
+    }
+
     fn from_u8(b: u8) -> Option<Tag> {
         Some(match b {
             1 => Tag::Session,
@@ -50,6 +62,7 @@ impl Tag {
             4 => Tag::Stream,
             5 => Tag::Event,
             6 => Tag::Reply,
+            7 => Tag::AllocDelta,
             0xff => Tag::End,
             _ => return None,
         })

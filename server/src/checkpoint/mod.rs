@@ -28,6 +28,7 @@
 
 pub mod capture;
 pub mod format;
+pub mod precopy;
 pub mod rebuild;
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! the server fits and build an empty session under the same lease; then
 //! [`Opened::rebuild`] fills that session from the rest, in order.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::time::Duration;
 
@@ -32,6 +32,9 @@ pub struct Opened<'a> {
     lost: u64,
     r: &'a mut dyn Read,
     records: u64,
+    /// Ranges a live migration's pre-copy placed (ptr -> device, size):
+    /// each is claimed by a delta record.
+    staged: Option<HashMap<u64, (u32, u64)>>,
 }
 
 /// What [`Opened::rebuild`] did.
@@ -116,10 +119,18 @@ pub fn open(r: &mut dyn Read) -> Result<Opened<'_>, SnapshotError> {
         lost,
         r,
         records: 1,
+        staged: None,
     })
 }
 
 impl Opened<'_> {
+    /// The rebuild adopts these pre-copied ranges (already placed, and
+    /// filled, in the session the rebuild is given) through delta records.
+    pub fn with_staged(mut self, ranges: HashMap<u64, (u32, u64)>) -> Self {
+        self.staged = Some(ranges);
+        self
+    }
+
     /// Whether this server can hold the session: as many devices, each at
     /// least as large (the addresses are the old ones), the same
     /// architecture (its modules' code was chosen for it).
@@ -180,7 +191,7 @@ impl Opened<'_> {
             let h = self.next()?;
             // Records come in stage order; one out of order is refused, so a
             // reply never names a stream not yet rebuilt.
-            if h.tag != Tag::End && (h.tag as u8) < (stage as u8) {
+            if h.tag != Tag::End && h.tag.stage() < stage.stage() {
                 return Err(SnapshotError::Malformed(format!("a {:?} record after {:?} records", h.tag, stage)));
             }
             if h.tag != Tag::End {
@@ -190,6 +201,7 @@ impl Opened<'_> {
                 Tag::Session => return Err(SnapshotError::Malformed("a second session record".into())),
                 Tag::Module => self.module(state, &h)?,
                 Tag::Alloc => memory_bytes += self.alloc(state, &h, &mut globals_seen)?,
+                Tag::AllocDelta => memory_bytes += self.alloc_delta(state, &h)?,
                 Tag::Stream => {
                     no_bulk(&h)?;
                     let mut d = Dec::new(&h.meta, "stream");
@@ -263,6 +275,9 @@ impl Opened<'_> {
                             self.records
                         )));
                     }
+                    if self.staged.as_ref().is_some_and(|s| !s.is_empty()) {
+                        return Err(SnapshotError::Malformed("pre-copied ranges no allocation claimed".into()));
+                    }
                     // Every module global must have come with its contents.
                     let globals = state.allocs.iter().filter(|(_, a)| matches!(a.owner, Owner::Module(_))).count();
                     if globals != globals_seen.len() {
@@ -320,6 +335,9 @@ impl Opened<'_> {
         if h.bulk_len != size {
             return Err(SnapshotError::Malformed(format!("an allocation of {size} bytes carries {} bytes", h.bulk_len)));
         }
+        if self.staged.as_ref().is_some_and(|s| s.contains_key(&ptr)) {
+            return Err(SnapshotError::Malformed(format!("pre-copied allocation {ptr:#x} sent whole")));
+        }
         state.check_device(device).map_err(|e| SnapshotError::Device(e, "placing an allocation"))?;
         let total = state.device_memory.get(device as usize).copied().unwrap_or(0);
         if size > total {
@@ -347,6 +365,51 @@ impl Opened<'_> {
         if size > 0 {
             let r = &mut *self.r;
             let filled = state.backend.memcpy_htod(StreamRef::Default { device }, ptr, size, &mut |buf| r.read_exact(buf));
+            match filled {
+                Ok(()) => {}
+                Err(TransferError::Io(e)) => return Err(SnapshotError::read(e)),
+                Err(TransferError::Device(e)) => return Err(SnapshotError::Device(e, "writing device memory")),
+            }
+        }
+        Ok(size)
+    }
+}
+
+impl Opened<'_> {
+    /// Adopts a pre-copied allocation and writes the runs changed since;
+    /// returns its size.
+    fn alloc_delta(&mut self, state: &mut SessionState, h: &Head) -> Result<u64, SnapshotError> {
+        let mut d = Dec::new(&h.meta, "delta allocation");
+        let (ptr, device, size, n) = (d.u64()?, d.u32()?, d.u64()?, d.u32()? as usize);
+        if n > super::precopy::MAX_RUNS {
+            return Err(SnapshotError::TooLarge { what: "delta runs", len: n as u64, max: super::precopy::MAX_RUNS as u64 });
+        }
+        let mut runs = Vec::with_capacity(n);
+        let (mut end, mut bulk) = (0u64, 0u64);
+        for _ in 0..n {
+            let (o, l) = (d.u64()?, d.u64()?);
+            // In order, apart, inside the allocation.
+            if l == 0 || o < end || o.checked_add(l).is_none_or(|e| e > size) {
+                return Err(SnapshotError::Malformed(format!("delta run {o:#x}+{l:#x} of allocation {ptr:#x}")));
+            }
+            end = o + l;
+            bulk += l;
+            runs.push((o, l));
+        }
+        d.finish()?;
+        if bulk != h.bulk_len {
+            return Err(SnapshotError::Malformed(format!("delta runs of {bulk} bytes carry {} bytes", h.bulk_len)));
+        }
+        let Some(staged) = self.staged.as_mut() else {
+            return Err(SnapshotError::Malformed("a delta allocation outside a migration".into()));
+        };
+        if staged.remove(&ptr) != Some((device, size)) {
+            return Err(SnapshotError::Malformed(format!("delta allocation {ptr:#x} was not pre-copied as such")));
+        }
+        state.allocs.insert(ptr, Alloc { device, size, owner: Owner::Client });
+        for (o, l) in runs {
+            let r = &mut *self.r;
+            let filled = state.backend.memcpy_htod(StreamRef::Default { device }, ptr + o, l, &mut |buf| r.read_exact(buf));
             match filled {
                 Ok(()) => {}
                 Err(TransferError::Io(e)) => return Err(SnapshotError::read(e)),

@@ -122,7 +122,7 @@ fn meta() -> SessionMeta {
 
 fn snapshot(s: &mut SessionState, window: &ReplyWindow) -> (Vec<u8>, Captured) {
     let mut bytes = Vec::new();
-    let c = capture(s, &meta(), window, Duration::from_secs(10), &mut bytes).unwrap();
+    let c = capture(s, &meta(), window, Duration::from_secs(10), &mut bytes, None).unwrap();
     (bytes, c)
 }
 
@@ -221,7 +221,7 @@ fn a_session_the_format_cannot_carry_is_refused_before_anything_is_written() {
     s.vmm.create(b.as_mut(), 9, 0, crate::vmm::GRANULARITY).unwrap();
     s.backend = b;
     let mut out = Vec::new();
-    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_secs(1), &mut out).unwrap_err();
+    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_secs(1), &mut out, None).unwrap_err();
     assert!(matches!(e, SnapshotError::NotCapturable(_)), "{e}");
     assert_eq!(e.code(), rgpu_cuda_types::CuError::NOT_SUPPORTED);
     assert!(out.is_empty());
@@ -243,7 +243,7 @@ fn queued_work_that_does_not_finish_in_time_refuses_the_capture() {
     let (token, _) = s.check_launch(77, 0, &dims, 8).unwrap();
     s.backend.launch_kernel(token, 0, &dims, StreamRef::Default { device: 0 }, &out.to_le_bytes()).unwrap();
     let mut bytes = Vec::new();
-    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_millis(50), &mut bytes).unwrap_err();
+    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_millis(50), &mut bytes, None).unwrap_err();
     assert!(matches!(e, SnapshotError::Busy(_)), "{e}");
     assert!(bytes.is_empty());
     // Stop the spinning kernel so the test ends quickly.
@@ -275,4 +275,90 @@ fn a_cut_or_corrupted_snapshot_is_an_error_never_a_panic() {
         bad[at] ^= (x >> 32) as u8 | 1;
         let _ = rebuild_on(&b, &bad);
     }
+}
+
+/// Live migration's pre-copy: the session's memory sent while it runs, then
+/// only what changed since (a kernel's output, one host-written chunk),
+/// while it is held; a range freed meanwhile is dropped. The rebuild holds
+/// exactly the original's bytes.
+#[test]
+fn a_precopied_session_sends_only_what_changed_since_and_rebuilds_the_same() {
+    use super::precopy::{self, CHUNK};
+    let (a, b) = (backend("a"), backend("b"));
+    let mut orig = fresh(&a);
+    let (data, out) = session_in_mid_run(&mut orig);
+    orig.backend.ctx_synchronize(0).unwrap();
+    let client = |s: &mut SessionState, size: u64| {
+        let p = s.backend.mem_alloc(0, size).unwrap();
+        s.allocs.insert(p, crate::state::Alloc { device: 0, size, owner: crate::state::Owner::Client });
+        p
+    };
+    let big = client(&mut orig, 4 * CHUNK);
+    let pattern: Vec<u8> = (0..4 * CHUNK).map(|i| (i % 251) as u8).collect();
+    write(&mut orig, big, &pattern);
+    let gone = client(&mut orig, 64 << 10);
+
+    let peek = orig.backend.memory_peek().expect("the sim can be read while it runs");
+    let mut wire = Vec::new();
+    let sent = precopy::send(&*peek, &precopy::client_allocs(&orig), &mut wire).unwrap();
+    assert_eq!(sent.len(), 4);
+    // The program goes on meanwhile.
+    scale(&mut orig, data);
+    orig.backend.ctx_synchronize(0).unwrap();
+    write(&mut orig, big + 2 * CHUNK + 100, b"changed");
+    orig.backend.mem_free(gone).unwrap();
+    orig.allocs.remove(&gone);
+
+    let stale = precopy::stale(&sent, &orig);
+    assert_eq!(stale, vec![gone]);
+    precopy::send_stale(&stale, &mut wire).unwrap();
+    let c = capture(&mut orig, &meta(), &ReplyWindow::default(), Duration::from_secs(10), &mut wire, Some(&sent)).unwrap();
+    // `data` (one chunk, rewritten), one chunk of `big`, the module global (sent whole).
+    assert_eq!(c.memory_sent, N as u64 * 4 + CHUNK + 4, "{c:?}");
+
+    let mut r = &wire[..];
+    let mut open_b = || -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(b.open_session(None).unwrap()) };
+    let staged = precopy::receive(&mut r, &[64 << 20], &mut open_b).unwrap().expect("ranges were staged");
+    assert_eq!(staged.ranges.len(), 3, "the freed range was dropped");
+    let opened = open(&mut r).unwrap().with_staged(staged.ranges);
+    let mut copy = SessionState::new(staged.backend, 1).with_devices(b.devices());
+    opened.rebuild(&mut copy).unwrap();
+    for (ptr, len) in [(data, N as u64 * 4), (out, 4), (big, 4 * CHUNK)] {
+        assert_eq!(read(&mut orig, ptr, len), read(&mut copy, ptr, len), "contents at {ptr:#x}");
+    }
+    assert!(!copy.allocs.contains_key(&gone));
+    copy.backend.mem_alloc_at(0, gone, 64 << 10).expect("the dropped range is free on the target");
+
+    // The same stream read as a file snapshot (no staging): refused.
+    let c = backend("c");
+    let mut r = &wire[..];
+    let mut open_c = || -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(c.open_session(None).unwrap()) };
+    let staged = precopy::receive(&mut r, &[64 << 20], &mut open_c).unwrap().unwrap();
+    let Err(e) = open(&mut r).unwrap().rebuild(&mut SessionState::new(staged.backend, 1).with_devices(c.devices())) else {
+        panic!("a delta record rebuilt without a pre-copy")
+    };
+    assert!(e.to_string().contains("outside a migration"), "{e}");
+}
+
+/// A chunk the pre-copy could not read (its allocation went away and came
+/// back) is sent again whatever it holds.
+#[test]
+fn a_precopy_chunk_it_could_not_read_is_sent_again() {
+    use super::precopy::{self, CHUNK};
+    let a = backend("a");
+    let mut s = fresh(&a);
+    let p = s.backend.mem_alloc(0, 2 * CHUNK).unwrap();
+    s.allocs.insert(p, crate::state::Alloc { device: 0, size: 2 * CHUNK, owner: crate::state::Owner::Client });
+    struct Blind;
+    impl crate::backend::MemoryPeek for Blind {
+        fn peek(&self, _: u32, _: u64, _: u64, at: u64, _: &mut [u8]) -> bool {
+            at % (2 * CHUNK) != 0
+        }
+        fn with_held(&self, _: u32, _: u64, _: u64, _: &mut dyn FnMut(&[u8])) -> bool {
+            false
+        }
+    }
+    let sent = precopy::send(&Blind, &precopy::client_allocs(&s), &mut Vec::new()).unwrap();
+    let runs = precopy::dirty_runs(&mut s, p, &sent[&p]).unwrap();
+    assert_eq!(runs, vec![(0, CHUNK)], "the unread first chunk, and only it");
 }

@@ -204,6 +204,44 @@ impl DeviceMemory {
         Some((start, len, unsafe { self.map.as_ptr().add((start - self.base) as usize) }))
     }
 
+    /// Copies `buf.len()` bytes at `at` into `buf` if `[alloc, alloc + size)`
+    /// is still a live allocation starting at `alloc` and the bytes lie in it.
+    /// Safe while the owning session's kernels run: the allocator's lock is
+    /// held (the range cannot be freed and handed to another session
+    /// meanwhile), and the bytes are read with atomic loads, as kernels
+    /// store them.
+    pub fn peek(&self, alloc: u64, size: u64, at: u64, buf: &mut [u8]) -> bool {
+        let Ok(off) = self.offset(alloc) else { return false };
+        let len = buf.len() as u64;
+        let inside = at >= alloc && at.checked_add(len).is_some_and(|e| e <= alloc.saturating_add(size));
+        let st = self.lock();
+        if !inside || st.live.get(&off).is_none_or(|&l| l < size) {
+            return false;
+        }
+        // SAFETY: [at, at + len) lies in a live allocation inside the
+        // mapping (checked above, under the lock that frees take).
+        let p = unsafe { self.map.as_ptr().add((at - self.base) as usize) };
+        // Unaligned edges byte by byte, the rest a word at a time.
+        let head = p.align_offset(8).min(buf.len());
+        let words = (buf.len() - head) / 8;
+        let load8 = |i: usize| -> u8 {
+            // SAFETY: i < buf.len(): in bounds; atomic loads pair with the kernels' atomic stores.
+            unsafe { (*(p.add(i) as *const std::sync::atomic::AtomicU8)).load(std::sync::atomic::Ordering::Relaxed) }
+        };
+        for (i, b) in buf[..head].iter_mut().enumerate() {
+            *b = load8(i);
+        }
+        // SAFETY: `words` aligned u64s from p + head lie in bounds.
+        let body = unsafe { std::slice::from_raw_parts(p.add(head) as *const std::sync::atomic::AtomicU64, words) };
+        for (dst, w) in buf[head..head + words * 8].chunks_exact_mut(8).zip(body) {
+            dst.copy_from_slice(&w.load(std::sync::atomic::Ordering::Relaxed).to_ne_bytes());
+        }
+        for i in head + words * 8..buf.len() {
+            buf[i] = load8(i);
+        }
+        true
+    }
+
     fn offset(&self, ptr: u64) -> CuResult<u64> {
         if self.contains(ptr) {
             Ok(ptr - self.base)

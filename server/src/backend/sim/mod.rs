@@ -189,6 +189,19 @@ struct SimModule {
     resources: Vec<cooperative::Resources>,
 }
 
+/// Reads sessions' memory from a migration's pre-copy thread.
+struct SimPeek(Arc<Shared>);
+
+impl crate::backend::MemoryPeek for SimPeek {
+    fn peek(&self, device: u32, alloc: u64, size: u64, at: u64, buf: &mut [u8]) -> bool {
+        self.0.device(device).is_ok_and(|m| m.peek(alloc, size, at, buf))
+    }
+
+    fn with_held(&self, device: u32, at: u64, len: u64, f: &mut dyn FnMut(&[u8])) -> bool {
+        self.0.device(device).is_ok_and(|m| m.with_slice(at, len, |s| f(s)).is_ok())
+    }
+}
+
 struct SimSession {
     shared: Arc<Shared>,
     /// The client's own allocations and its modules' globals, counted
@@ -765,6 +778,10 @@ impl BackendSession for SimSession {
 
     fn relocatable(&self) -> bool {
         true
+    }
+
+    fn memory_peek(&self) -> Option<Arc<dyn crate::backend::MemoryPeek>> {
+        Some(Arc::new(SimPeek(self.shared.clone())))
     }
 
     fn quiesce(&mut self, timeout: Duration) -> CuResult {
