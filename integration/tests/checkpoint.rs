@@ -40,14 +40,18 @@ fn server_flags(dir: &Path) -> Vec<String> {
 
 /// Runs `rgpu ARGS`; returns (success, stderr).
 fn rgpu(args: &[&str], key: &Path) -> (bool, String) {
-    let out = Command::new(&binaries().rgpu)
-        .args(args)
-        .arg("--key-file")
-        .arg(key)
-        .arg("--plaintext")
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("running rgpu");
+    rgpu_secured(args, key, None)
+}
+
+/// As [`rgpu`], under TLS trusting `ca` (plaintext without).
+fn rgpu_secured(args: &[&str], key: &Path, ca: Option<&Path>) -> (bool, String) {
+    let mut cmd = Command::new(&binaries().rgpu);
+    cmd.args(args).arg("--key-file").arg(key).env("NO_COLOR", "1").env_remove("RGPU_TLS_CA").env_remove("RGPU_PLAINTEXT");
+    match ca {
+        Some(ca) => cmd.arg("--tls-ca").arg(ca),
+        None => cmd.arg("--plaintext"),
+    };
+    let out = cmd.output().expect("running rgpu");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -386,6 +390,48 @@ fn a_failed_migration_leaves_the_session_running_where_it_was() {
     out.assert_pass("rt_checkpoint", &[&a, &b]);
     assert!(!out.stderr.contains("the session moved from"), "{}", out.describe(&[&a, &b]));
     assert!(!b.log().contains("session migrated in"), "{}", b.describe());
+}
+
+/// Between two servers under TLS: the servers speak TLS to each other (the
+/// source checks the target against its --tls-ca), the shim's redirected
+/// resume is TLS too, and a TLS server cannot push a session into a
+/// plaintext one.
+#[test]
+fn a_session_migrates_between_tls_servers() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let files = rgpu_tls::pki::write_throwaway(&dir.0.join("pki"), &["127.0.0.1"]).unwrap();
+    let mut flags = server_flags(&dir.0);
+    flags.extend(["--tls-ca".to_string(), files.ca.display().to_string()]);
+    let tls = || ServerOpts { tls: Some((files.cert.clone(), files.key.clone())), ..ServerOpts::default() };
+    let a = Server::start_on("127.0.0.1:0", tls(), "rgpu-migrate-tls-a", &flags);
+    let b = Server::start_on("127.0.0.1:0", tls(), "rgpu-migrate-tls-b", &flags);
+    let plain = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-tls-p", &server_flags(&dir.0));
+    let (aa, ba) = (a.addr_string(), b.addr_string());
+    let key = dir.0.join("admin.key");
+    let ca = files.ca.to_str().unwrap();
+    let envs = [
+        ("RGPU_RECONNECT_TIMEOUT", Some("60")),
+        ("RGPU_LOG", Some("warn,cuda::client=info")),
+        ("RGPU_TLS_CA", Some(ca)),
+        ("RGPU_PLAINTEXT", None),
+    ];
+    let run = spawn_rgpu_with(&aa, &exe, &["--rounds", "5", "--wait-ms", "300", "--mib", "16"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
+    }
+    let id = session_id(&a).expect("a session id");
+    let (ok, err) = rgpu_secured(&["migrate", &id, "--server", &aa, "--to", &plain.addr_string()], &key, Some(&files.ca));
+    assert!(!ok && err.contains("cannot reach the target"), "a TLS server pushed a session in clear: {err}");
+    let (ok, report) = rgpu_secured(&["migrate", &id, "--server", &aa, "--to", &ba], &key, Some(&files.ca));
+    assert!(ok, "{report}\n{}\n{}", a.describe(), b.describe());
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    let report = out.describe(&[&a, &b]);
+    assert!(out.stderr.contains("the session moved from"), "{report}");
+    assert!(b.log().contains("session migrated in"), "{report}");
+    assert!(!plain.log().contains("session migrated in"), "{}", plain.describe());
 }
 
 /// A stand-in target: answers the intake handshake as a real one would,
