@@ -245,6 +245,21 @@ fn sessions_on(server: &str, key: &Path) -> Vec<u64> {
         .collect()
 }
 
+/// A free loopback address for a server's --metrics.
+fn metrics_addr() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string()
+}
+
+/// The value of the sample `name{labels}` on the metrics endpoint at `addr`.
+fn scrape(addr: &str, sample: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    body.lines().find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+}
+
 /// Two servers sharing the admin key; the program starts on the first.
 fn two_servers(dir: &Path, seed: &str) -> (Server, Server) {
     let flags = server_flags(dir);
@@ -261,7 +276,12 @@ fn two_servers(dir: &Path, seed: &str) -> (Server, Server) {
 fn a_session_migrated_back_and_forth_mid_run_finishes_right() {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let dir = scratch();
-    let (a, b) = two_servers(&dir.0, &format!("rgpu-migrate-{}", std::process::id()));
+    let seed = format!("rgpu-migrate-{}", std::process::id());
+    let metrics = metrics_addr();
+    let mut flags = server_flags(&dir.0);
+    flags.extend(["--metrics".to_string(), metrics.clone()]);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
+    let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &server_flags(&dir.0));
     let (aa, ba) = (a.addr_string(), b.addr_string());
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
@@ -298,6 +318,12 @@ fn a_session_migrated_back_and_forth_mid_run_finishes_right() {
     assert_eq!(b.log().matches("session migrated in").count(), 2, "{report}");
     assert_eq!(a.log().matches("session migrated in").count(), 1, "{report}");
     assert!(a.log().contains("the session moved to another server; it ends here"), "{report}");
+    // The first server sent it twice and took it back once.
+    let sample = |s: &str| scrape(&metrics, s);
+    assert_eq!(sample(r#"rgpu_server_migrations_total{direction="out",result="ok"}"#), Some(2.0), "{report}");
+    assert_eq!(sample(r#"rgpu_server_migrations_total{direction="in",result="ok"}"#), Some(1.0), "{report}");
+    assert_eq!(sample("rgpu_server_migration_held_seconds_count"), Some(2.0), "{report}");
+    assert!(sample(r#"rgpu_server_migration_memory_bytes_total{phase="precopy"}"#).is_some_and(|b| b >= 2.0 * (64 << 20) as f64));
     eprintln!("held {held:?} ms for 64 MiB; the program finished in {:?}", out.elapsed);
 }
 

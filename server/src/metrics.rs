@@ -44,6 +44,19 @@ struct StateLabel {
     state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MigrationLabel {
+    /// out: sessions this server sent; in: sessions it took.
+    direction: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabel {
+    /// precopy: sent while the program ran; held: while it was held still.
+    phase: &'static str,
+}
+
 pub struct ServerMetrics {
     registry: Registry,
     devices: Vec<DeviceLabel>,
@@ -53,6 +66,9 @@ pub struct ServerMetrics {
     requests: Family<CallLabel, Histogram, fn() -> Histogram>,
     errors: Family<CodeLabel, Counter>,
     sessions_opened: Counter,
+    migrations: Family<MigrationLabel, Counter>,
+    migration_held: Histogram,
+    migration_bytes: Family<PhaseLabel, Counter>,
     // Read at scrape time.
     sessions: Family<StateLabel, Gauge>,
     memory_used: Family<DeviceLabel, Gauge>,
@@ -98,6 +114,25 @@ impl ServerMetrics {
         r.register("request_errors", "Requests that failed, by the CUDA error they returned", errors.clone());
         let sessions_opened = Counter::default();
         r.register("sessions_attached", "Sessions whose data connection attached", sessions_opened.clone());
+        let migrations = Family::<MigrationLabel, Counter>::default();
+        r.register("migrations", "Live migrations, by direction (out, in) and result (ok, failed)", migrations.clone());
+        let migration_held = rgpu_metrics::latency_histogram();
+        r.register_with_unit(
+            "migration_held",
+            "How long each migration out held its program still (no progress), to the target's rebuilt",
+            Unit::Seconds,
+            migration_held.clone(),
+        );
+        let migration_bytes = Family::<PhaseLabel, Counter>::default();
+        r.register_with_unit(
+            "migration_memory",
+            "Device memory sent by migrations out, by phase (precopy: while the program ran; held: while it was held)",
+            Unit::Bytes,
+            migration_bytes.clone(),
+        );
+        for (direction, result) in [("out", "ok"), ("out", "failed"), ("in", "ok"), ("in", "failed")] {
+            let _ = migrations.get_or_create(&MigrationLabel { direction, result });
+        }
         let sessions = Family::<StateLabel, Gauge>::default();
         r.register("sessions", "Sessions now: pending (opened, no data connection yet) or active", sessions.clone());
         let memory_used = Family::<DeviceLabel, Gauge>::default();
@@ -126,6 +161,9 @@ impl ServerMetrics {
             requests,
             errors,
             sessions_opened,
+            migrations,
+            migration_held,
+            migration_bytes,
             sessions,
             memory_used,
             leases,
@@ -156,6 +194,22 @@ impl ServerMetrics {
 
     pub fn session_attached(&self) {
         self.sessions_opened.inc();
+    }
+
+    /// A migration out that moved its session: how long the program was
+    /// held, and the device memory sent before and while.
+    pub fn migrated_out(&self, held: Duration, precopied: u64, sent_held: u64) {
+        self.migrations.get_or_create(&MigrationLabel { direction: "out", result: "ok" }).inc();
+        self.migration_held.observe(held.as_secs_f64());
+        self.migration_bytes.get_or_create(&PhaseLabel { phase: "precopy" }).inc_by(precopied);
+        self.migration_bytes.get_or_create(&PhaseLabel { phase: "held" }).inc_by(sent_held);
+    }
+
+    /// A migration that did not complete (`out`: this server's session
+    /// stayed here; in: a session sent here was not rebuilt), or one in.
+    pub fn migration(&self, out: bool, ok: bool) {
+        let direction = if out { "out" } else { "in" };
+        self.migrations.get_or_create(&MigrationLabel { direction, result: if ok { "ok" } else { "failed" } }).inc();
     }
 
     /// The text of a scrape, gauges read from `service` now.

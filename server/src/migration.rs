@@ -268,6 +268,15 @@ fn dial(target: &str, security: &ClientSecurity, admin_key: &[u8]) -> Result<Tcp
 /// Moves session `id` to the server at `target`. On success the session
 /// is served there and ends here; on any failure it goes on here.
 pub async fn migrate(service: &Arc<Service>, id: u64, target: &str, quiesce: Duration) -> Result<Moved, MigrateError> {
+    let r = migrate_to(service, id, target, quiesce).await;
+    match &r {
+        Ok(m) => service.metrics.migrated_out(m.paused, m.precopied, m.sent_held),
+        Err(_) => service.metrics.migration(true, false),
+    }
+    r
+}
+
+async fn migrate_to(service: &Arc<Service>, id: u64, target: &str, quiesce: Duration) -> Result<Moved, MigrateError> {
     if !valid_target(target) {
         return Err(MigrateError::BadTarget(target.into()));
     }
@@ -445,8 +454,10 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
                     "session migrated in; waiting for its client to resume")
             });
             let _ = answer(&mut t, 0, "", received, memory);
+            service.metrics.migration(false, true);
         }
         Err(e) => {
+            service.metrics.migration(false, false);
             warn!(%peer, "incoming migration failed: {e}");
             let _ = answer(&mut t, 2, &e.to_string(), 0, 0);
         }
