@@ -7,6 +7,7 @@ mod bench;
 mod commands;
 mod driver;
 mod frames;
+mod operator;
 mod paths;
 mod pool;
 mod server_process;

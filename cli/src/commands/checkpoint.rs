@@ -1,9 +1,10 @@
 //! `rgpu checkpoint SESSION --server ADDR --to NAME --key-file FILE`
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
+
+use crate::operator::parse_session;
 
 /// Write a running session's state to a snapshot on its server (docs/migration.md).
 ///
@@ -21,9 +22,6 @@ pub struct Args {
     /// The snapshot's name in the server's --checkpoint-dir (a file name, not a path).
     #[arg(long)]
     to: String,
-    /// The server's admin key file (its --admin-key-file).
-    #[arg(long, env = "RGPU_ADMIN_KEY_FILE")]
-    key_file: PathBuf,
     /// Keep serving the session on this server after it is written.
     #[arg(long = "continue")]
     keep_running: bool,
@@ -34,23 +32,7 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     timeout: u64,
     #[command(flatten)]
-    tls: crate::tls::TlsArgs,
-}
-
-/// A session id as the server prints it: hex with 0x, or decimal.
-pub fn parse_session(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let v = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => t.parse(),
-    };
-    v.with_context(|| format!("{s:?} is not a session id (0x-prefixed hex or decimal)"))
-}
-
-/// Reads an admin key file (the broker key file's format).
-pub fn read_key(path: &PathBuf) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    rgpu_protocol::token::parse_key(&bytes).with_context(|| format!("key file {}", path.display()))
+    operator: crate::operator::OperatorArgs,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
@@ -58,8 +40,7 @@ pub fn exec(a: Args) -> Result<i32> {
     if !rgpu_protocol::auth::valid_snapshot_name(&a.to) {
         bail!("--to {:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.to);
     }
-    let key = read_key(&a.key_file)?;
-    let security = a.tls.security()?;
+    let (key, security) = a.operator.open()?;
     let r = rgpu_control_client::operator::checkpoint(
         &a.server,
         &security,

@@ -1,11 +1,10 @@
 //! `rgpu migrate SESSION --server ADDR --to TARGET --key-file FILE`
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::checkpoint::{parse_session, read_key};
+use crate::operator::parse_session;
 
 /// Move a running session to another GPU server while its program runs
 /// (docs/migration.md, live migration).
@@ -24,9 +23,6 @@ pub struct Args {
     /// The server to move it to (host:port, as its clients reach it).
     #[arg(long)]
     to: String,
-    /// The servers' admin key file (their --admin-key-file).
-    #[arg(long, env = "RGPU_ADMIN_KEY_FILE")]
-    key_file: PathBuf,
     /// How long to wait for the session's queued work to finish, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     quiesce_ms: u32,
@@ -34,13 +30,12 @@ pub struct Args {
     #[arg(long, default_value_t = 600)]
     timeout: u64,
     #[command(flatten)]
-    tls: crate::tls::TlsArgs,
+    operator: crate::operator::OperatorArgs,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
     let session = parse_session(&a.session)?;
-    let key = read_key(&a.key_file)?;
-    let security = a.tls.security()?;
+    let (key, security) = a.operator.open()?;
     let r = rgpu_control_client::operator::migrate(
         &a.server,
         &security,

@@ -1,11 +1,9 @@
 //! `rgpu restore NAME --server ADDR --key-file FILE`
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
 
-use super::checkpoint::read_key;
 
 /// Rebuild a session from a snapshot in the server's --checkpoint-dir; its
 /// program resumes it by itself (docs/migration.md).
@@ -17,21 +15,18 @@ pub struct Args {
     /// reconnects to, the one the session was served at.
     #[arg(long)]
     server: String,
-    /// The server's admin key file (its --admin-key-file).
-    #[arg(long, env = "RGPU_ADMIN_KEY_FILE")]
-    key_file: PathBuf,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
-    timeout: u64,    #[command(flatten)]
-    tls: crate::tls::TlsArgs,
+    timeout: u64,
+    #[command(flatten)]
+    operator: crate::operator::OperatorArgs,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
     if !rgpu_protocol::auth::valid_snapshot_name(&a.name) {
         bail!("{:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.name);
     }
-    let key = read_key(&a.key_file)?;
-    let security = a.tls.security()?;
+    let (key, security) = a.operator.open()?;
     let r = rgpu_control_client::operator::restore(&a.server, &security, &key, &a.name, Duration::from_secs(a.timeout))?;
     let secs = r.took.as_secs_f64();
     eprintln!(

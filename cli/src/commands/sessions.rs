@@ -1,11 +1,9 @@
 //! `rgpu sessions --server ADDR --key-file FILE [--json]`
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
 
-use super::checkpoint::read_key;
 
 /// List the sessions a GPU server serves now: the ids `rgpu checkpoint` and
 /// `rgpu migrate` take, with each one's client, lease and use so far.
@@ -14,14 +12,11 @@ pub struct Args {
     /// The GPU server (host:port).
     #[arg(long)]
     server: String,
-    /// The server's admin key file (its --admin-key-file).
-    #[arg(long, env = "RGPU_ADMIN_KEY_FILE")]
-    key_file: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
     #[command(flatten)]
-    tls: crate::tls::TlsArgs,
+    operator: crate::operator::OperatorArgs,
 }
 
 #[derive(serde::Serialize)]
@@ -36,8 +31,7 @@ struct Row {
 }
 
 pub fn exec(a: Args) -> Result<i32> {
-    let key = read_key(&a.key_file)?;
-    let security = a.tls.security()?;
+    let (key, security) = a.operator.open()?;
     let sessions = rgpu_control_client::operator::list_sessions(&a.server, &security, &key, Duration::from_secs(30))?;
     let rows: Vec<Row> = sessions
         .into_iter()
