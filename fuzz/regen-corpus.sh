@@ -8,6 +8,7 @@
 #              integration/cuda programs), PTX images, a link bundle
 #   ptx        PTX nvcc writes for integration/cuda, and CuPy's kernels
 #              from its kernel cache (after `integration/libraries` ran)
+#   snapshot   sim sessions captured as files and as live-migration streams
 #   capnp_msg, token
 #              control-plane and broker messages recorded between the real
 #              clients and servers, tokens, credentials and key files the
@@ -30,7 +31,7 @@ keep() { # keep SRC TARGET NAME
     if small "$1"; then cp "$1" "$C/$2/$3"; fi
 }
 
-rm -rf "$C" && mkdir -p "$C"/{frame,session,module,ptx,capnp_msg,token}
+rm -rf "$C" && mkdir -p "$C"/{frame,session,module,ptx,capnp_msg,token,snapshot}
 
 # frame and session: what the server tests send (each request frame, and
 # each whole session of at most 32 KiB with its bulk).
@@ -68,6 +69,6 @@ fi
 # capnp_msg and token (and the module target's link bundle).
 RGPU_FUZZ_CORPUS="$ROOT/$C" cargo test --release -p rgpu-fuzz-targets --test regen -- --ignored >/dev/null
 
-for t in frame session module ptx capnp_msg token; do
+for t in frame session module ptx capnp_msg token snapshot; do
     echo "$t: $(ls "$C/$t" | wc -l) files, $(du -sh "$C/$t" | cut -f1)"
 done

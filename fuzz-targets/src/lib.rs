@@ -15,6 +15,7 @@ pub mod frame;
 pub mod module;
 pub mod ptx;
 pub mod session;
+pub mod snapshot;
 pub mod token;
 
 /// The targets by name, as `fuzz/fuzz_targets/NAME.rs` and
@@ -25,6 +26,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("module", module::run),
     ("ptx", ptx::run),
     ("session", session::run),
+    ("snapshot", snapshot::run),
     ("token", token::run),
 ];
 

@@ -242,3 +242,98 @@ fn regenerate_the_capnp_and_token_seeds() {
     std::fs::write(modules.join("link-bundle"), bundle).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Seeds of the `snapshot` target: snapshots of sim sessions as files
+/// (first byte 0) and as live-migration streams with a pre-copy (first
+/// byte 1), whole and cut short.
+#[test]
+#[ignore = "writes the seed corpus; run by fuzz/regen-corpus.sh"]
+fn regenerate_the_snapshot_seeds() {
+    use rgpu_server::backend::sim::{SimBackend, SimConfig};
+    use rgpu_server::backend::{Backend, StreamRef};
+    use rgpu_server::checkpoint::{capture, precopy, SessionMeta};
+    use rgpu_server::command::event::{EventCreate, EventRecord};
+    use rgpu_server::command::stream::StreamCreate;
+    use rgpu_server::command::Handler;
+    use rgpu_server::session::window::ReplyWindow;
+    use rgpu_server::state::{Alloc, Owner, SessionState};
+    use std::time::Duration;
+
+    let dir = PathBuf::from(std::env::var("RGPU_FUZZ_CORPUS").expect("RGPU_FUZZ_CORPUS=DIR")).join("snapshot");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sim = SimBackend::new(&SimConfig {
+        devices: 2,
+        memory: 64 << 20,
+        compute_capability: (9, 0),
+        seed: Some("seeds".into()),
+        kernel_time_limit: Duration::from_secs(1),
+    })
+    .unwrap();
+    let meta = SessionMeta {
+        id: 0x5eed,
+        key: [3; rgpu_protocol::SESSION_KEY_LEN],
+        client_name: "seed".into(),
+        executed: 9,
+        deferred: None,
+        admission: None,
+    };
+    let mut n = 0;
+    // (allocation sizes, with a stream and events, with a kept reply, pre-copied)
+    for (sizes, objects, kept, migrate) in [
+        (&[64u64][..], false, false, false),
+        (&[4096, 300], true, false, false),
+        (&[1 << 13, 12, 1 << 12], true, true, false),
+        (&[1 << 12], false, false, true),
+        (&[20 << 10, 64], true, true, true),
+        (&[1 << 10, 1 << 10, 1 << 10], true, false, true),
+    ] {
+        let mut s = SessionState::new(sim.open_session(None).unwrap(), 2).with_devices(sim.devices());
+        for (i, &size) in sizes.iter().enumerate() {
+            let device = (i % 2) as u32;
+            let p = s.backend.mem_alloc(device, size).unwrap();
+            let fill: Vec<u8> = (0..size).map(|b| (b * 31 + i as u64) as u8).collect();
+            let mut at = 0;
+            s.backend
+                .memcpy_htod(StreamRef::Default { device }, p, size, &mut |b| {
+                    b.copy_from_slice(&fill[at..at + b.len()]);
+                    at += b.len();
+                    Ok(())
+                })
+                .unwrap();
+            s.allocs.insert(p, Alloc { device, size, owner: Owner::Client });
+        }
+        if objects {
+            StreamCreate { handle: 0x51, device: 1, flags: 1, priority: -1 }.apply(&mut s).unwrap();
+            EventCreate { handle: 0x61, device: 1, flags: 0 }.apply(&mut s).unwrap();
+            EventCreate { handle: 0x62, device: 0, flags: 2 }.apply(&mut s).unwrap();
+            EventRecord { event: 0x61, stream: 0x51 }.apply(&mut s).unwrap();
+        }
+        let mut window = ReplyWindow::default();
+        if kept {
+            window.keep(8, b"a kept reply", None);
+            window.keep(9, b"another", None);
+        }
+        let mut bytes = vec![migrate as u8];
+        let sent = if migrate {
+            let peek = s.backend.memory_peek().unwrap();
+            let sent = precopy::send(&*peek, &precopy::client_allocs(&s), &mut bytes).unwrap();
+            // One allocation changed since, so a delta carries a run.
+            if let Some((&p, a)) = s.allocs.iter().next() {
+                let (p, device) = (p, a.device);
+                s.backend.memcpy_htod(StreamRef::Default { device }, p, 8, &mut |b| Ok(b.fill(0xee))).unwrap();
+            }
+            precopy::send_stale(&precopy::stale(&sent, &s), &mut bytes).unwrap();
+            Some(sent)
+        } else {
+            None
+        };
+        capture(&mut s, &meta, &window, Duration::from_secs(5), &mut bytes, sent.as_ref()).unwrap();
+        // Whole, and cut in the middle.
+        for (suffix, b) in [("whole", &bytes[..]), ("cut", &bytes[..bytes.len() / 2])] {
+            if b.len() <= 32 << 10 {
+                std::fs::write(dir.join(format!("seed-{n:02}-{suffix}")), b).unwrap();
+            }
+        }
+        n += 1;
+    }
+}
