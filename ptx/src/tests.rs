@@ -10,7 +10,12 @@ mod matrix;
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(10), printf_limit: 1 << 20 }
+    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(10), printf_limit: 1 << 20, compiled: true }
+}
+
+/// Every launch of these tests runs on both tiers first and fails where they differ.
+fn launch(p: &Program, c: &LaunchConfig, params: &[u8], mem: &HostMemory) -> Result<LaunchOutput, ExecError> {
+    crate::testing::check_tiers(p, c, params, mem, &|p, c, params, mem| crate::launch(p, c, params, mem))
 }
 
 /// Wraps `body` in a kernel taking one pointer (`%rd1`, already converted
@@ -648,4 +653,53 @@ fn inlining_is_bounded_in_size_and_depth() {
         .join()
         .unwrap();
     assert!(e.contains("nested more than 64 deep"), "{e}");
+}
+
+/// The differential runs catch a specialised kernel that computes something else than the
+/// interpreter: here `add.s32` replaced by a subtraction, `setp.lt` by `setp.le`, and `mov` by
+/// one that drops bit 0.
+#[test]
+fn a_wrong_specialised_kernel_is_caught() {
+    use crate::exec::compiled_testing::{wrong, Wrong};
+    let src = kernel(
+        "add.s32 %r1, %r0, 5;\nsetp.lt.s32 %p1, %r0, 2;\nselp.b32 %r2, 100, 0, %p1;\nadd.s32 %r1, %r1, %r2;\n\
+         mul.wide.s32 %rd2, %r0, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r1;",
+    );
+    let m = Module::parse(&src).unwrap();
+    let p = m.lower("k", &|_| None).unwrap();
+    let mut mem = HostMemory::new(BASE, 1 << 16);
+    let buf = mem.alloc(32 * 4).unwrap();
+    let zeros = mem.snapshot();
+    // From zeroed memory each time (what a kernel leaves unwritten must not be the answer).
+    let go = |p: &Program| {
+        mem.restore(&zeros);
+        crate::testing::compare_tiers(p, &cfg(1, 32), &buf.to_le_bytes(), &mem, &|p, c, params, mem| crate::launch(p, c, params, mem))
+    };
+    assert_eq!(go(&p), Ok(()), "the correct kernels agree");
+    assert!(p.compiled.specialised >= 6, "the test kernel is specialised: {}", p.compiled.specialised);
+    for w in [Wrong::AddIsSub, Wrong::LtIsLe, Wrong::MovMask] {
+        let mut bad = p.clone();
+        assert!(wrong(&mut bad, w), "{w:?} applies to the kernel");
+        let e = go(&bad).expect_err("a wrong kernel is caught");
+        assert!(e.contains("memory differs"), "{w:?}: {e}");
+    }
+}
+
+/// Every instruction of a kernel that only computes runs in the compiled tier's runs, and a
+/// fault inside a run names the instruction's line and the lane, as the interpreter's does.
+#[test]
+fn the_compiled_tier_reports_faults_as_the_interpreter() {
+    let src = kernel("mul.wide.s32 %rd2, %r0, 4096;\nadd.s64 %rd3, %rd1, %rd2;\nmov.u32 %r1, 3;\nst.global.u32 [%rd3], %r1;");
+    let m = Module::parse(&src).unwrap();
+    let p = m.lower("k", &|_| None).unwrap();
+    let mut mem = HostMemory::new(BASE, 1 << 16);
+    let buf = mem.alloc(4096 * 4).unwrap();
+    let mut errs = Vec::new();
+    for compiled in [false, true] {
+        let c = LaunchConfig { compiled, ..cfg(1, 32) };
+        errs.push(crate::launch(&p, &c, &buf.to_le_bytes(), &mem).unwrap_err());
+    }
+    assert!(matches!(errs[0].fault, Fault::IllegalAddress { .. }), "{}", errs[0]);
+    assert_eq!(errs[0], errs[1]);
+    assert_eq!(errs[1].thread, [4, 0, 0], "lane 4 is the first past the buffer");
 }
