@@ -213,6 +213,18 @@ fn compile(op: &Op) -> Fast {
             }
         }
         Op::Selp { d, a, b, p } => Fast::Selp { d, a, b, p },
+        // The interpreter's window arithmetic: global addresses are generic ones.
+        Op::Cvta { to_generic, sp, d, a } => match sp {
+            Space::Shared | Space::Local | Space::KParam => {
+                let win = match sp {
+                    Space::Shared => SHARED_WINDOW,
+                    Space::Local => LOCAL_WINDOW,
+                    _ => KPARAM_WINDOW,
+                };
+                Fast::Int { f: if to_generic { IntF::Add } else { IntF::Sub }, mk: u64::MAX, bits: 64, d, a, b: Src::C(win) }
+            }
+            _ => Fast::Mov { mk: u64::MAX, d, a },
+        },
         Op::Cvt { to: CvtTy::Float(ft), from: CvtTy::Int { bits, signed }, rnd: Rnd::None | Rnd::Rn, d, a, .. }
             if matches!(ft, FT::F32 | FT::F64) && (bits == 32 || bits == 64) =>
         {
@@ -631,6 +643,8 @@ fn select(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, p: Src) {
 #[cfg(test)]
 pub(crate) mod testing {
     use super::*;
+
+    pub(crate) const INTERP: Fast = Fast::Interp;
 
     #[derive(Debug, Clone, Copy)]
     pub(crate) enum Wrong {
