@@ -36,6 +36,7 @@ fn backend() -> &'static SimBackend {
             seed: None,
             // libFuzzer's -timeout is 10 s; a kernel may run this long.
             kernel_time_limit: Duration::from_millis(500),
+            compiled_tier: true,
         })
         .expect("a sim backend")
     })

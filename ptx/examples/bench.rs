@@ -2,6 +2,8 @@
 //! all cores, for an arithmetic loop with loads and stores (the shape of
 //! ordinary kernels: integer index math, float fma, compare and branch).
 //!
+//! Each is run on the interpreter and on the compiled tier, and the ratio printed.
+//!
 //! `cargo run --release -p rgpu-ptx --example bench`
 
 use std::time::{Duration, Instant};
@@ -44,6 +46,9 @@ $LOOP:
 }
 "#;
 
+/// Measured launches per tier and worker count; the fastest is reported.
+const RUNS: usize = 5;
+
 fn main() {
     let m = Module::parse(PTX).expect("bench PTX parses");
     let prog = m.lower("bench", &|_| None).expect("bench PTX lowers");
@@ -54,27 +59,50 @@ fn main() {
     let buf = mem.alloc(blocks as u64 * threads as u64 * 4).expect("fits");
     let mut params = buf.to_le_bytes().to_vec();
     params.extend_from_slice(&iters.to_le_bytes());
+    let mut first: Option<Vec<u8>> = None;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     for workers in [1, cores] {
-        let cfg = LaunchConfig {
-            grid: [blocks, 1, 1],
-            block: [threads, 1, 1],
-            dyn_shared: 0,
-            workers,
-            time_limit: Duration::from_secs(600),
-            printf_limit: 0,
-        };
-        // One warm-up launch, then the measured one.
-        launch(&prog, &cfg, &params, &mem).expect("bench runs");
-        let t = Instant::now();
-        let out = launch(&prog, &cfg, &params, &mem).expect("bench runs");
-        let s = t.elapsed().as_secs_f64();
-        println!(
-            "{workers:>3} worker(s): {:>6.1} M thread-instructions/s ({} thread-instructions in {:.3} s; {:.1} M/s per core)",
-            out.thread_instructions as f64 / s / 1e6,
-            out.thread_instructions,
-            s,
-            out.thread_instructions as f64 / s / 1e6 / workers as f64
-        );
+        let mut rates = [0f64; 2];
+        for (k, compiled) in [false, true].into_iter().enumerate() {
+            let cfg = LaunchConfig {
+                grid: [blocks, 1, 1],
+                block: [threads, 1, 1],
+                dyn_shared: 0,
+                workers,
+                time_limit: Duration::from_secs(600),
+                printf_limit: 0,
+                compiled,
+            };
+            // The same answer from both tiers; one warm-up launch, then the measured ones.
+            mem.write(buf, &vec![0u8; blocks as usize * threads as usize * 4]);
+            launch(&prog, &cfg, &params, &mem).expect("bench runs");
+            let got = mem.read(buf, 4096).expect("in bounds");
+            // The best of a few launches: the machine may be shared with other work.
+            let mut s = f64::MAX;
+            let mut out = Default::default();
+            for _ in 0..RUNS {
+                mem.write(buf, &vec![0u8; blocks as usize * threads as usize * 4]);
+                let t = Instant::now();
+                out = launch(&prog, &cfg, &params, &mem).expect("bench runs");
+                s = s.min(t.elapsed().as_secs_f64());
+                assert_eq!(got, mem.read(buf, 4096).expect("in bounds"), "the launches agree");
+            }
+            let out: rgpu_ptx::LaunchOutput = out;
+            if k == 0 {
+                first.get_or_insert(got);
+            } else {
+                assert_eq!(first.as_ref(), Some(&mem.read(buf, 4096).expect("in bounds")), "the tiers agree");
+            }
+            rates[k] = out.thread_instructions as f64 / s / 1e6;
+            println!(
+                "{workers:>3} worker(s), {:<11}: {:>7.1} M thread-instructions/s ({} thread-instructions in {:.3} s; {:.1} M/s per core)",
+                if compiled { "compiled" } else { "interpreter" },
+                rates[k],
+                out.thread_instructions,
+                s,
+                rates[k] / workers as f64
+            );
+        }
+        println!("{workers:>3} worker(s): compiled tier / interpreter = {:.1}x", rates[1] / rates[0]);
     }
 }

@@ -27,7 +27,12 @@ use crate::ir::*;
 use crate::printf;
 
 mod asynccopy;
+mod compiled;
+#[cfg(test)]
+pub(crate) use compiled::testing as compiled_testing;
 mod matrix;
+
+pub use compiled::Compiled;
 
 /// A live allocation of device memory, as the host sees it.
 #[derive(Debug, Clone, Copy)]
@@ -65,6 +70,9 @@ pub struct LaunchConfig {
     pub time_limit: Duration,
     /// Most bytes of printf output kept (CUDA's default FIFO is 1 MiB).
     pub printf_limit: usize,
+    /// Run straight-line code on the compiled tier ([`Compiled`]); false: every instruction
+    /// on the interpreter, the reference the tier is tested against.
+    pub compiled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -599,6 +607,17 @@ impl<'a> BlockRunner<'a> {
                 (pc, mask, other) = next_group(w);
                 continue;
             };
+            if self.sh.cfg.compiled && self.sh.prog.compiled.run_end.get(pc as usize).is_some_and(|&e| e > pc) {
+                let at = compiled::At { pc: &mut pc, steps: &mut steps, mask, other };
+                if let Err((at, lane, f)) = self.run_compiled(w, at, out, count) {
+                    return Err(self.err(w, lane, insts.get(at as usize).map_or(0, |i| i.line), ctaid, f));
+                }
+                if pc >= other {
+                    set_pcs(&mut w.pcs, mask, pc);
+                    (pc, mask, other) = next_group(w);
+                }
+                continue;
+            }
             let mut active = mask;
             if let Some((g, neg)) = inst.guard {
                 let p = pred_mask(&w.regs, g);

@@ -612,6 +612,9 @@ pub struct Program {
     pub reconv: Vec<u32>,
     /// Per pc: whether some branch's lanes meet again here.
     pub joins: Vec<bool>,
+    /// The compiled tier's form of `insts` (built from them and `joins` at lowering; a
+    /// caller that edits either must rebuild it).
+    pub compiled: crate::exec::Compiled,
 }
 
 impl Program {

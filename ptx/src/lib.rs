@@ -22,8 +22,9 @@ mod lower;
 pub mod parse;
 mod printf;
 mod reconverge;
+pub mod testing;
 
-pub use exec::{launch, launch_cancellable, launch_cooperative, launch_gated, BlockGate, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
+pub use exec::{launch, Compiled, launch_cancellable, launch_cooperative, launch_gated, BlockGate, ExecError, Fault, GlobalMemory, LaunchConfig, LaunchOutput, Region};
 pub use ir::Program;
 
 use std::sync::atomic::AtomicU64;
@@ -83,7 +84,7 @@ pub const MAX_KERNEL_INSTS: usize = 1 << 22;
 impl Module {
     /// Instructions of `p` in memory, for callers that bound what they keep.
     pub fn program_bytes(p: &Program) -> usize {
-        p.insts.len() * std::mem::size_of::<ir::Inst>()
+        p.insts.len() * std::mem::size_of::<ir::Inst>() + p.compiled.bytes()
     }
 }
 
@@ -133,6 +134,21 @@ impl HostMemory {
         // with this &self call on the same bytes in the tests that use it.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.host().add(off), data.len()) };
         true
+    }
+
+    /// Every byte of the buffer (to compare two launches' effects).
+    pub fn snapshot(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.words.len() * 8];
+        // SAFETY: the whole buffer, as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(self.host(), v.as_mut_ptr(), v.len()) };
+        v
+    }
+
+    /// Puts back what [`HostMemory::snapshot`] returned (a shorter slice: its bytes only).
+    pub fn restore(&self, bytes: &[u8]) {
+        let n = bytes.len().min(self.words.len() * 8);
+        // SAFETY: in bounds, as in `write`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.host(), n) };
     }
 
     pub fn read(&self, addr: u64, len: usize) -> Option<Vec<u8>> {

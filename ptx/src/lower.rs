@@ -329,9 +329,11 @@ impl<'a> Lowerer<'a> {
                 joins[r as usize] = true;
             }
         }
+        let compiled = crate::exec::Compiled::build(name, &self.insts, &joins);
         Ok(Program {
             name: name.to_string(),
             reconv,
+            compiled,
             joins,
             insts: self.insts,
             nregs: self.nregs,

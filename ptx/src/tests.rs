@@ -10,7 +10,12 @@ mod matrix;
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn cfg(grid: u32, block: u32) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(10), printf_limit: 1 << 20 }
+    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(10), printf_limit: 1 << 20, compiled: true }
+}
+
+/// Every launch of these tests runs on both tiers first and fails where they differ.
+fn launch(p: &Program, c: &LaunchConfig, params: &[u8], mem: &HostMemory) -> Result<LaunchOutput, ExecError> {
+    crate::testing::check_tiers(p, c, params, mem, &|p, c, params, mem| crate::launch(p, c, params, mem))
 }
 
 /// Wraps `body` in a kernel taking one pointer (`%rd1`, already converted
@@ -648,4 +653,126 @@ fn inlining_is_bounded_in_size_and_depth() {
         .join()
         .unwrap();
     assert!(e.contains("nested more than 64 deep"), "{e}");
+}
+
+/// The differential runs catch a specialised kernel that computes something else than the
+/// interpreter: here `add.s32` replaced by a subtraction, `setp.lt` by `setp.le`, and `mov` by
+/// one that drops bit 0.
+#[test]
+fn a_wrong_specialised_kernel_is_caught() {
+    use crate::exec::compiled_testing::{wrong, Wrong};
+    let src = kernel(
+        "add.s32 %r1, %r0, 5;\nsetp.lt.s32 %p1, %r0, 2;\nselp.b32 %r2, 100, 0, %p1;\nadd.s32 %r1, %r1, %r2;\n\
+         mul.wide.s32 %rd2, %r0, 4;\nadd.s64 %rd3, %rd1, %rd2;\nst.global.u32 [%rd3], %r1;",
+    );
+    let m = Module::parse(&src).unwrap();
+    let p = m.lower("k", &|_| None).unwrap();
+    let mut mem = HostMemory::new(BASE, 1 << 16);
+    let buf = mem.alloc(32 * 4).unwrap();
+    let zeros = mem.snapshot();
+    // From zeroed memory each time (what a kernel leaves unwritten must not be the answer).
+    let go = |p: &Program| {
+        mem.restore(&zeros);
+        crate::testing::compare_tiers(p, &cfg(1, 32), &buf.to_le_bytes(), &mem, &|p, c, params, mem| crate::launch(p, c, params, mem))
+    };
+    assert_eq!(go(&p), Ok(()), "the correct kernels agree");
+    assert!(p.compiled.specialised >= 6, "the test kernel is specialised: {}", p.compiled.specialised);
+    for w in [Wrong::AddIsSub, Wrong::LtIsLe, Wrong::MovMask] {
+        let mut bad = p.clone();
+        assert!(wrong(&mut bad, w), "{w:?} applies to the kernel");
+        let e = go(&bad).expect_err("a wrong kernel is caught");
+        assert!(e.contains("memory differs"), "{w:?}: {e}");
+    }
+}
+
+/// Every instruction of a kernel that only computes runs in the compiled tier's runs, and a
+/// fault inside a run names the instruction's line and the lane, as the interpreter's does.
+#[test]
+fn the_compiled_tier_reports_faults_as_the_interpreter() {
+    let src = kernel("mul.wide.s32 %rd2, %r0, 4096;\nadd.s64 %rd3, %rd1, %rd2;\nmov.u32 %r1, 3;\nst.global.u32 [%rd3], %r1;");
+    let m = Module::parse(&src).unwrap();
+    let p = m.lower("k", &|_| None).unwrap();
+    let mut mem = HostMemory::new(BASE, 1 << 16);
+    let buf = mem.alloc(4096 * 4).unwrap();
+    let mut errs = Vec::new();
+    for compiled in [false, true] {
+        let c = LaunchConfig { compiled, ..cfg(1, 32) };
+        errs.push(crate::launch(&p, &c, &buf.to_le_bytes(), &mem).unwrap_err());
+    }
+    assert!(matches!(errs[0].fault, Fault::IllegalAddress { .. }), "{}", errs[0]);
+    assert_eq!(errs[0], errs[1]);
+    assert_eq!(errs[1].thread, [4, 0, 0], "lane 4 is the first past the buffer");
+}
+
+/// Each specialised kernel against the interpreter on edge values (zero, ones, the signed
+/// extremes, NaN, infinities, -0, subnormals, shift counts past the width), each lane its own
+/// pair of inputs, under full and partial (guarded, divergent) masks, and with a destination
+/// that is also a source.
+#[test]
+fn specialised_kernels_agree_with_the_interpreter_on_edge_values() {
+    let ops32 = [
+        "add.s32", "sub.s32", "mul.lo.s32", "and.b32", "or.b32", "xor.b32", "shl.b32", "shr.s32", "shr.u32", "min.s32", "min.u32", "max.s32",
+        "max.u32", "add.f32", "sub.f32", "mul.f32", "div.rn.f32", "add.ftz.f32", "mul.sat.f32", "div.rn.ftz.f32",
+    ];
+    let mut body = String::from(
+        "mul.wide.s32 %rd2, %r0, 8;\nadd.s64 %rd3, %rd1, %rd2;\nld.global.u32 %r1, [%rd3];\nld.global.u32 %r2, [%rd3+4];\n\
+         mul.wide.s32 %rd4, %r0, 4;\nadd.s64 %rd5, %rd1, %rd4;\nadd.s64 %rd5, %rd5, 256;\nmov.u32 %r9, 0;\n\
+         and.b32 %r8, %r0, 1;\nsetp.eq.s32 %p5, %r8, 0;\n",
+    );
+    let mut slot = 0;
+    let mut out = |body: &mut String, reg: &str| {
+        body.push_str(&format!("st.global.u32 [%rd5+{}], {reg};\n", slot * 128));
+        slot += 1;
+    };
+    for op in ops32 {
+        body.push_str(&format!("{op} %r3, %r1, %r2;\n"));
+        out(&mut body, "%r3");
+        // Partial mask: even lanes only, into a register that holds a value in the others.
+        body.push_str(&format!("mov.u32 %r4, %r1;\n@%p5 {op} %r4, %r4, %r2;\n"));
+        out(&mut body, "%r4");
+    }
+    for (cmp, ty) in [("lt", "s32"), ("le", "u32"), ("ne", "b32"), ("lt", "f32"), ("neu", "f32"), ("ge", "f32"), ("num", "f32"), ("equ", "f32")] {
+        body.push_str(&format!("setp.{cmp}.{ty} %p1|%p2, %r1, %r2;\nselp.b32 %r5, 1, 0, %p1;\nselp.b32 %r6, 2, 0, %p2;\nadd.s32 %r5, %r5, %r6;\n"));
+        out(&mut body, "%r5");
+    }
+    body.push_str(
+        "fma.rn.f32 %f1, %r1, %r2, %r1;\nmov.b32 %r3, %f1;\nfma.rn.ftz.sat.f32 %f2, %r1, %r2, %r2;\nmov.b32 %r4, %f2;\n\
+         cvt.rn.f32.u32 %f3, %r1;\nmov.b32 %r5, %f3;\ncvt.rn.f32.s32 %f4, %r2;\nmov.b32 %r6, %f4;\n\
+         neg.f32 %f5, %r1;\nmov.b32 %r7, %f5;\nabs.f32 %f6, %r2;\nmov.b32 %r8, %f6;\nnot.b32 %r10, %r1;\n",
+    );
+    for r in ["%r3", "%r4", "%r5", "%r6", "%r7", "%r8", "%r10"] {
+        out(&mut body, r);
+    }
+    body.push_str(
+        "cvt.s64.s32 %rd6, %r1;\ncvt.u64.u32 %rd7, %r2;\nmul.wide.s32 %rd8, %r1, %r2;\nmul.wide.u32 %rd9, %r1, %r2;\n\
+         mad.lo.s32 %r11, %r1, %r2, %r1;\nmad.wide.s32 %rd10, %r1, %r2, %rd6;\nadd.s64 %rd11, %rd6, %rd7;\nshr.s64 %rd12, %rd8, %r2;\n\
+         cvt.rn.f64.s64 %fd1, %rd8;\ncvt.rn.f32.u64 %f7, %rd9;\nmov.b32 %r12, %f7;\nadd.f64 %fd2, %fd1, %fd1;\nmul.f64 %fd3, %fd2, %fd1;\n\
+         fma.rn.f64 %fd4, %fd3, %fd1, %fd2;\nsetp.gtu.f64 %p3, %fd4, %fd1;\nselp.b32 %r13, 1, 0, %p3;\nmov.b64 %rd13, %fd4;\n\
+         xor.b64 %rd14, %rd13, %rd12;\nxor.b64 %rd14, %rd14, %rd11;\nxor.b64 %rd14, %rd14, %rd10;\nxor.b64 %rd14, %rd14, %rd9;\n\
+         cvt.u32.u64 %r14, %rd14;\nshr.u64 %rd15, %rd14, 32;\ncvt.u32.u64 %r15, %rd15;\ncvt.u16.u32 %rs1, %r1;\ncvt.s32.s16 %r16, %rs1;\n",
+    );
+    for r in ["%r11", "%r12", "%r13", "%r14", "%r15", "%r16"] {
+        out(&mut body, r);
+    }
+    let src = kernel(&body);
+    let vals: [u32; 16] = [
+        0, 1, u32::MAX, 0x8000_0000, 0x7fff_ffff, 31, 32, 33, 0x7fc0_0000, 0x7f80_0000, 0xff80_0000, 0x8000_0000, 1, 0x3f80_0000, 0xc040_0000, 0x4b80_0001,
+    ];
+    let mut init = vec![0u32; 64 + slot * 32];
+    for l in 0..32 {
+        init[2 * l] = vals[l % 16];
+        init[2 * l + 1] = vals[(l * 7 + 3) % 16];
+    }
+    let p = Module::parse(&src).unwrap_or_else(|e| panic!("{e}\n{src}")).lower("k", &|_| None).unwrap();
+    let unspecialised: Vec<_> = p
+        .insts
+        .iter()
+        .zip(&p.compiled.ops)
+        .filter(|(i, o)| **o == crate::exec::compiled_testing::INTERP && !matches!(i.op, crate::ir::Op::Ld { .. } | crate::ir::Op::St { .. }))
+        .map(|(i, _)| i.line)
+        .collect();
+    assert!(unspecialised.is_empty(), "all but the loads and stores are specialised; lines not: {unspecialised:?}");
+    // run_words goes through `launch` above, which compares the tiers.
+    let r = run_words(&src, cfg(1, 32), &init).unwrap();
+    assert_eq!(r[64], vals[0].wrapping_add(vals[3]), "lane 0's add");
 }

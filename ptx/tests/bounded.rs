@@ -19,7 +19,7 @@ fn program(name: &str) -> Arc<Program> {
 }
 
 fn cfg(grid: u32, block: u32, limit: Duration, workers: usize) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers, time_limit: limit, printf_limit: 1 << 20 }
+    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared: 0, workers, time_limit: limit, printf_limit: 1 << 20, compiled: true }
 }
 
 /// Runs the launch on its own thread so that a launch that never ends fails

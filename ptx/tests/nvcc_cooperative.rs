@@ -7,7 +7,12 @@
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use rgpu_ptx::{launch, launch_cooperative, BlockGate, Fault, HostMemory, LaunchConfig, Module};
+use rgpu_ptx::{BlockGate, ExecError, Fault, HostMemory, LaunchConfig, LaunchOutput, Module, Program, launch_cooperative};
+
+/// Every launch here runs on both tiers first and fails where they differ.
+fn launch(p: &Program, c: &LaunchConfig, params: &[u8], mem: &HostMemory) -> Result<LaunchOutput, ExecError> {
+    rgpu_ptx::testing::check_tiers(p, c, params, mem, &|p, c, params, mem| rgpu_ptx::launch(p, c, params, mem))
+}
 
 const PTX: &str = include_str!("data/nvcc13_cooperative.ptx");
 const KERNEL: &str = "_Z6reducePKjPjS1_S1_i";
@@ -22,7 +27,7 @@ impl BlockGate for Free {
 }
 
 fn cfg(grid: u32, workers: usize) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [256, 1, 1], dyn_shared: 0, workers, time_limit: Duration::from_secs(60), printf_limit: 1 << 20 }
+    LaunchConfig { grid: [grid, 1, 1], block: [256, 1, 1], dyn_shared: 0, workers, time_limit: Duration::from_secs(60), printf_limit: 1 << 20, compiled: true }
 }
 
 /// Runs the reduction over `n` elements; returns (per-block totals, disagreements, expected sum)
@@ -44,7 +49,7 @@ fn reduce(grid: u32, workers: usize, n: u32, cooperative: bool) -> Result<(Vec<u
     }
     params.extend_from_slice(&n.to_le_bytes());
     let c = cfg(grid, workers);
-    let r = if cooperative { launch_cooperative(&p, &c, &params, &mem, &AtomicBool::new(false), &Free) } else { launch(&p, &c, &params, &mem) };
+    let r = if cooperative { rgpu_ptx::testing::check_tiers(&p, &c, &params, &mem, &|p, c, params, mem| launch_cooperative(p, c, params, mem, &AtomicBool::new(false), &Free)) } else { launch(&p, &c, &params, &mem) };
     r.map_err(|e| e.fault)?;
     let t = mem.read(totals, grid as usize * 4).unwrap();
     let b = mem.read(bad, 4).unwrap();

@@ -4,13 +4,18 @@
 
 use std::time::Duration;
 
-use rgpu_ptx::{launch, HostMemory, LaunchConfig, Module};
+use rgpu_ptx::{ExecError, HostMemory, LaunchConfig, LaunchOutput, Module, Program};
+
+/// Every launch here runs on both tiers first and fails where they differ.
+fn launch(p: &Program, c: &LaunchConfig, params: &[u8], mem: &HostMemory) -> Result<LaunchOutput, ExecError> {
+    rgpu_ptx::testing::check_tiers(p, c, params, mem, &|p, c, params, mem| rgpu_ptx::launch(p, c, params, mem))
+}
 
 const PTX: &str = include_str!("data/nvcc13_sample.ptx");
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn cfg(grid: u32, block: u32, dyn_shared: u32) -> LaunchConfig {
-    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared, workers: 2, time_limit: Duration::from_secs(20), printf_limit: 1 << 20 }
+    LaunchConfig { grid: [grid, 1, 1], block: [block, 1, 1], dyn_shared, workers: 2, time_limit: Duration::from_secs(20), printf_limit: 1 << 20, compiled: true }
 }
 
 struct Setup {

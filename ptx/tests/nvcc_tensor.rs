@@ -5,13 +5,18 @@
 
 use std::time::Duration;
 
-use rgpu_ptx::{float, launch, HostMemory, LaunchConfig, Module};
+use rgpu_ptx::{ExecError, HostMemory, LaunchConfig, LaunchOutput, Module, Program, float};
+
+/// Every launch here runs on both tiers first and fails where they differ.
+fn launch(p: &Program, c: &LaunchConfig, params: &[u8], mem: &HostMemory) -> Result<LaunchOutput, ExecError> {
+    rgpu_ptx::testing::check_tiers(p, c, params, mem, &|p, c, params, mem| rgpu_ptx::launch(p, c, params, mem))
+}
 
 const PTX: &str = include_str!("data/nvcc13_tensor.ptx");
 const BASE: u64 = 0x7f00_0000_0000;
 
 fn cfg(grid: [u32; 2], block: u32) -> LaunchConfig {
-    LaunchConfig { grid: [grid[0], grid[1], 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(20), printf_limit: 0 }
+    LaunchConfig { grid: [grid[0], grid[1], 1], block: [block, 1, 1], dyn_shared: 0, workers: 2, time_limit: Duration::from_secs(20), printf_limit: 0, compiled: true }
 }
 
 fn half(x: f64) -> u16 {

@@ -79,6 +79,11 @@ rgpu_config::settings! {
         #[setting(flag = "sim-kernel-timeout", env = "RGPU_SERVER_SIM_KERNEL_TIMEOUT", value_name = "SECS",
                   parse = parse_seconds)]
         sim_kernel_timeout: Duration = DEFAULT_TIME_LIMIT,
+        /// Run the sim's kernels on its compiled tier (straight-line code as specialised
+        /// lane kernels, the rest on the interpreter); off (`false`) runs every instruction on
+        /// the interpreter, the reference the tier is tested against [default: true].
+        #[setting(flag = "sim-compiled-tier", env = "RGPU_SERVER_SIM_COMPILED_TIER", value_name = "BOOL")]
+        sim_compiled_tier: bool = true,
         /// How long an opened session waits for its data connection [default: 30000].
         #[setting(flag = "attach-timeout-ms", env = "RGPU_SERVER_ATTACH_TIMEOUT_MS", value_name = "MS")]
         attach_timeout_ms: u32 = DEFAULT_ATTACH_TIMEOUT_MS,
@@ -387,6 +392,7 @@ impl Config {
                 compute_capability: s.sim_compute_capability,
                 seed: s.sim_seed,
                 kernel_time_limit: s.sim_kernel_timeout,
+                compiled_tier: s.sim_compiled_tier,
             },
             attach_timeout: Duration::from_millis(s.attach_timeout_ms as u64),
             max_connections: s.max_connections,
@@ -477,6 +483,7 @@ mod tests {
         ("sim-compute-capability", ["8.6", "7.5"]),
         ("sim-seed", ["a", "b"]),
         ("sim-kernel-timeout", ["2.5", "60"]),
+        ("sim-compiled-tier", ["false", "true"]),
         ("attach-timeout-ms", ["100", "200"]),
         ("max-connections", ["8", "9"]),
         ("max-connections-per-address", ["2", "3"]),

@@ -280,6 +280,7 @@ mod tests {
             compute_capability: (9, 0),
             seed: None,
             kernel_time_limit: std::time::Duration::from_secs(5),
+            compiled_tier: true,
         };
         let b = SimBackend::new(&cfg).unwrap();
         b.open_session(budget.map(|l| Arc::new(MemoryBudget::new(l)))).unwrap()

@@ -14,6 +14,11 @@ use rgpu_server::config::PoolConfig;
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
+/// What each busy thread counts to: blocks of about a millisecond on the sim's compiled tier
+/// (the scheduler hands cores over between blocks, so much shorter blocks would measure the
+/// hand-over more than the shares).
+const BUSY_COUNT: u32 = 9000;
+
 /// The tests measure device time on the host's cores: one at a time.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -49,13 +54,13 @@ fn busy_session(addr: &str, lease: u64, share: u16, gpu: [u8; 16]) -> (DataClien
     (c, out)
 }
 
-/// `n` launches of 64 blocks of 64 threads counting to 1500 (enough
+/// `n` launches of 64 blocks of 64 threads counting to [`BUSY_COUNT`] (enough
 /// threads that a launch spreads over the cores, and blocks of about a
 /// millisecond), queued together so the session stays busy on the device
 /// while it waits for them.
 fn launch_busy(c: &mut DataClient, out: u64, n: usize) {
     for _ in 0..n {
-        c.launch(false, 1, 0, [64, 1, 1], [64, 1, 1], 0, &params(out, 1500));
+        c.launch(false, 1, 0, [64, 1, 1], [64, 1, 1], 0, &params(out, BUSY_COUNT));
     }
     assert_eq!(c.sync().result, 0);
 }
@@ -163,7 +168,7 @@ fn rate(done: &[Instant], per: usize, from: Instant, to: Instant) -> f64 {
 /// `n` launches of `blocks` blocks as [`launch_busy`]'s, then a sync.
 fn launch_blocks(c: &mut DataClient, out: u64, blocks: u32, n: usize) {
     for _ in 0..n {
-        c.launch(false, 1, 0, [blocks, 1, 1], [64, 1, 1], 0, &params(out, 1500));
+        c.launch(false, 1, 0, [blocks, 1, 1], [64, 1, 1], 0, &params(out, BUSY_COUNT));
     }
     assert_eq!(c.sync().result, 0);
 }

@@ -200,7 +200,7 @@ fn metered_device_time_matches_event_times() {
         let before = busy_ms();
         record(&mut c, 10);
         launch(&mut c, 1);
-        for (h, n) in [(11, 20_000u32), (12, 40_000), (13, 60_000)] {
+        for (h, n) in [(11, 160_000u32), (12, 320_000), (13, 480_000)] {
             record(&mut c, h);
             launch(&mut c, n);
         }

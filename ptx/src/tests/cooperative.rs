@@ -32,7 +32,7 @@ fn run_coop(src: &str, c: LaunchConfig, init: &[u32], cancel: &AtomicBool) -> Re
     let mut mem = HostMemory::new(BASE, 1 << 20);
     let buf = mem.alloc(init.len() as u64 * 4).unwrap();
     mem.write(buf, &init.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
-    launch_cooperative(&p, &c, &buf.to_le_bytes(), &mem, cancel, &Free)?;
+    crate::testing::check_tiers(&p, &c, &buf.to_le_bytes(), &mem, &|p, c, params, mem| launch_cooperative(p, c, params, mem, cancel, &Free))?;
     let out = mem.read(buf, init.len() * 4).unwrap();
     Ok(out.chunks(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }

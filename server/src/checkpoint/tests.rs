@@ -39,6 +39,7 @@ fn backend(seed: &str) -> SimBackend {
         compute_capability: (9, 0),
         seed: Some(seed.into()),
         kernel_time_limit: Duration::from_secs(20),
+        compiled_tier: true,
     };
     SimBackend::new(&cfg).expect("sim backend")
 }
@@ -205,6 +206,7 @@ fn a_rebuild_refuses_a_server_it_does_not_fit() {
         compute_capability: (9, 0),
         seed: None,
         kernel_time_limit: Duration::from_secs(1),
+        compiled_tier: true,
     })
     .unwrap();
     let mut r = &bytes[..];

@@ -357,7 +357,7 @@ mod tests {
     }
 
     fn session() -> SessionState {
-        let cfg = SimConfig { devices: 1, memory: 16 << 20, compute_capability: (9, 0), seed: None, kernel_time_limit: Duration::from_secs(30) };
+        let cfg = SimConfig { devices: 1, memory: 16 << 20, compute_capability: (9, 0), seed: None, kernel_time_limit: Duration::from_secs(30), compiled_tier: true };
         let sim = SimBackend::new(&cfg).expect("sim backend");
         SessionState::new(sim.open_session(None).expect("session"), 1)
     }

@@ -437,6 +437,7 @@ mod tests {
             compute_capability: (9, 0),
             seed: None,
             kernel_time_limit: Duration::from_secs(30),
+            compiled_tier: true,
         };
         let sim = SimBackend::new(&cfg).expect("sim backend");
         SessionState::new(sim.open_session(None).expect("session"), 1)

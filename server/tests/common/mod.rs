@@ -122,6 +122,7 @@ impl TestServer {
                 compute_capability: (9, 0),
                 seed: None,
                 kernel_time_limit,
+                compiled_tier: true,
             },
             attach_timeout,
             max_connections: 64,

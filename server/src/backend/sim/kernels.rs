@@ -155,6 +155,7 @@ pub fn run(
     mem: &SessionMemory,
     output: &mut Vec<u8>,
     time_limit: Duration,
+    compiled: bool,
     cancel: &AtomicBool,
     share: &Share,
 ) -> CuResult {
@@ -180,6 +181,7 @@ pub fn run(
         workers,
         time_limit,
         printf_limit: PRINTF_LIMIT,
+        compiled,
     };
     let ran = if dims.cooperative {
         // Every block resident at once, taking turns on the workers (checked against the

@@ -51,6 +51,8 @@ pub struct SimConfig {
     pub seed: Option<String>,
     /// Wall-clock limit of one kernel launch.
     pub kernel_time_limit: Duration,
+    /// Kernels run on the PTX crate's compiled tier (else on its interpreter alone).
+    pub compiled_tier: bool,
 }
 
 pub struct SimBackend {
@@ -61,6 +63,7 @@ struct Shared {
     info: Vec<DeviceInfo>,
     memory: Vec<DeviceMemory>,
     kernel_time_limit: Duration,
+    compiled_tier: bool,
     /// The devices' architecture (compute capability X.Y as XY): the newest PTX it may run.
     arch: u32,
     /// The host's cores, which every session's blocks share by compute share.
@@ -124,6 +127,7 @@ impl SimBackend {
                 info,
                 memory,
                 kernel_time_limit: cfg.kernel_time_limit,
+                compiled_tier: cfg.compiled_tier,
                 arch: major * 10 + minor,
                 cores: share::Cores::host(),
                 next_session: AtomicU64::new(1),
@@ -885,10 +889,11 @@ impl BackendSession for SimSession {
         };
         let lane = self.lane(stream)?;
         let (dims, params, limit, cancel) = (*dims, params.to_vec(), self.shared.kernel_time_limit, self.cancel.clone());
+        let compiled = self.shared.compiled_tier;
         let (timer, device, share) = (self.timer.clone(), lane.device(), self.share.clone());
         let run = move |out: &mut Vec<u8>| {
             let started = Instant::now();
-            let r = kernels::run(&prog, &dims, &params, &regions, out, limit, &cancel, &share);
+            let r = kernels::run(&prog, &dims, &params, &regions, out, limit, compiled, &cancel, &share);
             if let Some(t) = timer {
                 t(device, started.elapsed());
             }
