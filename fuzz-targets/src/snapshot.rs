@@ -22,6 +22,7 @@ fn backend() -> &'static SimBackend {
             compute_capability: (9, 0),
             seed: None,
             kernel_time_limit: Duration::from_millis(500),
+            compiled_tier: true,
         })
         .expect("a sim backend")
     })

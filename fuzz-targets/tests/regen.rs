@@ -267,6 +267,7 @@ fn regenerate_the_snapshot_seeds() {
         compute_capability: (9, 0),
         seed: Some("seeds".into()),
         kernel_time_limit: Duration::from_secs(1),
+        compiled_tier: true,
     })
     .unwrap();
     let meta = SessionMeta {
