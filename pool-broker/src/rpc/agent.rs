@@ -55,7 +55,7 @@ impl server_agent::Server for Agent {
                 let failed = result.clone().err();
                 let r = self.service.move_reported(id, lease, result).await;
                 let op = if failed.is_none() { "move" } else { "move-failed" };
-                audit(&self.service, &format!("server:{id}"), &self.peer, op, &format!("{lease:#x}"), &r, |to| match &failed {
+                audit(&self.service, &format!("server:{id}"), &self.peer, op, &format!("{lease:016x}"), &r, |to| match &failed {
                     None => format!("{id} -> {to}"),
                     Some(why) => format!("{id} -> {to}: {why}; the lease stays on {id}"),
                 });
