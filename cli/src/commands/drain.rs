@@ -9,7 +9,7 @@ use rgpu_broker_client::BrokerClient;
 use crate::pool::{self, BrokerArgs};
 
 /// Stop new grants on a server; with --deadline, revoke what is left then;
-/// with --migrate, move its leases to other servers by live migration.
+/// with --migrate, move it elsewhere live.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
