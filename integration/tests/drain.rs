@@ -143,6 +143,13 @@ fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     let lease_id = lease["id"].as_str().unwrap().to_string();
     assert_eq!(lease["gpus"][0]["server"], aa.as_str());
 
+    // No other server yet: nothing can take the lease; it stays on A.
+    let (ok, out, err) = rgpu(&["drain", &aa, "--migrate", "--wait", "5s"], &b, d);
+    assert!(!ok, "a drain that moved nothing succeeded: {out}\n{err}");
+    assert!(out.contains(&format!("not moved {lease_id}")) && out.contains("no other server"), "{out}\n{err}");
+    let kept = json(&["leases"], &b, d);
+    assert_eq!(kept[0]["gpus"][0]["server"], aa.as_str(), "{kept}");
+
     let bs = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
     let ba = bs.addr_string();
     wait_until("B registered", Duration::from_secs(20), || servers_up(&b, d).len() == 2);

@@ -349,28 +349,35 @@ impl Agent {
     }
 }
 
-/// Migrates every session of `lease` here to `target`; the sessions moved.
+/// Migrates every session of `lease` here to `target`; how many it handled
+/// (moved, or ended meanwhile).
 /// A session that failed to move stays here (and the lease with it).
 async fn move_lease(service: &Arc<Service>, lease: u64, target: &str) -> Result<usize, String> {
     use crate::migration::MigrateError;
     use crate::relocate::OpError;
-    let mut moved = 0;
+    // A session moved (or ended) stays bound here until its thread has
+    // ended, shortly after: it is not one to move again.
+    let mut done = HashSet::new();
+    let left = |done: &HashSet<u64>| -> Vec<u64> {
+        service.leases.sessions_of(lease).into_iter().filter(|s| !done.contains(s)).collect()
+    };
     for _ in 0..MOVE_PASSES {
-        let sessions = service.leases.sessions_of(lease);
+        let sessions = left(&done);
         if sessions.is_empty() {
-            return Ok(moved);
+            break;
         }
         for s in sessions {
             match crate::migration::migrate(service, s, target, MOVE_QUIESCE).await {
-                Ok(_) => moved += 1,
+                Ok(_) => {}
                 // It ended meanwhile: nothing left to move.
                 Err(MigrateError::Op(OpError::NoSession(_) | OpError::Ended(_))) => {}
                 Err(e) => return Err(format!("session {s:#x}: {e}")),
             }
+            done.insert(s);
         }
     }
-    match service.leases.sessions_of(lease).len() {
-        0 => Ok(moved),
+    match left(&done).len() {
+        0 => Ok(done.len()),
         n => Err(format!("{n} session(s) of the lease opened here while it moved")),
     }
 }
