@@ -195,5 +195,6 @@ fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     assert!(a.log().contains("lease moved"), "{report}");
     // The run kept renewing the lease on B and released it at the end.
     assert!(done.stderr.contains("released"), "{report}");
-    eprintln!("rgpu drain --migrate: {} moved in {took:?}\n{}", lease_id, err.trim());
+    let migrated = a.log().lines().find(|l| l.contains("session migrated")).unwrap_or("").to_string();
+    eprintln!("rgpu drain --migrate: {} moved in {took:?}\n{}\nsource: {}", lease_id, err.trim(), migrated.trim());
 }
