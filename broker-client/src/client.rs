@@ -22,7 +22,8 @@ use thiserror::Error;
 use crate::credential::Credential;
 use crate::rpc::{self, Connection, CONNECT_TIMEOUT};
 use crate::views::{
-    read_audit, read_lease, read_server, read_status, read_usage_record, AuditView, LeaseSpec, LeaseView, ServerView,
+    format_lease_id, read_audit, read_lease, read_server, read_status, read_usage_record, text, AuditView, LeaseSpec, LeaseView,
+    MovePlanView, ServerView,
     StatusView, UsageRecordView,
 };
 
@@ -359,6 +360,33 @@ impl BrokerClient {
             async move {
                 let reply = req.send().promise.await.map_err(from_capnp)?;
                 Ok(read_server(reply.get().and_then(|r| r.get_server()).map_err(from_capnp)?))
+            }
+        })
+    }
+
+    /// A drain that also moves the server's leases elsewhere by live
+    /// migration: the server, and per lease the target chosen or why none.
+    pub fn drain_migrate(&self, server: &str, deadline_ms: u64) -> Result<(ServerView, Vec<MovePlanView>), ClientError> {
+        self.call(|c| {
+            let mut req = c.drain_request();
+            req.get().set_server_id(server);
+            req.get().set_deadline_ms(deadline_ms);
+            req.get().set_migrate(true);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                let r = reply.get().map_err(from_capnp)?;
+                let s = read_server(r.get_server().map_err(from_capnp)?);
+                let moves = r
+                    .get_moves()
+                    .map_err(from_capnp)?
+                    .iter()
+                    .map(|m| MovePlanView {
+                        lease: format_lease_id(m.get_lease()),
+                        target: text(m.get_target()),
+                        reason: text(m.get_reason()),
+                    })
+                    .collect();
+                Ok((s, moves))
             }
         })
     }

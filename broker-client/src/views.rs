@@ -36,6 +36,22 @@ pub struct LeaseView {
     pub usage: Option<UsageView>,
     /// Bytes/s granted each way on each of its servers' links; 0: none asked.
     pub bandwidth: u64,
+    /// The server a drain moves it to now (empty: none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub moving_to: String,
+    /// Why its last move failed (empty: none did).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub move_error: String,
+}
+
+/// What a drain with migrate chose for one lease.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct MovePlanView {
+    pub lease: String,
+    /// Empty: no server fits (`reason` says why).
+    pub target: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// Metered use (cumulative), as GPU servers report it.
@@ -196,7 +212,7 @@ impl LeaseSpec {
 
 // Text fields the broker left unset, or filled with invalid UTF-8, read as
 // empty: a display value, never a reason to fail a whole listing.
-fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
+pub fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
     t.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string()
 }
 
@@ -230,6 +246,8 @@ pub fn read_lease(l: lease_p::Reader<'_>) -> capnp::Result<LeaseView> {
         token: to_hex(l.get_token()?),
         usage: if l.has_usage() { Some(read_usage(l.get_usage()?)) } else { None },
         bandwidth: l.get_bandwidth(),
+        moving_to: text(l.get_moving_to()),
+        move_error: text(l.get_move_error()),
     })
 }
 

@@ -869,9 +869,16 @@ pub fn spawn_rgpu_env(server_addrs: &str, exe: &Path, args: &[&str], envs: &[(&s
 /// As [`spawn_rgpu`], with these variables set (`Some`) or removed
 /// (`None`): the TLS settings, for the TLS tests.
 pub fn spawn_rgpu_with(server_addrs: &str, exe: &Path, args: &[&str], env: &[(&str, Option<&str>)]) -> Running {
+    spawn_rgpu_run(&["--server", server_addrs], exe, args, env)
+}
+
+/// `rgpu run RUN_ARGS -- EXE ARGS`: e.g. a leased run (`--broker ADDR
+/// --gpus 1 ...`).
+pub fn spawn_rgpu_run(run_args: &[&str], exe: &Path, args: &[&str], env: &[(&str, Option<&str>)]) -> Running {
     let bins = binaries();
+    let shown = run_args.join(" ");
     let mut cmd = Command::new(&bins.rgpu);
-    cmd.arg("run").arg("--server").arg(server_addrs).arg("--").arg(exe).args(args);
+    cmd.arg("run").args(run_args).arg("--").arg(exe).args(args);
     for (k, v) in env {
         match v {
             Some(v) => cmd.env(k, v),
@@ -880,9 +887,9 @@ pub fn spawn_rgpu_with(server_addrs: &str, exe: &Path, args: &[&str], env: &[(&s
     }
     cmd.env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
     let command = format!(
-        "{} run --server {} -- {} {}",
+        "{} run {} -- {} {}",
         bins.rgpu.display(),
-        server_addrs,
+        shown,
         exe.display(),
         args.join(" ")
     );

@@ -21,6 +21,7 @@ pub mod fabric;
 pub mod identity;
 pub mod inventory;
 pub mod metrics;
+pub mod moves;
 pub mod placement;
 pub mod policies;
 pub mod rate;

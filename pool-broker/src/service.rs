@@ -380,15 +380,14 @@ impl Service {
         Ok(hb)
     }
 
-    /// The live leases (id, generation, deadline) on a registered server and the floor.
-    pub fn heartbeat(&self, id: &str) -> Option<(Vec<(u64, u64, u64)>, u64)> {
+    /// The live leases on a registered server, the floor and the moves it
+    /// is to make.
+    pub fn heartbeat(&self, id: &str) -> Option<crate::state::Heartbeat> {
         let mut st = self.lock();
         if !self.leads() {
             return None;
         }
-        let r = st
-            .heartbeat(id, now_ms())
-            .map(|(live, floor)| (live.iter().map(|l| (l.id, l.generation, l.deadline)).collect(), floor));
+        let r = st.heartbeat(id, now_ms());
         // A returning server may let queued requests through.
         let _ = self.commit(&mut st);
         r
@@ -480,6 +479,32 @@ impl Service {
         let (r, rx) = {
             let mut st = self.lock();
             let r = st.drain(id, deadline, for_shutdown, now_ms());
+            (r, self.commit(&mut st))
+        };
+        Self::durable(rx).await?;
+        r
+    }
+
+    /// A drain that also moves the server's leases by live migration:
+    /// per lease, the target chosen or why none fits.
+    pub async fn drain_migrate(&self, id: &str, deadline: Option<Millis>) -> Result<Vec<(u64, Result<String, String>)>, BrokerError> {
+        self.serving()?;
+        let (r, rx) = {
+            let mut st = self.lock();
+            let r = st.drain_migrate(id, deadline, now_ms());
+            (r, self.commit(&mut st))
+        };
+        Self::durable(rx).await?;
+        r
+    }
+
+    /// Server `from`'s report on a move it was asked to make; returns the
+    /// move's target.
+    pub async fn move_reported(&self, from: &str, lease: u64, result: Result<(), String>) -> Result<String, BrokerError> {
+        self.serving()?;
+        let (r, rx) = {
+            let mut st = self.lock();
+            let r = st.move_reported(from, lease, result, now_ms());
             (r, self.commit(&mut st))
         };
         Self::durable(rx).await?;
@@ -650,6 +675,8 @@ mod tests {
             deadline: 5000,
             state: crate::state::LeaseState::Active,
             bandwidth: 0,
+            moving: None,
+            move_error: String::new(),
         }
     }
 

@@ -16,6 +16,7 @@ use thiserror::Error;
 
 use crate::fabric::{self, Fabric};
 use crate::inventory::{Drain, Millis, Server, ServerSpec};
+use crate::moves::{self, Move};
 use crate::placement::{self, Demand, NoPlace, Policy};
 
 /// Every error names its kind in brackets first, so that clients (and
@@ -87,6 +88,12 @@ pub struct Lease {
     /// asked; see `fabric`).
     #[serde(default)]
     pub bandwidth: u64,
+    /// A drain's live migration of it to another server, in flight.
+    #[serde(default)]
+    pub moving: Option<Move>,
+    /// Why its last move failed (empty: none did).
+    #[serde(default)]
+    pub move_error: String,
 }
 
 impl Lease {
@@ -193,6 +200,16 @@ impl Default for Limits {
             default_max_rate: 50,
         }
     }
+}
+
+/// A heartbeat's answer: the leases live on the server as (id,
+/// generation, deadline), the generation floor, and the moves it is asked
+/// to make as (lease, generation at the target, target).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub live: Vec<(u64, u64, u64)>,
+    pub floor: u64,
+    pub orders: Vec<(u64, u64, String)>,
 }
 
 /// What to persist, in order.
@@ -338,6 +355,10 @@ impl State {
         for l in leases {
             self.generation = self.generation.max(l.generation);
             self.occupy(&l);
+            if let Some(m) = &l.moving {
+                self.generation = self.generation.max(m.generation);
+                self.reserve(l.id, &m.gpus);
+            }
             if !l.key.is_empty() {
                 self.keys.insert((l.tenant.clone(), l.key.clone()), l.id);
             }
@@ -457,7 +478,7 @@ impl State {
 
     /// A heartbeat: the live leases on the server and the generation floor,
     /// or None if the server is not registered (it should register).
-    pub fn heartbeat(&mut self, id: &str, now: Millis) -> Option<(Vec<&Lease>, u64)> {
+    pub fn heartbeat(&mut self, id: &str, now: Millis) -> Option<Heartbeat> {
         let &i = self.index.get(id)?;
         let s = &mut self.servers[i];
         s.last_heartbeat = now;
@@ -466,12 +487,135 @@ impl State {
         if back {
             self.try_queue(now);
         }
-        let live = self
+        let mut hb = Heartbeat { live: Vec::new(), floor: self.generation, orders: Vec::new() };
+        for l in self.leases.values().filter(|l| l.state == LeaseState::Active) {
+            let here = l.gpus.iter().any(|g| g.server == id);
+            match &l.moving {
+                // In flight: listed at both ends, so that neither ends it.
+                Some(m) if m.to == id => hb.live.push((l.id, m.generation, l.deadline)),
+                Some(m) if here => {
+                    hb.live.push((l.id, l.generation, l.deadline));
+                    if hb.orders.len() < moves::MAX_ORDERS {
+                        hb.orders.push((l.id, m.generation, m.to.clone()));
+                    }
+                }
+                _ if here => hb.live.push((l.id, l.generation, l.deadline)),
+                _ => {}
+            }
+        }
+        Some(hb)
+    }
+
+    /// Drains `id` (as [`State::drain`]) and starts moving each of its
+    /// leases to a server that can take it: per lease, the target chosen
+    /// or why none fits. A lease already moving keeps its move.
+    pub fn drain_migrate(&mut self, id: &str, deadline: Option<Millis>, now: Millis) -> Result<Vec<(u64, Result<String, String>)>, BrokerError> {
+        self.drain(id, deadline, false, now)?;
+        let mut ids: Vec<u64> = self
             .leases
             .values()
             .filter(|l| l.state == LeaseState::Active && l.gpus.iter().any(|g| g.server == id))
+            .map(|l| l.id)
             .collect();
-        Some((live, self.generation))
+        ids.sort_unstable();
+        ids.truncate(moves::MAX_PLANNED);
+        let mut plan = Vec::with_capacity(ids.len());
+        for lid in ids {
+            let l = &self.leases[&lid];
+            if let Some(m) = &l.moving {
+                plan.push((lid, Ok(m.to.clone())));
+                continue;
+            }
+            let parts = self.partitions_of(&l.tenant);
+            match moves::choose_target(&self.servers, l, id, &parts) {
+                Ok((_, gpus)) => {
+                    self.generation += 1;
+                    let m = Move { to: gpus[0].server.clone(), generation: self.generation, gpus, since: now };
+                    self.reserve(lid, &m.gpus);
+                    let to = m.to.clone();
+                    let l = self.leases.get_mut(&lid).expect("listed above");
+                    l.moving = Some(m);
+                    l.move_error.clear();
+                    let l = l.clone();
+                    self.changes.push(Change::Generation(self.generation));
+                    self.changes.push(Change::Lease(l));
+                    plan.push((lid, Ok(to)));
+                }
+                Err(why) => plan.push((lid, Err(why))),
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Server `from` reports the move of `lease` done (`Ok`) or failed. On
+    /// success the lease is placed on the target, at the move's
+    /// generation: its old placement is fenced (not listed to `from`, and
+    /// its generation is at or below the floor). Returns the move's target.
+    pub fn move_reported(&mut self, from: &str, lease: u64, result: Result<(), String>, now: Millis) -> Result<String, BrokerError> {
+        let not_moving = || BrokerError::Invalid(format!("lease {lease:#x} is not being moved off {from}"));
+        let l = self.leases.get(&lease).ok_or_else(not_moving)?;
+        let Some(m) = l.moving.clone() else { return Err(not_moving()) };
+        if !l.gpus.iter().any(|g| g.server == from) {
+            return Err(not_moving());
+        }
+        self.unreserve(lease, &m.gpus);
+        let mut l = self.leases.remove(&lease).expect("looked up above");
+        l.moving = None;
+        match result {
+            Ok(()) => {
+                self.vacate(&l);
+                l.gpus = m.gpus;
+                l.generation = m.generation;
+                l.move_error.clear();
+                self.occupy(&l);
+            }
+            Err(why) => {
+                let mut why = why;
+                if why.len() > moves::MAX_REASON {
+                    let mut cut = moves::MAX_REASON;
+                    while !why.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    why.truncate(cut);
+                }
+                l.move_error = if why.is_empty() { "the server gave no reason".into() } else { why };
+            }
+        }
+        self.changes.push(Change::Lease(l.clone()));
+        self.leases.insert(lease, l);
+        self.try_queue(now);
+        Ok(m.to)
+    }
+
+    /// Holds the target GPUs of a move in flight, so no grant takes them.
+    fn reserve(&mut self, lease: u64, gpus: &[LeasedGpu]) {
+        for g in gpus {
+            if let Some(&si) = self.index.get(&g.server) {
+                let s = &mut self.servers[si];
+                if let Some(gpu) = s.gpus.iter_mut().find(|x| x.spec.uuid == g.uuid) {
+                    gpu.used_memory += g.take_memory;
+                    gpu.used_milli += g.take_milli;
+                    gpu.holders.push(lease);
+                }
+                s.recount();
+            }
+        }
+    }
+
+    fn unreserve(&mut self, lease: u64, gpus: &[LeasedGpu]) {
+        for g in gpus {
+            if let Some(&si) = self.index.get(&g.server) {
+                let s = &mut self.servers[si];
+                if let Some(gpu) = s.gpus.iter_mut().find(|x| x.spec.uuid == g.uuid) {
+                    gpu.used_memory = gpu.used_memory.saturating_sub(g.take_memory);
+                    gpu.used_milli = gpu.used_milli.saturating_sub(g.take_milli);
+                    if let Some(p) = gpu.holders.iter().position(|&h| h == lease) {
+                        gpu.holders.remove(p);
+                    }
+                }
+                s.recount();
+            }
+        }
     }
 
     /// Server `id`'s data-plane traffic, from its heartbeat.
@@ -730,6 +874,8 @@ impl State {
             deadline: now.saturating_add(req.ttl_ms),
             state: LeaseState::Active,
             bandwidth: req.bandwidth,
+            moving: None,
+            move_error: String::new(),
         };
         self.occupy(&lease);
         if !lease.key.is_empty() {
@@ -802,6 +948,9 @@ impl State {
     fn end(&mut self, id: u64, why: EndReason) {
         if let Some(l) = self.leases.remove(&id) {
             self.vacate(&l);
+            if let Some(m) = &l.moving {
+                self.unreserve(id, &m.gpus);
+            }
             if !l.key.is_empty() {
                 self.keys.remove(&(l.tenant.clone(), l.key.clone()));
             }
@@ -902,6 +1051,26 @@ impl State {
         let freed = !ending.is_empty();
         for (id, why) in ending {
             self.end(id, why);
+        }
+        let stuck: Vec<(u64, String, String)> = self
+            .leases
+            .values()
+            .filter_map(|l| {
+                let m = l.moving.as_ref()?;
+                let from = l.gpus.first()?.server.clone();
+                let why = if now.saturating_sub(m.since) > moves::MOVE_TIMEOUT_MS {
+                    format!("not reported within {} ms", moves::MOVE_TIMEOUT_MS)
+                } else if gone.contains(&from) || gone.contains(&m.to) || l.state != LeaseState::Active {
+                    "a server of the move stopped answering heartbeats".to_string()
+                } else {
+                    return None;
+                };
+                Some((l.id, from, why))
+            })
+            .collect();
+        for (id, from, why) in stuck {
+            tracing::warn!(lease = format_args!("{id:#x}"), %from, "move abandoned: {why}");
+            let _ = self.move_reported(&from, id, Err(format!("abandoned: {why}")), now);
         }
         let expired: Vec<(Reverse<i32>, u64)> =
             self.queue.iter().filter(|(_, w)| w.until <= now).map(|(k, _)| *k).collect();
@@ -1213,9 +1382,9 @@ mod tests {
         assert!(matches!(s.request(req("bob", 1), 2, 10), Err(BrokerError::Unavailable(_))));
         s.tick(400);
         assert!(s.lease(a.id).is_some(), "runs until the drain deadline");
-        let (live, floor) = s.heartbeat("x", 400).unwrap();
-        assert_eq!(live.len(), 1);
-        assert_eq!(floor, a.generation);
+        let hb = s.heartbeat("x", 400).unwrap();
+        assert_eq!(hb.live.len(), 1);
+        assert_eq!(hb.floor, a.generation);
         s.heartbeat("y", 400);
         s.tick(500);
         assert!(s.lease(a.id).is_none(), "revoked at the deadline");

@@ -48,7 +48,10 @@ interface Session {
   listServers @5 () -> (servers :List(ServerStatus));
   status @6 () -> (status :BrokerStatus);
   # deadlineMs: unix milliseconds after which remaining leases are revoked (0: none).
-  drain @7 (serverId :Text, deadlineMs :UInt64) -> (server :ServerStatus);
+  # migrate: also move each lease there to another server by live
+  # migration (docs/migration.md "Migration with a broker"); `moves` says,
+  # per lease, the target chosen or why none fits (at most 256).
+  drain @7 (serverId :Text, deadlineMs :UInt64, migrate :Bool) -> (server :ServerStatus, moves :List(MovePlan));
   undrain @8 (serverId :Text) -> (server :ServerStatus);
   # The newest `limit` records (at most 10000), oldest first; tenant "" for all.
   audit @9 (tenant :Text, limit :UInt32) -> (records :List(AuditRecord));
@@ -71,7 +74,11 @@ interface ServerAgent {
   # with sessions here used so far (cumulative); `total`: all sessions here
   # since the server started, leased or not. `load`: its data-plane
   # traffic since the last heartbeat (absent from an older server).
-  heartbeat @0 (usage :List(Usage), total :Usage, load :LinkLoad) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool);
+  # `moves` (at most 16): leases the broker asks this server to move to
+  # another by live migration; the server answers each in a later
+  # heartbeat's `moved` (at most 16). A lease in flight is listed for both
+  # servers: here with its old generation, at the target with the move's.
+  heartbeat @0 (usage :List(Usage), total :Usage, load :LinkLoad, moved :List(MoveResult)) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool, moves :List(MoveOrder));
   # The server drains itself to stop (SIGTERM): no new grants; leases left
   # at deadlineMs are revoked; its next registration ends the drain.
   drainForShutdown @1 (deadlineMs :UInt64) -> (server :ServerStatus);
@@ -153,6 +160,8 @@ struct Lease {
   priority @10 :Int32;
   usage @11 :Usage;           # summed over its servers' last reports
   bandwidth @12 :UInt64;      # bytes/s granted on each of its servers' links (0: none asked)
+  movingTo @13 :Text;         # the server a drain moves it to now (empty: none)
+  moveError @14 :Text;        # why its last move failed (empty: none)
 }
 
 # The accounting record of an ended lease (or, for a live one, so far:
@@ -194,6 +203,27 @@ struct LeaseRef {
   id @0 :UInt64;
   generation @1 :UInt64;
   deadlineMs @2 :UInt64;
+}
+
+# A lease the broker asks its server to move (see `heartbeat`).
+struct MoveOrder {
+  lease @0 :UInt64;
+  generation @1 :UInt64;      # the lease's generation at the target
+  target @2 :Text;            # the target server's id (its address)
+}
+
+# What a server did with a MoveOrder.
+struct MoveResult {
+  lease @0 :UInt64;
+  ok @1 :Bool;                # every session of the lease runs at the target now
+  reason @2 :Text;            # why not (at most 1024 bytes kept)
+}
+
+# What a drain with migrate chose for one lease.
+struct MovePlan {
+  lease @0 :UInt64;
+  target @1 :Text;            # empty: no server fits
+  reason @2 :Text;            # why none fits
 }
 
 struct ServerStatus {

@@ -15,14 +15,20 @@
 //! counts every server as heard from at its election, and a server that
 //! does not heartbeat it within the usual allowance loses its leases.
 //!
+//! Moves: a heartbeat reply may order leases moved to another server (a
+//! drain with `--migrate`); the agent migrates every session of such a
+//! lease there ([`crate::migration::migrate`], which takes a leased session
+//! only when its move was ordered) and reports each lease done or failed
+//! in a later heartbeat.
+//!
 //! When the server is told to stop ([`Stopping::requested`]), the agent
 //! asks the broker to drain it (no new grants; what is left at the drain
 //! timeout is revoked) and fires [`Stopping::drained`] once a heartbeat
 //! lists no lease here.
 
 use std::cell::{Cell, OnceCell, RefCell};
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rgpu_broker_client::now_ms;
@@ -58,7 +64,35 @@ pub struct Agent {
     security: rgpu_tls::ClientSecurity,
     /// The data plane's bytes/s between heartbeats.
     link_rate: RefCell<LinkRate>,
+    /// Leases being moved now, and the outcomes not yet reported.
+    moves: Arc<Moves>,
 }
+
+/// Move orders from the broker, as the agent carries them out.
+#[derive(Default)]
+struct Moves {
+    running: Mutex<HashSet<u64>>,
+    /// (lease, outcome), oldest first.
+    done: Mutex<Vec<(u64, Result<(), String>)>>,
+}
+
+impl Moves {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn done(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Result<(), String>)>> {
+        self.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Orders taken from one reply, and outcomes sent in one heartbeat (the
+/// broker reads no more).
+const MAX_MOVE_ORDERS: usize = 16;
+/// How long a moved session may take to come to rest between requests.
+const MOVE_QUIESCE: Duration = Duration::from_secs(10);
+/// Passes over a lease's sessions: one opened while the others moved is
+/// moved on the next.
+const MOVE_PASSES: usize = 3;
 
 /// The drain a stopping server does first.
 #[derive(Clone, Default)]
@@ -87,6 +121,7 @@ impl Agent {
             drain_deadline: OnceCell::new(),
             security: rgpu_tls::ClientSecurity::Plaintext,
             link_rate: RefCell::new(LinkRate::default()),
+            moves: Arc::default(),
         }
     }
 
@@ -223,11 +258,30 @@ impl Agent {
             }
             let mut req = agent.heartbeat_request();
             report_usage(service, req.get(), &mut self.link_rate.borrow_mut());
+            let reported: Vec<(u64, Result<(), String>)> =
+                self.moves.done().iter().take(MAX_MOVE_ORDERS).cloned().collect();
+            {
+                let mut list = req.get().init_moved(reported.len() as u32);
+                for (i, (lease, r)) in reported.iter().enumerate() {
+                    let mut m = list.reborrow().get(i as u32);
+                    m.set_lease(*lease);
+                    m.set_ok(r.is_ok());
+                    if let Err(why) = r {
+                        m.set_reason(why);
+                    }
+                }
+            }
             let reply = tokio::time::timeout(every * 3, req.send().promise)
                 .await
                 .map_err(|_| "heartbeat unanswered".to_string())?
                 .map_err(|e| e.to_string())?;
             let r = reply.get().map_err(|e| e.to_string())?;
+            // Reported: the broker has placed those leases where they are.
+            self.moves.done().drain(..reported.len());
+            for (lease, _) in &reported {
+                self.moves.running().remove(lease);
+                service.leases.end_move(*lease);
+            }
             if !r.get_known() {
                 let (a, hb) = self.register(client, service).await?;
                 (agent, every) = (a, Duration::from_millis(hb));
@@ -243,6 +297,7 @@ impl Agent {
             let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
             debug!(live = n, closing = closing.len(), "heartbeat");
             close(service, closing);
+            self.take_orders(service, r.get_moves().map_err(|e| e.to_string())?);
             if drain_asked && n == 0 {
                 self.stopping.drained.cancel();
             }
@@ -253,6 +308,77 @@ impl Agent {
                 _ = self.stopping.requested.cancelled(), if !drain_asked => {}
             }
         }
+    }
+}
+
+impl Agent {
+    /// Starts the moves a heartbeat reply orders (each lease once).
+    fn take_orders(&self, service: &Arc<Service>, orders: capnp::struct_list::Reader<'_, rgpu_protocol::broker_capnp::move_order::Owned>) {
+        for o in orders.iter().take(MAX_MOVE_ORDERS) {
+            let lease = o.get_lease();
+            if self.moves.running().contains(&lease) {
+                continue;
+            }
+            let target = o.get_target().ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string();
+            self.moves.running().insert(lease);
+            let refused = if !crate::migration::valid_target(&target) {
+                Some(format!("{target:?} is not a server address"))
+            } else if target == self.server_id {
+                Some("the target is this server".to_string())
+            } else if !service.leases.order_move(lease, o.get_generation(), &target) {
+                Some("too many moves in flight on this server".to_string())
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                warn!(lease = format_args!("{lease:#x}"), %target, "move refused: {why}");
+                self.moves.done().push((lease, Err(why)));
+                continue;
+            }
+            info!(lease = format_args!("{lease:#x}"), %target, "the broker moves a lease: migrating its sessions");
+            let (service, moves) = (service.clone(), self.moves.clone());
+            tokio::task::spawn_local(async move {
+                let r = move_lease(&service, lease, &target).await;
+                match &r {
+                    Ok(n) => info!(lease = format_args!("{lease:#x}"), %target, sessions = n, "lease moved"),
+                    Err(e) => warn!(lease = format_args!("{lease:#x}"), %target, "lease not moved: {e}"),
+                }
+                moves.done().push((lease, r.map(|_| ())));
+            });
+        }
+    }
+}
+
+/// Migrates every session of `lease` here to `target`; how many it handled
+/// (moved, or ended meanwhile).
+/// A session that failed to move stays here (and the lease with it).
+async fn move_lease(service: &Arc<Service>, lease: u64, target: &str) -> Result<usize, String> {
+    use crate::migration::MigrateError;
+    use crate::relocate::OpError;
+    // A session moved (or ended) stays bound here until its thread has
+    // ended, shortly after: it is not one to move again.
+    let mut done = HashSet::new();
+    let left = |done: &HashSet<u64>| -> Vec<u64> {
+        service.leases.sessions_of(lease).into_iter().filter(|s| !done.contains(s)).collect()
+    };
+    for _ in 0..MOVE_PASSES {
+        let sessions = left(&done);
+        if sessions.is_empty() {
+            break;
+        }
+        for s in sessions {
+            match crate::migration::migrate(service, s, target, MOVE_QUIESCE).await {
+                Ok(_) => {}
+                // It ended meanwhile: nothing left to move.
+                Err(MigrateError::Op(OpError::NoSession(_) | OpError::Ended(_))) => {}
+                Err(e) => return Err(format!("session {s:#x}: {e}")),
+            }
+            done.insert(s);
+        }
+    }
+    match left(&done).len() {
+        0 => Ok(done.len()),
+        n => Err(format!("{n} session(s) of the lease opened here while it moved")),
     }
 }
 

@@ -62,7 +62,13 @@ struct Inner {
     budgets: HashMap<u64, Weak<MemoryBudget>>,
     /// Lease id -> the module image bytes its sessions keep loaded here.
     module_quotas: HashMap<u64, Weak<ByteQuota>>,
+    /// Lease id -> (its generation there, target server) for the moves the
+    /// broker ordered: only these leases' sessions may be migrated.
+    moves: HashMap<u64, (u64, String)>,
 }
+
+/// Moves ordered at once (the broker sends at most 16 per heartbeat).
+const MAX_MOVES: usize = 64;
 
 pub struct Leases {
     key: Option<Vec<u8>>,
@@ -161,6 +167,34 @@ impl Leases {
         self.lock().sessions.remove(&session);
     }
 
+    /// The broker orders `lease` moved to `target`, where it runs at
+    /// `generation`. False when too many moves are already ordered.
+    pub fn order_move(&self, lease: u64, generation: u64, target: &str) -> bool {
+        let mut inner = self.lock();
+        if inner.moves.len() >= MAX_MOVES && !inner.moves.contains_key(&lease) {
+            return false;
+        }
+        inner.moves.insert(lease, (generation, target.to_string()));
+        true
+    }
+
+    pub fn end_move(&self, lease: u64) {
+        self.lock().moves.remove(&lease);
+    }
+
+    /// The generation a session of `lease` carries to `target`, when the
+    /// broker ordered that move; None: the lease stays here.
+    pub fn ordered_move(&self, lease: u64, target: &str) -> Option<u64> {
+        self.lock().moves.get(&lease).filter(|(_, t)| t == target).map(|&(g, _)| g)
+    }
+
+    /// The sessions bound to `lease` here, ascending.
+    pub fn sessions_of(&self, lease: u64) -> Vec<u64> {
+        let mut v: Vec<u64> = self.lock().sessions.iter().filter(|(_, a)| a.lease == lease).map(|(&s, _)| s).collect();
+        v.sort_unstable();
+        v
+    }
+
     /// A heartbeat reply: returns the sessions to close.
     pub fn update(&self, live: HashMap<u64, (u64, u64)>, floor: u64, now_ms: u64) -> Vec<u64> {
         let mut inner = self.lock();
@@ -254,6 +288,27 @@ mod tests {
         assert_eq!(again.used(), 0);
         assert_eq!(l.lock().budgets.len(), 2, "the dead entry was replaced, not kept");
         assert!(l.budget(&adm(6, None)).is_none(), "no limit, no budget");
+    }
+
+    #[test]
+    fn only_an_ordered_move_to_its_target_is_allowed() {
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
+        let adm = Admission { lease: 4, generation: 1, memory_limit: None, deadline_ms: 1000, devices: vec![0], pkey: None, compute_milli: 0 };
+        l.bind(10, adm.clone());
+        l.bind(11, Admission { lease: 5, ..adm.clone() });
+        l.bind(12, adm);
+        assert_eq!(l.sessions_of(4), vec![10, 12]);
+        assert_eq!(l.ordered_move(4, "b:1"), None, "no order: refused");
+        assert!(l.order_move(4, 9, "b:1"));
+        assert_eq!(l.ordered_move(4, "b:1"), Some(9));
+        assert_eq!(l.ordered_move(4, "c:1"), None, "another target than the broker's");
+        assert_eq!(l.ordered_move(5, "b:1"), None, "another lease");
+        l.end_move(4);
+        assert_eq!(l.ordered_move(4, "b:1"), None);
+        for i in 0..MAX_MOVES as u64 {
+            assert!(l.order_move(100 + i, 1, "b:1"));
+        }
+        assert!(!l.order_move(1, 1, "b:1"), "bounded");
     }
 
     #[test]

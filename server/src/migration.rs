@@ -63,7 +63,7 @@ pub enum MigrateError {
     NoKey,
     #[error("this server serves TLS but has no --tls-ca to check a target's certificate by")]
     NoCa,
-    #[error("session {session:#x} runs under broker lease {lease}, which the broker places on this server: a target's heartbeat would end it there, and moving a lease through the broker is not supported yet")]
+    #[error("session {session:#x} runs under broker lease {lease}, which the broker places on this server: a target's heartbeat would end it there, and only a move the broker orders (`rgpu drain --migrate`) takes a leased session")]
     Leased { session: u64, lease: u64 },
     #[error("cannot reach the target {addr}: {reason}")]
     Unreachable { addr: String, reason: String },
@@ -283,11 +283,15 @@ async fn migrate_to(service: &Arc<Service>, id: u64, target: &str, quiesce: Dura
     let admin_key = service.admin_key.clone().ok_or(MigrateError::NoKey)?;
     let started = Instant::now();
     let (key, client_name) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
-    let admission = service.leases.admission(id);
-    if let Some(a) = &admission {
-        // Refused rather than moved to be killed: the program would get
-        // DEVICE_UNAVAILABLE at the target's next heartbeat.
-        return Err(MigrateError::Leased { session: id, lease: a.lease });
+    let mut admission = service.leases.admission(id);
+    if let Some(a) = &mut admission {
+        // Only a move the broker ordered, to its target: any other would be
+        // ended by the target's next heartbeat. The session arrives at the
+        // generation the broker lists it under there.
+        match service.leases.ordered_move(a.lease, target) {
+            Some(generation) => a.generation = generation,
+            None => return Err(MigrateError::Leased { session: id, lease: a.lease }),
+        }
     }
     // Connected and authenticated before the session is touched: a target
     // that is down or refuses costs the program nothing.

@@ -1,11 +1,15 @@
-//! `rgpu drain SERVER [--deadline D]`
+//! `rgpu drain SERVER [--deadline D] [--migrate]`
+
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use rgpu_broker_client::duration::parse_duration_ms;
+use rgpu_broker_client::BrokerClient;
 
 use crate::pool::{self, BrokerArgs};
 
-/// Stop new grants on a server; with --deadline, revoke what is left then.
+/// Stop new grants on a server; with --deadline, revoke what is left then;
+/// with --migrate, move it elsewhere live.
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
@@ -15,19 +19,104 @@ pub struct Args {
     /// Revoke the leases still there after this long (e.g. 10m).
     #[arg(long, value_parser = parse_duration_ms)]
     deadline: Option<u64>,
+    /// Move each lease to a server that can take it (same GPU model and
+    /// count, free GPUs at the same ordinals), its programs running on;
+    /// waits and prints each lease moved and each that could not move.
+    #[arg(long)]
+    migrate: bool,
+    /// With --migrate: stop waiting for the moves after this long.
+    #[arg(long, value_parser = parse_duration_ms, default_value = "150s")]
+    wait: u64,
     /// Print the result as JSON on stdout.
     #[arg(long)]
     json: bool,
 }
 
+/// One lease's move, as the drain saw it end.
+#[derive(serde::Serialize)]
+struct Outcome {
+    lease: String,
+    from: String,
+    to: String,
+    moved: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    reason: String,
+}
+
 pub fn exec(a: Args) -> Result<i32> {
     let deadline = a.deadline.map_or(0, |d| pool::now_ms() + d);
-    let s = a.broker.connect()?.drain(&a.server, deadline)?;
-    if a.json {
-        pool::json(&s)?;
-    } else {
-        let when = if deadline == 0 { "when they end".to_string() } else { pool::relative(deadline) };
-        eprintln!("Draining {}: no new leases; {} lease(s) left, revoked {when}", s.id, s.leases);
+    let client = a.broker.connect()?;
+    if !a.migrate {
+        let s = client.drain(&a.server, deadline)?;
+        if a.json {
+            pool::json(&s)?;
+        } else {
+            let when = if deadline == 0 { "when they end".to_string() } else { pool::relative(deadline) };
+            eprintln!("Draining {}: no new leases; {} lease(s) left, revoked {when}", s.id, s.leases);
+        }
+        return Ok(0);
     }
-    Ok(0)
+    let (s, plan) = client.drain_migrate(&a.server, deadline)?;
+    if !a.json {
+        eprintln!("Draining {}: no new leases; moving {} lease(s)", s.id, plan.iter().filter(|p| !p.target.is_empty()).count());
+    }
+    let mut out = Vec::new();
+    let mut waiting = Vec::new();
+    for p in plan {
+        if p.target.is_empty() {
+            out.push(Outcome { lease: p.lease, from: s.id.clone(), to: String::new(), moved: false, reason: p.reason });
+        } else {
+            waiting.push((p.lease, p.target));
+        }
+    }
+    let until = Instant::now() + Duration::from_millis(a.wait);
+    while !waiting.is_empty() {
+        settle(&client, &s.id, &mut waiting, &mut out, a.json)?;
+        if waiting.is_empty() {
+            break;
+        }
+        if Instant::now() >= until {
+            for (lease, to) in waiting.drain(..) {
+                let reason = format!("still moving after {} ms", a.wait);
+                out.push(Outcome { lease, from: s.id.clone(), to, moved: false, reason });
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let failed = out.iter().filter(|o| !o.moved).count();
+    if a.json {
+        pool::json(&out)?;
+    } else {
+        for o in out.iter().filter(|o| !o.moved) {
+            println!("not moved {}  {} -> {}: {}", o.lease, o.from, if o.to.is_empty() { "-" } else { &o.to }, o.reason);
+        }
+        let when = if deadline == 0 { "when they end".to_string() } else { pool::relative(deadline) };
+        eprintln!("{} lease(s) moved, {failed} not (those stay on {}, revoked {when})", out.len() - failed, s.id);
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// Moves the leases whose move ended from `waiting` to `out`, printing each
+/// lease moved as it is seen.
+fn settle(client: &BrokerClient, from: &str, waiting: &mut Vec<(String, String)>, out: &mut Vec<Outcome>, json: bool) -> Result<()> {
+    let leases = client.leases("")?;
+    waiting.retain(|(lease, to)| {
+        let Some(l) = leases.iter().find(|l| &l.id == lease) else {
+            let reason = "the lease ended during its move".to_string();
+            out.push(Outcome { lease: lease.clone(), from: from.into(), to: to.clone(), moved: false, reason });
+            return false;
+        };
+        if !l.moving_to.is_empty() {
+            return true;
+        }
+        let moved = !l.gpus.is_empty() && l.gpus.iter().all(|g| &g.server == to);
+        if moved && !json {
+            println!("moved {lease}  {from} -> {to}");
+        }
+        let reason = if moved { String::new() } else { l.move_error.clone() };
+        out.push(Outcome { lease: lease.clone(), from: from.into(), to: to.clone(), moved, reason });
+        false
+    });
+    Ok(())
 }

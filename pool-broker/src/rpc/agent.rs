@@ -40,18 +40,49 @@ impl server_agent::Server for Agent {
             let load = crate::fabric::Load { bytes_in: l.get_bytes_in_per_s(), bytes_out: l.get_bytes_out_per_s() };
             self.service.report_load(&self.server_id, load);
         }
+        // Moves this server finished or gave up, each applied before the
+        // reply is built, so it already lists the lease where it now is.
+        if p.has_moved() {
+            let id = &self.server_id;
+            for m in p.get_moved()?.iter().take(crate::moves::MAX_ORDERS) {
+                let lease = m.get_lease();
+                let result = if m.get_ok() {
+                    Ok(())
+                } else {
+                    let why = m.get_reason().ok().and_then(|r| r.to_str().ok()).unwrap_or("").to_string();
+                    Err(why.chars().take(crate::moves::MAX_REASON).collect())
+                };
+                let failed = result.clone().err();
+                let r = self.service.move_reported(id, lease, result).await;
+                let op = if failed.is_none() { "move" } else { "move-failed" };
+                audit(&self.service, &format!("server:{id}"), &self.peer, op, &format!("{lease:016x}"), &r, |to| match &failed {
+                    None => format!("{id} -> {to}"),
+                    Some(why) => format!("{id} -> {to}: {why}; the lease stays on {id}"),
+                });
+                if let Err(e) = r {
+                    tracing::warn!(server = %id, lease = format_args!("{lease:#x}"), "move report refused: {e}");
+                }
+            }
+        }
         let mut out = results.get();
         match self.service.heartbeat(&self.server_id) {
             None => out.set_known(false),
-            Some((live, floor)) => {
+            Some(hb) => {
                 out.set_known(true);
-                out.set_generation_floor(floor);
-                let mut l = out.init_leases(live.len() as u32);
-                for (i, (id, gen, deadline)) in live.iter().enumerate() {
+                out.set_generation_floor(hb.floor);
+                let mut l = out.reborrow().init_leases(hb.live.len() as u32);
+                for (i, (id, gen, deadline)) in hb.live.iter().enumerate() {
                     let mut x = l.reborrow().get(i as u32);
                     x.set_id(*id);
                     x.set_generation(*gen);
                     x.set_deadline_ms(*deadline);
+                }
+                let mut o = out.init_moves(hb.orders.len() as u32);
+                for (i, (lease, gen, to)) in hb.orders.iter().enumerate() {
+                    let mut x = o.reborrow().get(i as u32);
+                    x.set_lease(*lease);
+                    x.set_generation(*gen);
+                    x.set_target(to);
                 }
             }
         }

@@ -22,6 +22,10 @@ pub fn write_lease(mut b: lease_p::Builder<'_>, l: &Lease, token: &[u8]) {
         LeaseState::Lost => "lost",
     });
     b.set_token(token);
+    if let Some(m) = &l.moving {
+        b.set_moving_to(&m.to);
+    }
+    b.set_move_error(&l.move_error);
     let mut gs = b.init_gpus(l.gpus.len() as u32);
     for (i, g) in l.gpus.iter().enumerate() {
         let mut x = gs.reborrow().get(i as u32);

@@ -171,9 +171,28 @@ impl session::Server for Session {
         let id = text(p.get_server_id());
         self.allow_audited(Role::Operator, "drain", &id)?;
         let deadline = Some(p.get_deadline_ms()).filter(|&d| d != 0);
-        let r = self.service.drain(&id, deadline, false).await;
-        audit(&self.service, &self.actor, &self.peer, "drain", &id, &r, |_| format!("deadline {}", deadline.unwrap_or(0)));
-        r.map_err(fail)?;
+        let plan = if p.get_migrate() {
+            let r = self.service.drain_migrate(&id, deadline).await;
+            audit(&self.service, &self.actor, &self.peer, "drain", &id, &r, |plan| {
+                let moving = plan.iter().filter(|(_, t)| t.is_ok()).count();
+                format!("deadline {}, migrate: {moving} of {} lease(s) moving", deadline.unwrap_or(0), plan.len())
+            });
+            r.map_err(fail)?
+        } else {
+            let r = self.service.drain(&id, deadline, false).await;
+            audit(&self.service, &self.actor, &self.peer, "drain", &id, &r, |_| format!("deadline {}", deadline.unwrap_or(0)));
+            r.map_err(fail)?;
+            Vec::new()
+        };
+        let mut moves = results.get().init_moves(plan.len() as u32);
+        for (i, (lease, to)) in plan.iter().enumerate() {
+            let mut m = moves.reborrow().get(i as u32);
+            m.set_lease(*lease);
+            match to {
+                Ok(t) => m.set_target(t),
+                Err(why) => m.set_reason(why),
+            }
+        }
         self.service.read(|st| {
             if let Some(s) = st.server(&id) {
                 write_server(results.get().init_server(), st, s);
