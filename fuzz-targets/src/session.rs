@@ -26,7 +26,8 @@ use rgpu_transport::Transport;
 /// its client, a fuzz input's by this.
 const MAX_REQUESTS: usize = 64;
 
-fn backend() -> &'static SimBackend {
+/// The sim both this target and `snapshot` run on: 2 devices, 64 MiB each.
+pub(crate) fn backend() -> &'static SimBackend {
     static SIM: OnceLock<SimBackend> = OnceLock::new();
     SIM.get_or_init(|| {
         SimBackend::new(&SimConfig {

@@ -5,28 +5,9 @@
 //! is the stream. Whatever it holds is rebuilt on a sim session, which is
 //! then dropped, freeing it.
 
-use std::sync::OnceLock;
-use std::time::Duration;
-
-use rgpu_server::backend::sim::{SimBackend, SimConfig};
 use rgpu_server::backend::Backend;
 use rgpu_server::checkpoint::{self, precopy, SnapshotError};
 use rgpu_server::state::SessionState;
-
-fn backend() -> &'static SimBackend {
-    static SIM: OnceLock<SimBackend> = OnceLock::new();
-    SIM.get_or_init(|| {
-        SimBackend::new(&SimConfig {
-            devices: 2,
-            memory: 64 << 20,
-            compute_capability: (9, 0),
-            seed: None,
-            kernel_time_limit: Duration::from_millis(500),
-            compiled_tier: true,
-        })
-        .expect("a sim backend")
-    })
-}
 
 pub fn run(data: &[u8]) {
     crate::on_session_stack(|| snapshot(data));
@@ -34,7 +15,7 @@ pub fn run(data: &[u8]) {
 
 fn snapshot(data: &[u8]) {
     let Some((&mode, mut r)) = data.split_first() else { return };
-    let sim = backend();
+    let sim = crate::session::backend();
     let sizes: Vec<u64> = sim.devices().iter().map(|d| d.total_mem).collect();
     let staged = if mode & 1 == 1 {
         let mut open = || sim.open_session(None).map_err(|e| SnapshotError::Device(e, "opening a session"));
