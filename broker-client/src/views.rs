@@ -188,6 +188,9 @@ pub struct LeaseSpec {
     pub key: String,
     /// Bytes/s each way on each server of the lease; 0: none.
     pub bandwidth: u64,
+    /// The client's Ed25519 public key to bind the lease's tokens to
+    /// (`rgpu_protocol::binding`); None: bearer tokens.
+    pub client_key: Option<[u8; 32]>,
 }
 
 impl LeaseSpec {
@@ -207,6 +210,9 @@ impl LeaseSpec {
         r.set_wait_ms(self.wait_ms);
         r.set_key(&self.key);
         r.set_bandwidth(self.bandwidth);
+        if let Some(k) = &self.client_key {
+            r.set_client_key(k);
+        }
     }
 }
 

@@ -111,6 +111,22 @@ pub struct LeaseArgs {
     /// server's links have that much not granted to others.
     #[arg(long, value_name = "RATE", value_parser = parse_lease_bandwidth)]
     pub bandwidth: Option<u64>,
+    /// The key the lease's tokens are bound to: a session opens only where
+    /// this file is, so a copied token is of no use elsewhere. Made on first
+    /// use [default: ~/.config/rgpu/client.key].
+    #[arg(long, env = "RGPU_CLIENT_KEY", value_name = "FILE")]
+    pub client_key: Option<PathBuf>,
+    /// Ask for a bearer token, bound to no key: anyone holding it can use the
+    /// lease until it ends (servers started with --require-bound-tokens
+    /// refuse it).
+    #[arg(long, conflicts_with = "client_key")]
+    pub bearer_token: bool,
+}
+
+/// A lease's client key: where its file is and its public half.
+pub struct BoundKey {
+    pub path: PathBuf,
+    pub public: [u8; 32],
 }
 
 /// `--bandwidth`: a rate with a unit, more than zero.
@@ -137,6 +153,25 @@ fn parse_scope(s: &str) -> Result<Scope, String> {
 }
 
 impl LeaseArgs {
+    /// The key to bind the lease to (made if there is none); None with
+    /// --bearer-token.
+    pub fn client_key(&self) -> Result<Option<BoundKey>> {
+        if self.bearer_token {
+            return Ok(None);
+        }
+        let path = match &self.client_key {
+            Some(p) => p.clone(),
+            None => rgpu_control_client::client_key::path()?,
+        };
+        let key = rgpu_control_client::client_key::load_or_create(&path)?;
+        Ok(Some(BoundKey { path, public: key.public() }))
+    }
+
+    /// The request, bound to `key`'s holder when there is one.
+    pub fn bound_spec(&self, default_ttl_ms: u64, key: Option<&BoundKey>) -> LeaseSpec {
+        LeaseSpec { client_key: key.map(|k| k.public), ..self.spec(default_ttl_ms) }
+    }
+
     pub fn spec(&self, default_ttl_ms: u64) -> LeaseSpec {
         let fraction = self.memory.is_some() || self.compute.is_some();
         let gpus = match (self.gpus, fraction) {
@@ -158,6 +193,7 @@ impl LeaseArgs {
             wait_ms: self.wait.unwrap_or(0),
             key: self.key.clone().unwrap_or_default(),
             bandwidth: self.bandwidth.unwrap_or(0),
+            client_key: None,
         }
     }
 }

@@ -264,6 +264,7 @@ pub fn cu_err(e: ClientError) -> CuError {
         // A lost server is a device that went away under the program.
         ClientError::Lost { .. } | ClientError::Unreachable { .. } => CuError::DEVICE_UNAVAILABLE,
         ClientError::Protocol { .. } | ClientError::VersionMismatch { .. } => CuError::UNKNOWN,
+        ClientError::NotPermitted { .. } => CuError::NOT_PERMITTED,
     }
 }
 

@@ -3,6 +3,7 @@
 //! (`libcuda.so.1`, which then attaches the session's data plane) and by rgpu's
 //! `libnvidia-ml.so.1`, which only reads the inventory.
 
+pub mod client_key;
 pub mod operator;
 
 use std::time::Duration;
@@ -30,6 +31,9 @@ pub enum ControlError {
     Tls { addr: String, reason: String },
     #[error("rgpu-server at {addr}: {reason}")]
     Refused { addr: String, reason: String },
+    /// The lease token is bound to a client key this process cannot use.
+    #[error("{reason}")]
+    ClientKey { reason: String },
 }
 
 type ClientError = ControlError;
@@ -154,10 +158,13 @@ pub struct DeviceStatus {
 pub fn device_status(addr: &str, client_name: &str, security: &ClientSecurity) -> Result<Vec<DeviceStatus>, ClientError> {
     run(addr, async {
         let inventory = open_async(addr, client_name, security, false).await?.0;
-        let (server, driver, _) = connect(addr, security).await?;
+        let (server, driver, _, channel) = connect(addr, security).await?;
         let result = async {
+            let (nonce, proof) = possession(&server, addr, inventory.token.as_ref(), channel).await?;
             let mut req = server.device_status_request();
             req.get().set_token(inventory.token.as_ref().map_or(&[][..], |(t, _)| t.as_slice()));
+            req.get().set_nonce(&nonce);
+            req.get().set_proof(&proof);
             let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
             let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
             Ok(list
@@ -171,12 +178,47 @@ pub fn device_status(addr: &str, client_name: &str, security: &ClientSecurity) -
     })
 }
 
+/// The proof that this process holds the key `token` is bound to, for a
+/// request on the connection to `addr` whose TLS exporter value is
+/// `channel`: (nonce, proof), both empty for a bearer token.
+async fn possession(
+    server: &gpu_server::Client,
+    addr: &str,
+    token: Option<&(Vec<u8>, Claims)>,
+    channel: Option<[u8; 32]>,
+) -> Result<(Vec<u8>, Vec<u8>), ClientError> {
+    let Some((token, Claims { client_key: Some(bound), .. })) = token else { return Ok((Vec::new(), Vec::new())) };
+    let unusable = |reason: String| ClientError::ClientKey { reason };
+    let path = client_key::path().map_err(|e| unusable(e.to_string()))?;
+    let fp = rgpu_protocol::binding::fingerprint(bound);
+    let key = client_key::load(&path).map_err(|e| {
+        unusable(format!("the lease token is bound to client key {fp}, and this host cannot use one: {e}"))
+    })?;
+    if key.public() != *bound {
+        return Err(unusable(format!(
+            "the lease token is bound to client key {fp}, not to this host's ({}, {}): run where the lease was taken,              or point {} at its key file",
+            rgpu_protocol::binding::fingerprint(&key.public()),
+            path.display(),
+            client_key::ENV
+        )));
+    }
+    let reply = server.challenge_request().send().promise.await.map_err(|e| rpc_err(addr, e))?;
+    let nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
+    let proof = key.prove(&nonce, channel.as_ref(), token);
+    Ok((nonce, proof))
+}
+
 /// A control connection to `addr` (TLS first as `security` says, then the
-/// preamble), the task driving its RPC system, and what the TLS layer saw.
+/// preamble), the task driving its RPC system, what the TLS layer saw, and
+/// the connection's channel binding (None in plaintext).
+#[allow(clippy::type_complexity)]
 async fn connect(
     addr: &str,
     security: &ClientSecurity,
-) -> Result<(gpu_server::Client, tokio::task::JoinHandle<Result<(), capnp::Error>>, rgpu_tls::guard::Refusal), ClientError> {
+) -> Result<
+    (gpu_server::Client, tokio::task::JoinHandle<Result<(), capnp::Error>>, rgpu_tls::guard::Refusal, Option<[u8; 32]>),
+    ClientError,
+> {
     let tcp = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr))
         .await
         .map_err(|_| unreachable_err(addr, "connection timed out"))?
@@ -184,7 +226,7 @@ async fn connect(
     tcp.set_nodelay(true).map_err(|e| unreachable_err(addr, e))?;
     // TLS first, the preamble inside it (the server reads it after the
     // handshake): an observer sees neither the plane nor anything after.
-    let (mut stream, refusal) = rgpu_tls::client::connect(security, addr, tcp)
+    let (mut stream, refusal, channel) = rgpu_tls::client::connect_bound(security, addr, tcp)
         .await
         .map_err(|e| ClientError::Tls { addr: addr.into(), reason: e.to_string() })?;
     stream.write_all(CONTROL_PREAMBLE).await.map_err(|e| unreachable_err(addr, e))?;
@@ -199,7 +241,7 @@ async fn connect(
     let mut rpc = RpcSystem::new(Box::new(network), None);
     let server: gpu_server::Client = rpc.bootstrap(rpc_twoparty_capnp::Side::Server);
     let driver = tokio::task::spawn_local(rpc);
-    Ok((server, driver, refusal))
+    Ok((server, driver, refusal, channel))
 }
 
 async fn open_async(
@@ -208,7 +250,7 @@ async fn open_async(
     security: &ClientSecurity,
     session: bool,
 ) -> Result<(Inventory, Option<Hello>), ClientError> {
-    let (server, driver, refusal) = connect(addr, security).await?;
+    let (server, driver, refusal, channel) = connect(addr, security).await?;
     let result = async {
         let mut req = server.hello_request();
         req.get().set_client_version(PROTOCOL_VERSION);
@@ -264,8 +306,11 @@ async fn open_async(
         if !session {
             return Ok((Inventory { server_name, backend, devices, token }, None));
         }
+        let (nonce, proof) = possession(&server, addr, token.as_ref(), channel).await?;
         let mut req = server.open_session_request();
         req.get().set_token(token.as_ref().map_or(&[][..], |(t, _)| t.as_slice()));
+        req.get().set_nonce(&nonce);
+        req.get().set_proof(&proof);
         req.get().set_client_name(client_name);
         let reply = req.send().promise.await.map_err(|e| rpc_err(addr, e))?;
         let s = reply.get().map_err(|e| rpc_err(addr, e))?;
@@ -318,6 +363,7 @@ fn pick_token(tokens: &[Vec<u8>], devices: &[RemoteDevice]) -> Option<(Vec<u8>, 
             gpus: Vec::new(),
             pkey: None,
             compute_milli: 0,
+            client_key: None,
         });
         return Some((t, c));
     }

@@ -16,7 +16,7 @@ type Driver = tokio::task::JoinHandle<Result<(), capnp::Error>>;
 /// Connects to `addr`'s control plane (TLS as `security` says); the returned
 /// task drives the connection (abort it when done). Inside a `LocalSet`.
 async fn connect(addr: &str, security: &ClientSecurity) -> Result<(gpu_server::Client, Driver), ControlError> {
-    let (server, driver, _refusal) = crate::connect(addr, security).await?;
+    let (server, driver, _refusal, _) = crate::connect(addr, security).await?;
     Ok((server, driver))
 }
 

@@ -15,7 +15,7 @@ use rgpu_broker_client::credential::Credential;
 use rgpu_pool_broker::identity::Credentials;
 use rgpu_protocol::auth;
 use rgpu_protocol::token::{self, Claims};
-use rgpu_server::lease::Leases;
+use rgpu_server::lease::{Leases, Possession};
 
 /// The key the fuzz servers hold (tokens and credentials).
 pub const KEY: &[u8] = b"rgpu-fuzz-key-0123456789abcdef";
@@ -88,7 +88,10 @@ pub fn run(data: &[u8]) {
 /// The server's admission of a lease token (`openSession`).
 pub fn admit(token: &[u8]) {
     let leases = Leases::new(Some(KEY.to_vec()), vec![(GPU, 0)]);
-    let _ = leases.admit(token, NOW_MS);
+    let _ = leases.admit(token, NOW_MS, None);
+    // A bound token's proof check runs on whatever the input holds.
+    let possession = Possession { nonce: &[7; 32], fresh: true, channel: Some([9; 32]), proof: token };
+    let _ = leases.admit(token, NOW_MS, Some(&possession));
 }
 
 /// The broker's check of a login; whether it was accepted.

@@ -217,6 +217,7 @@ fn regenerate_the_capnp_and_token_seeds() {
         Claims { deadline_ms: 1, ..base.clone() },
         Claims { tenant: "t".repeat(64), pkey: Some(0x7fff), ..base.clone() },
         Claims { lease_id: u64::MAX, generation: u64::MAX, deadline_ms: u64::MAX, ..base.clone() },
+        Claims { client_key: Some([0x11; 32]), compute_milli: 0, ..base.clone() },
     ];
     for (n, c) in shapes.iter().enumerate() {
         std::fs::write(tokens.join(format!("token-shape-{n}")), c.sign(rgpu_fuzz_targets::token::KEY)).unwrap();

@@ -355,6 +355,7 @@ impl Service {
             tenant: l.tenant.clone(),
             gpus: l.gpus.iter().map(|g| g.uuid).collect(),
             compute_milli: l.compute_share(),
+            client_key: l.client_key,
         }
         .sign(&self.key)
     }
@@ -677,6 +678,7 @@ mod tests {
             bandwidth: 0,
             moving: None,
             move_error: String::new(),
+            client_key: None,
         }
     }
 

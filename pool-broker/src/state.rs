@@ -94,6 +94,10 @@ pub struct Lease {
     /// Why its last move failed (empty: none did).
     #[serde(default)]
     pub move_error: String,
+    /// The client key its tokens are bound to (None: bearer tokens); every
+    /// token signed for it, after a renewal or a move too, carries it.
+    #[serde(default)]
+    pub client_key: Option<[u8; 32]>,
 }
 
 impl Lease {
@@ -136,6 +140,10 @@ pub struct LeaseRequest {
     /// Bytes/s each way on each server the lease lands on; 0: none.
     #[serde(default)]
     pub bandwidth: u64,
+    /// The client's Ed25519 public key: the lease's tokens are bound to it
+    /// (`rgpu_protocol::binding`). None: bearer tokens.
+    #[serde(default)]
+    pub client_key: Option<[u8; 32]>,
 }
 
 /// Operator policy per tenant (from the broker's configuration). A quota
@@ -876,6 +884,7 @@ impl State {
             bandwidth: req.bandwidth,
             moving: None,
             move_error: String::new(),
+            client_key: req.client_key,
         };
         self.occupy(&lease);
         if !lease.key.is_empty() {

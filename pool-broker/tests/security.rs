@@ -425,3 +425,35 @@ fn revoked_credentials_stay_revoked_across_a_restart() {
     assert!(BrokerClient::connect(&addr, &new, &rgpu_tls::ClientSecurity::Plaintext).unwrap().whoami().is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A lease asked with a client key gets tokens bound to it: the first, the
+/// renewed one and, after a restart, the one renewed then (the key is
+/// stored with the lease).
+#[test]
+fn a_bound_lease_keeps_its_client_key_through_renewals_and_restarts() {
+    let dir = temp_dir("bound");
+    let addr = free_port();
+    let mut b = broker(&dir, &addr);
+    register_server(&addr, &dir, "10.0.0.2:7767", 2);
+    let carol = login(&addr, &dir, "carol", Role::User);
+    let key = rgpu_protocol::binding::ClientKey::generate().unwrap().public();
+    let bound_to = |l: &LeaseView| {
+        let t = rgpu_protocol::token::from_hex(&l.token).expect("hex token");
+        rgpu_protocol::token::Claims::verify(&t, &token_key(&dir), 0).expect("the broker's token").client_key
+    };
+    let l = carol.lease(&LeaseSpec { client_key: Some(key), ..one_gpu("") }).unwrap();
+    assert_eq!(bound_to(&l), Some(key));
+    let renewed = carol.renew(l.id_u64(), 120_000).unwrap();
+    assert_eq!(bound_to(&renewed), Some(key), "a renewal keeps the binding");
+    let bearer = carol.lease(&one_gpu("")).unwrap();
+    assert_eq!(bound_to(&bearer), None);
+    drop(carol);
+
+    b.child.kill().unwrap();
+    let _ = b.child.wait();
+    let _b = broker(&dir, &addr);
+    let carol = login(&addr, &dir, "carol", Role::User);
+    let again = carol.renew(l.id_u64(), 120_000).expect("the lease survived the restart");
+    assert_eq!(bound_to(&again), Some(key), "the binding is stored with the lease");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -129,6 +129,7 @@ struct LeaseRequest {
   waitMs @9 :UInt64;          # how long to queue when it cannot be placed now
   key @10 :Text;              # idempotency key: a retry with the same key gets the same lease
   bandwidth @11 :UInt64;      # bytes/s each way on each of its servers' links (0: none asked)
+  clientKey @12 :Data;        # empty, or the client's Ed25519 public key (32 bytes): the token is bound to it
 }
 
 enum Scope {

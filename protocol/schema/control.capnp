@@ -14,8 +14,12 @@ interface GpuServer {
   # Opens a session. The returned id and key admit exactly one data-plane
   # connection to the same server; the session lives as long as that
   # connection (or until `attachTimeoutMs` passes without one).
-  # `token` is reserved for the broker's lease tokens (empty today).
-  openSession @2 (token :Data, clientName :Text)
+  # `token`: the broker's lease token (empty on a server without a broker).
+  # A token bound to a client key (docs/security.md, "Bound tokens") needs
+  # `nonce` from `challenge` on this connection (one use) and
+  # proof = the client key's Ed25519 signature of binding::message(nonce,
+  # this connection's TLS exporter value, token).
+  openSession @2 (token :Data, clientName :Text, nonce :Data, proof :Data)
         -> (sessionId :UInt64, key :Data, attachTimeoutMs :UInt32);
 
   # Operator operations (docs/migration.md). Each needs a nonce from
@@ -39,8 +43,9 @@ interface GpuServer {
   # info, `rgpu smi`): with a lease token, the lease's devices, its memory
   # limit as the total and its own sessions' allocations as used; without
   # one, on a server that admits sessions without tokens, whole devices.
-  # A pooled server refuses a caller without a valid token.
-  deviceStatus @6 (token :Data) -> (devices :List(DeviceStatus));
+  # A pooled server refuses a caller without a valid token; a bound token
+  # needs its proof, as for openSession.
+  deviceStatus @6 (token :Data, nonce :Data, proof :Data) -> (devices :List(DeviceStatus));
 
   # Moves session `sessionId` to the GPU server at `target` (host:port, as
   # clients reach it) while its program runs: quiesced as for a checkpoint,

@@ -6,7 +6,8 @@
 //! - `broker_capnp`: the GPU pool broker (capnp-rpc): registration,
 //!   heartbeats, leases, drain; [`token`]: the lease tokens it signs;
 //!   [`scope`]: the topology unit a lease request names; [`auth`]: what
-//!   the broker's logins and registrations prove.
+//!   the broker's logins and registrations prove; [`binding`]: the proof
+//!   that a client holds the key a lease token is bound to.
 //! - [`bundle`]: the image the shim's JIT linker hands back for several inputs.
 //! - [`frame`]: the data plane's framing: a fixed header, one capnp message,
 //!   then raw bulk bytes.
@@ -32,6 +33,7 @@ pub mod data_capnp {
 }
 
 pub mod auth;
+pub mod binding;
 pub mod bundle;
 pub mod frame;
 pub mod message;

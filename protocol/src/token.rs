@@ -11,6 +11,10 @@
 //! Version 3 is for fractional leases: version 1, then the P_Key (u16, 0:
 //! none, an invalid P_Key in InfiniBand) and the lease's compute share of
 //! each GPU (u16, thousandths); tokens without a share are written as before.
+//! Version 4 binds the token to a client key: version 1, then the P_Key
+//! (u16, 0: none), the compute share (u16, 0: whole GPUs) and the client's
+//! Ed25519 public key (32 bytes); a server admits it only with that key's
+//! proof (see [`crate::binding`]). Unbound tokens are written as before.
 //! In the environment (`RGPU_TOKEN`) a token is written in lowercase hex.
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -22,6 +26,8 @@ const VERSION: u8 = 1;
 const VERSION_PKEY: u8 = 2;
 /// Version 1 plus an optional P_Key and a compute share.
 const VERSION_SHARE: u8 = 3;
+/// Version 3's fields, a share of 0 meaning whole GPUs, and a client key.
+const VERSION_BOUND: u8 = 4;
 const MAC_LEN: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +46,9 @@ pub struct Claims {
     /// whole GPUs. A server gives the lease's sessions device time in
     /// proportion to it when they compete.
     pub compute_milli: u16,
+    /// The client's public key the token is bound to: a session opens only
+    /// with its holder's proof. None: a bearer token.
+    pub client_key: Option<[u8; crate::binding::PUBLIC_KEY_LEN]>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -79,10 +88,11 @@ impl Claims {
     /// The signed token.
     pub fn sign(&self, key: &[u8]) -> Vec<u8> {
         let mut b = Vec::with_capacity(64 + self.tenant.len() + 16 * self.gpus.len() + MAC_LEN);
-        let version = match (self.pkey, self.compute_milli) {
-            (_, 1..) => VERSION_SHARE,
-            (Some(_), 0) => VERSION_PKEY,
-            (None, 0) => VERSION,
+        let version = match (self.client_key, self.pkey, self.compute_milli) {
+            (Some(_), _, _) => VERSION_BOUND,
+            (None, _, 1..) => VERSION_SHARE,
+            (None, Some(_), 0) => VERSION_PKEY,
+            (None, None, 0) => VERSION,
         };
         b.push(version);
         b.extend_from_slice(&self.lease_id.to_le_bytes());
@@ -97,9 +107,12 @@ impl Claims {
         for g in &self.gpus[..n] {
             b.extend_from_slice(g);
         }
-        if version == VERSION_SHARE {
+        if version == VERSION_SHARE || version == VERSION_BOUND {
             b.extend_from_slice(&self.pkey.unwrap_or(0).to_le_bytes());
             b.extend_from_slice(&self.compute_milli.to_le_bytes());
+            if let Some(k) = &self.client_key {
+                b.extend_from_slice(k);
+            }
         } else if let Some(k) = self.pkey {
             b.extend_from_slice(&k.to_le_bytes());
         }
@@ -117,7 +130,7 @@ impl Claims {
         let body = &token[..token.len() - MAC_LEN];
         let mut r = Reader { b: body };
         let version = r.u8()?;
-        if !matches!(version, VERSION | VERSION_PKEY | VERSION_SHARE) {
+        if !matches!(version, VERSION | VERSION_PKEY | VERSION_SHARE | VERSION_BOUND) {
             return Err(TokenError::Malformed("unknown version"));
         }
         let lease_id = r.u64()?;
@@ -137,20 +150,27 @@ impl Claims {
         }
         let (pkey, compute_milli) = match version {
             VERSION_PKEY => (Some(r.u16()?), 0),
-            VERSION_SHARE => {
+            VERSION_SHARE | VERSION_BOUND => {
                 let pkey = Some(r.u16()?).filter(|&k| k != 0);
                 let share = r.u16()?;
-                if share == 0 || share > 1000 {
+                if (version == VERSION_SHARE && share == 0) || share > 1000 {
                     return Err(TokenError::Malformed("compute share outside 1..=1000"));
                 }
                 (pkey, share)
             }
             _ => (None, 0),
         };
+        let client_key = if version == VERSION_BOUND {
+            let mut k = [0u8; crate::binding::PUBLIC_KEY_LEN];
+            k.copy_from_slice(r.take(crate::binding::PUBLIC_KEY_LEN)?);
+            Some(k)
+        } else {
+            None
+        };
         if !r.b.is_empty() {
             return Err(TokenError::Malformed("trailing bytes"));
         }
-        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus, pkey, compute_milli })
+        Ok(Claims { lease_id, generation, deadline_ms, memory_limit, tenant, gpus, pkey, compute_milli, client_key })
     }
 
     /// Checks the signature and the deadline and returns the claims.
@@ -247,6 +267,7 @@ mod tests {
             gpus: vec![[1; 16], [2; 16]],
             pkey: None,
             compute_milli: 0,
+            client_key: None,
         }
     }
 
@@ -310,5 +331,27 @@ mod tests {
         body[n - 2..].copy_from_slice(&1001u16.to_le_bytes());
         body.extend_from_slice(&sign_bytes(key, &body.clone()));
         assert!(matches!(Claims::verify(&body, key, 0), Err(TokenError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_client_key_round_trips_with_every_other_field_and_is_signed() {
+        let key = b"0123456789abcdef0123456789abcdef";
+        for (pkey, share) in [(None, 0), (Some(0x8003), 0), (None, 250), (Some(0x8004), 1000)] {
+            let c = Claims { pkey, compute_milli: share, client_key: Some([0x5a; 32]), ..claims() };
+            let t = c.sign(key);
+            assert_eq!(t[0], VERSION_BOUND);
+            assert_eq!(Claims::verify(&t, key, 0), Ok(c.clone()));
+            // Swapping in another key breaks the signature.
+            let mut forged = t.clone();
+            let at = t.len() - MAC_LEN - 1;
+            forged[at] ^= 0x01;
+            assert_eq!(Claims::verify(&forged, key, 0), Err(TokenError::BadSignature));
+            // Cut off the key and re-signed: malformed, not a bearer token.
+            let mut short = t[..t.len() - MAC_LEN - 32].to_vec();
+            short.extend_from_slice(&sign_bytes(key, &short));
+            assert!(matches!(Claims::verify(&short, key, 0), Err(TokenError::Malformed(_))));
+        }
+        // Unbound claims keep the older versions byte for byte.
+        assert_eq!(claims().sign(key)[0], VERSION);
     }
 }

@@ -164,6 +164,11 @@ rgpu_config::settings! {
         /// broker signed; without it, anyone may open a session.
         #[setting(flag = "broker-key-file", env = "RGPU_SERVER_BROKER_KEY_FILE", value_name = "FILE")]
         broker_key_file: Option<PathBuf> = None,
+        /// Admit only lease tokens bound to a client key (the holder's proof
+        /// at every session; docs/security.md): refuses bearer tokens, which
+        /// clients that do not bind still ask for.
+        #[setting(flag = "require-bound-tokens", env = "RGPU_SERVER_REQUIRE_BOUND_TOKENS")]
+        require_bound_tokens: bool = false,
         /// Address clients reach this server on, as registered with the broker
         /// [default: the listening address].
         #[setting(flag = "advertise", env = "RGPU_SERVER_ADVERTISE", value_name = "ADDR")]
@@ -308,6 +313,8 @@ pub struct PoolConfig {
     pub broker: Option<String>,
     /// The key read from the broker key file.
     pub broker_key: Option<Vec<u8>>,
+    /// Refuse lease tokens not bound to a client key.
+    pub require_bound_tokens: bool,
     pub advertise: Option<String>,
     pub labels: Labels,
     /// How long a stopping server waits for its leases to end (zero: it
@@ -325,6 +332,7 @@ impl Default for PoolConfig {
         PoolConfig {
             broker: None,
             broker_key: None,
+            require_bound_tokens: false,
             advertise: None,
             labels: Labels::default(),
             drain_timeout: Duration::ZERO,
@@ -410,6 +418,7 @@ impl Config {
             pool: PoolConfig {
                 broker: s.broker,
                 broker_key,
+                require_bound_tokens: s.require_bound_tokens,
                 advertise: s.advertise,
                 labels: Labels {
                     node: s.node.unwrap_or_default(),
@@ -500,6 +509,7 @@ mod tests {
         ("spin-us", ["0", "7"]),
         ("broker", ["b:1", "b:2"]),
         ("broker-key-file", ["/k1", "/k2"]),
+        ("require-bound-tokens", ["true", "false"]),
         ("advertise", ["a:1", "a:2"]),
         ("node", ["n1", "n2"]),
         ("leaf", ["l1", "l2"]),

@@ -47,8 +47,12 @@ struct GpuServer {
     /// The version the client announced in `hello`, if it did.
     client_version: Cell<Option<u32>>,
     activity: std::rc::Rc<Activity>,
-    /// The nonce `challenge` handed out, until an operator call uses it.
+    /// The nonce `challenge` handed out, until an operator call or a bound
+    /// token's proof uses it.
     nonce: Cell<Option<[u8; rgpu_protocol::auth::NONCE_LEN]>>,
+    /// This connection's TLS exporter value, which a bound token's proof
+    /// covers; None in plaintext.
+    channel: Option<[u8; 32]>,
 }
 
 impl GpuServer {
@@ -68,6 +72,20 @@ impl GpuServer {
             return Err(capnp::Error::failed("refused: the proof is not the admin key's over this connection's challenge".into()));
         }
         Ok(())
+    }
+}
+
+impl GpuServer {
+    /// Admits `token` as the lease rules say, with the proof of possession
+    /// the request carries (`nonce`, `proof`) checked against this
+    /// connection's challenge, which it uses up.
+    fn admit(&self, token: &[u8], nonce: &[u8], proof: &[u8]) -> Result<Option<crate::lease::Admission>, crate::lease::AdmitError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let fresh = !nonce.is_empty() && self.nonce.take().is_some_and(|n| n[..] == *nonce);
+        let possession = crate::lease::Possession { nonce, fresh, channel: self.channel, proof };
+        self.service.leases.admit(token, now, Some(&possession))
     }
 }
 
@@ -135,13 +153,10 @@ impl gpu_server::Server for GpuServer {
         mut results: gpu_server::DeviceStatusResults,
     ) -> Result<(), capnp::Error> {
         self.activity.call();
-        let token = params.get()?.get_token()?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let p = params.get()?;
         // What one tenant may see of a pooled server is its own lease: other
         // tenants' use of a shared GPU is theirs.
-        let admission = match self.service.leases.admit(token, now) {
+        let admission = match self.admit(p.get_token()?, p.get_nonce()?, p.get_proof()?) {
             Ok(a) => a,
             Err(e) => {
                 debug!(peer = %self.peer, "device status refused: {e}");
@@ -198,10 +213,7 @@ impl gpu_server::Server for GpuServer {
         self.activity.sessions.set(opened + 1);
         let p = params.get()?;
         let client = text(p.get_client_name());
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let admission = match self.service.leases.admit(p.get_token()?, now) {
+        let admission = match self.admit(p.get_token()?, p.get_nonce()?, p.get_proof()?) {
             Ok(a) => a,
             Err(e) => {
                 warn!(peer = %self.peer, client = %client, "session refused: {e}");
@@ -354,6 +366,7 @@ impl gpu_server::Server for GpuServer {
 /// `--control-idle-timeout`. Must run inside a `LocalSet`.
 pub async fn serve<S>(
     stream: S,
+    channel: Option<[u8; 32]>,
     peer: String,
     service: Arc<Service>,
     shutdown: CancellationToken,
@@ -383,6 +396,7 @@ pub async fn serve<S>(
         client_version: Cell::new(None),
         activity: activity.clone(),
         nonce: Cell::new(None),
+        channel,
     };
     let client: gpu_server::Client = capnp_rpc::new_client(server);
     let rpc = RpcSystem::new(Box::new(network), Some(client.client));

@@ -30,6 +30,22 @@ pub enum AdmitError {
     StaleGeneration { lease: u64, got: u64, live: u64 },
     #[error("lease {0:016x} has ended (released, expired or revoked); take a new lease")]
     Ended(u64),
+    #[error("the token is bound to client key {0}, and this client did not prove it holds that key (run the program where the lease was taken, or point RGPU_CLIENT_KEY at its key file)")]
+    Unproven(String),
+    #[error("this server admits only tokens bound to a client key (--require-bound-tokens); take the lease with `rgpu lease`, which binds it")]
+    Bearer,
+}
+
+/// What a client sent to prove it holds the key its token is bound to
+/// (`rgpu_protocol::binding`).
+#[derive(Debug, Clone, Copy)]
+pub struct Possession<'a> {
+    pub nonce: &'a [u8],
+    /// `nonce` is the one this connection's `challenge` handed out, unused.
+    pub fresh: bool,
+    /// This connection's TLS exporter value; None in plaintext.
+    pub channel: Option<[u8; 32]>,
+    pub proof: &'a [u8],
 }
 
 /// What an admitted session may do.
@@ -72,6 +88,8 @@ const MAX_MOVES: usize = 64;
 
 pub struct Leases {
     key: Option<Vec<u8>>,
+    /// Refuse bearer tokens (`--require-bound-tokens`).
+    require_bound: bool,
     /// This server's GPUs: (UUID, ordinal).
     gpus: Vec<([u8; 16], u32)>,
     inner: Mutex<Inner>,
@@ -80,7 +98,13 @@ pub struct Leases {
 impl Leases {
     /// Without a key every session is admitted, as before the broker.
     pub fn new(key: Option<Vec<u8>>, gpus: Vec<([u8; 16], u32)>) -> Self {
-        Leases { key, gpus, inner: Mutex::default() }
+        Leases { key, gpus, require_bound: false, inner: Mutex::default() }
+    }
+
+    /// Admits only tokens bound to a client key, with their proof.
+    pub fn requiring_bound_tokens(mut self, require: bool) -> Self {
+        self.require_bound = require;
+        self
     }
 
     pub fn enforced(&self) -> bool {
@@ -91,13 +115,26 @@ impl Leases {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Checks a token; Ok(None) when no key is configured.
-    pub fn admit(&self, token: &[u8], now_ms: u64) -> Result<Option<Admission>, AdmitError> {
+    /// Checks a token, and for one bound to a client key the client's
+    /// `possession` of it; Ok(None) when no key is configured.
+    pub fn admit(&self, token: &[u8], now_ms: u64, possession: Option<&Possession<'_>>) -> Result<Option<Admission>, AdmitError> {
         let Some(key) = &self.key else { return Ok(None) };
         if token.is_empty() {
             return Err(AdmitError::NoToken);
         }
         let c = Claims::verify(token, key, now_ms)?;
+        match &c.client_key {
+            Some(public) => {
+                let proven = possession.is_some_and(|p| {
+                    p.fresh && rgpu_protocol::binding::verify(public, p.nonce, p.channel.as_ref(), token, p.proof)
+                });
+                if !proven {
+                    return Err(AdmitError::Unproven(rgpu_protocol::binding::fingerprint(public)));
+                }
+            }
+            None if self.require_bound => return Err(AdmitError::Bearer),
+            None => {}
+        }
         let mut devices: Vec<u32> =
             self.gpus.iter().filter(|(uuid, _)| c.gpus.contains(uuid)).map(|&(_, ordinal)| ordinal).collect();
         if devices.is_empty() {
@@ -250,27 +287,27 @@ mod tests {
     const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 
     fn token(lease: u64, generation: u64, gpu: u8) -> Vec<u8> {
-        Claims { lease_id: lease, generation, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[gpu; 16]], pkey: None, compute_milli: 0 }
+        Claims { lease_id: lease, generation, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[gpu; 16]], pkey: None, compute_milli: 0, client_key: None }
             .sign(KEY)
     }
 
     #[test]
     fn admission_and_fencing() {
         let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
-        assert_eq!(l.admit(&[], 0), Err(AdmitError::NoToken));
-        assert_eq!(l.admit(&token(5, 3, 2), 0), Err(AdmitError::NotOurGpu));
-        let a = l.admit(&token(5, 3, 1), 0).unwrap().unwrap();
+        assert_eq!(l.admit(&[], 0, None), Err(AdmitError::NoToken));
+        assert_eq!(l.admit(&token(5, 3, 2), 0, None), Err(AdmitError::NotOurGpu));
+        let a = l.admit(&token(5, 3, 1), 0, None).unwrap().unwrap();
         assert_eq!(a.memory_limit, None);
         l.bind(77, a);
         // Heartbeat: lease 5 live at generation 3; nothing to close.
         assert!(l.update(HashMap::from([(5, (3, 2000))]), 9, 10).is_empty());
-        assert!(matches!(l.admit(&token(5, 2, 1), 0), Err(AdmitError::StaleGeneration { .. })));
-        assert_eq!(l.admit(&token(6, 8, 1), 0), Err(AdmitError::Ended(6)), "released before: replay refused");
-        assert!(l.admit(&token(7, 10, 1), 0).is_ok(), "granted since the heartbeat");
+        assert!(matches!(l.admit(&token(5, 2, 1), 0, None), Err(AdmitError::StaleGeneration { .. })));
+        assert_eq!(l.admit(&token(6, 8, 1), 0, None), Err(AdmitError::Ended(6)), "released before: replay refused");
+        assert!(l.admit(&token(7, 10, 1), 0, None).is_ok(), "granted since the heartbeat");
         // Lease 5 released: its session closes.
         assert_eq!(l.update(HashMap::new(), 10, 20), vec![77]);
-        assert!(matches!(l.admit(&token(5, 3, 1), 30), Err(AdmitError::Ended(5))));
-        assert!(Leases::new(None, vec![]).admit(&[], 0).unwrap().is_none());
+        assert!(matches!(l.admit(&token(5, 3, 1), 30, None), Err(AdmitError::Ended(5))));
+        assert!(Leases::new(None, vec![]).admit(&[], 0, None).unwrap().is_none());
     }
 
     #[test]
@@ -312,13 +349,43 @@ mod tests {
     }
 
     #[test]
+    fn a_bound_token_needs_a_fresh_proof_for_this_connection() {
+        use rgpu_protocol::binding::ClientKey;
+        let holder = ClientKey::generate().unwrap();
+        let thief = ClientKey::generate().unwrap();
+        let bound = Claims {
+            lease_id: 3, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus: vec![[1; 16]],
+            pkey: None, compute_milli: 0, client_key: Some(holder.public()),
+        }
+        .sign(KEY);
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
+        let (nonce, chan) = ([4u8; 32], Some([5u8; 32]));
+        let proof = holder.prove(&nonce, chan.as_ref(), &bound);
+        let p = Possession { nonce: &nonce, fresh: true, channel: chan, proof: &proof };
+        assert!(l.admit(&bound, 0, Some(&p)).unwrap().is_some(), "the holder, on its connection");
+        assert!(matches!(l.admit(&bound, 0, None), Err(AdmitError::Unproven(_))), "the token alone");
+        let stale = Possession { fresh: false, ..p };
+        assert!(matches!(l.admit(&bound, 0, Some(&stale)), Err(AdmitError::Unproven(_))), "a nonce used before");
+        let relayed = Possession { channel: Some([6u8; 32]), ..p };
+        assert!(matches!(l.admit(&bound, 0, Some(&relayed)), Err(AdmitError::Unproven(_))), "another connection's proof");
+        let theirs = thief.prove(&nonce, chan.as_ref(), &bound);
+        let stolen = Possession { proof: &theirs, ..p };
+        assert!(matches!(l.admit(&bound, 0, Some(&stolen)), Err(AdmitError::Unproven(_))), "another key");
+        // Bearer tokens: admitted unless the server requires bound ones.
+        assert!(l.admit(&token(8, 1, 1), 0, None).is_ok());
+        let strict = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]).requiring_bound_tokens(true);
+        assert_eq!(strict.admit(&token(8, 1, 1), 0, None), Err(AdmitError::Bearer));
+        assert!(strict.admit(&bound, 0, Some(&p)).unwrap().is_some());
+    }
+
+    #[test]
     fn admission_names_only_the_tokens_gpus() {
         let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0), ([2; 16], 1), ([3; 16], 2)]);
         let c = |gpus: Vec<[u8; 16]>| {
-            Claims { lease_id: 9, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None, compute_milli: 0 }.sign(KEY)
+            Claims { lease_id: 9, generation: 1, deadline_ms: 1000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None, compute_milli: 0, client_key: None }.sign(KEY)
         };
-        assert_eq!(l.admit(&c(vec![[3; 16], [2; 16]]), 0).unwrap().unwrap().devices, vec![1, 2]);
+        assert_eq!(l.admit(&c(vec![[3; 16], [2; 16]]), 0, None).unwrap().unwrap().devices, vec![1, 2]);
         // A GPU of another server in the same token gives nothing here.
-        assert_eq!(l.admit(&c(vec![[9; 16], [1; 16]]), 0).unwrap().unwrap().devices, vec![0]);
+        assert_eq!(l.admit(&c(vec![[9; 16], [1; 16]]), 0, None).unwrap().unwrap().devices, vec![0]);
     }
 }

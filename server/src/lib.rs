@@ -117,7 +117,7 @@ pub async fn serve_draining(
         .with_security(config.security.clone())
         .with_checkpoint(&config.checkpoint);
     if let Some(key) = &config.pool.broker_key {
-        service = service.with_broker_key(key.clone());
+        service = service.with_lease_tokens(key.clone(), config.pool.require_bound_tokens);
     }
     let service = Arc::new(service);
     if let Some(m) = metrics {

@@ -147,7 +147,8 @@ async fn handle(
         Err(_) => return debug!(%peer, "no preamble within {secs} s (--handshake-timeout); closing"),
     }
     if &preamble == CONTROL_PREAMBLE {
-        crate::control::serve(sock, peer, service, shutdown, deadline).await;
+        let channel = sock.channel_binding();
+        crate::control::serve(sock, channel, peer, service, shutdown, deadline).await;
         drop((held, guard));
     } else if &preamble == DATA_PREAMBLE || &preamble == RDMA_DATA_PREAMBLE {
         let rdma = &preamble == RDMA_DATA_PREAMBLE;

@@ -138,9 +138,15 @@ impl Service {
     }
 
     /// Admits sessions by lease tokens signed with `key`.
-    pub fn with_broker_key(mut self, key: Vec<u8>) -> Self {
+    pub fn with_broker_key(self, key: Vec<u8>) -> Self {
+        self.with_lease_tokens(key, false)
+    }
+
+    /// Admits sessions by lease tokens signed with `key`; with
+    /// `require_bound`, only tokens bound to a client key.
+    pub fn with_lease_tokens(mut self, key: Vec<u8>, require_bound: bool) -> Self {
         let gpus = self.backend.devices().iter().map(|d| (d.uuid, d.ordinal)).collect();
-        self.leases = Leases::new(Some(key), gpus);
+        self.leases = Leases::new(Some(key), gpus).requiring_bound_tokens(require_bound);
         self
     }
 }

@@ -33,6 +33,7 @@ fn token(lease: u64, compute_milli: u16, gpu: [u8; 16]) -> Vec<u8> {
         gpus: vec![gpu],
         pkey: None,
         compute_milli,
+        client_key: None,
     }
     .sign(KEY)
 }

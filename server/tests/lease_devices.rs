@@ -14,7 +14,7 @@ const INVALID_DEVICE: u32 = 101;
 
 fn claims(gpus: Vec<[u8; 16]>) -> Claims {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    Claims { lease_id: 7, generation: 2, deadline_ms: now + 60_000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None, compute_milli: 0 }
+    Claims { lease_id: 7, generation: 2, deadline_ms: now + 60_000, memory_limit: 0, tenant: "t".into(), gpus, pkey: None, compute_milli: 0, client_key: None }
 }
 
 #[test]

@@ -169,15 +169,26 @@ pub async fn connect(
     addr: &str,
     stream: tokio::net::TcpStream,
 ) -> Result<(Box<dyn crate::AsyncStream>, crate::guard::Refusal), TlsError> {
+    connect_bound(security, addr, stream).await.map(|(s, r, _)| (s, r))
+}
+
+/// [`connect`], also returning the connection's channel binding
+/// ([`crate::channel_binding`]; None in plaintext).
+pub async fn connect_bound(
+    security: &ClientSecurity,
+    addr: &str,
+    stream: tokio::net::TcpStream,
+) -> Result<(Box<dyn crate::AsyncStream>, crate::guard::Refusal, Option<[u8; 32]>), TlsError> {
     match security {
         ClientSecurity::Plaintext => {
             let (g, refusal) = crate::guard::PlaintextGuard::new(stream);
-            Ok((Box::new(g), refusal))
+            Ok((Box::new(g), refusal, None))
         }
         ClientSecurity::Tls(tls) => {
             let connector = tokio_rustls::TlsConnector::from(tls.config());
             let s = connector.connect(tls.server_name(addr)?, stream).await.map_err(|e| explain(addr, &e))?;
-            Ok((Box::new(s), crate::guard::Refusal::default()))
+            let binding = crate::channel_binding(s.get_ref().1);
+            Ok((Box::new(s), crate::guard::Refusal::default(), binding))
         }
     }
 }

@@ -63,5 +63,12 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Reads and writes: what capnp-rpc and the preamble reader run over,
 /// TLS or not.
+/// A connection's TLS exporter value for channel binding (RFC 5705 /
+/// RFC 8446 section 7.5): both ends compute the same 32 bytes, and no other
+/// connection has them, so a signature over them cannot be relayed.
+pub fn channel_binding<D>(conn: &rustls::ConnectionCommon<D>) -> Option<[u8; 32]> {
+    conn.export_keying_material([0u8; 32], b"EXPORTER-rgpu-token-binding", None).ok()
+}
+
 pub trait AsyncStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncStream for T {}

@@ -135,6 +135,15 @@ impl Accepted {
         matches!(self, Accepted::Tls(_))
     }
 
+    /// The TLS exporter value a client's proof over this connection covers
+    /// ([`crate::channel_binding`]); None in plaintext.
+    pub fn channel_binding(&self) -> Option<[u8; 32]> {
+        match self {
+            Accepted::Plain(_) => None,
+            Accepted::Tls(t) => crate::channel_binding(t.get_ref().1),
+        }
+    }
+
     /// The socket and the TLS state, for a connection served with blocking
     /// I/O from here on (the data plane). Nothing buffered is lost: the
     /// TLS state keeps what it has read and not yet handed out.

@@ -54,6 +54,8 @@ struct Pool {
     client: BrokerClient,
     server: ServerProcess,
     broker: BrokerProcess,
+    /// The key file the lease's token is bound to, in the broker's folder.
+    client_key: std::path::PathBuf,
 }
 
 impl Pool {
@@ -64,7 +66,7 @@ impl Pool {
         let server = ServerProcess::start_with(
             backend,
             pki,
-            &["--broker", &broker.addr, "--broker-key-file", key, "--drain-timeout", "0"],
+            &["--broker", &broker.addr, "--broker-key-file", key, "--drain-timeout", "0", "--require-bound-tokens"],
         )?;
         // The demo is its own operator: it issues itself a credential with
         // its broker's admin key.
@@ -79,9 +81,13 @@ impl Pool {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let spec = LeaseSpec { gpus: 1, ttl_ms: 10 * 60_000, ..LeaseSpec::default() };
+        // The lease is bound to a key of the demo's own, as `rgpu lease`
+        // binds one to the user's: its token opens sessions only with it.
+        let client_key = broker.dir.join("client.key");
+        let public = rgpu_control_client::client_key::load_or_create(&client_key)?.public();
+        let spec = LeaseSpec { gpus: 1, ttl_ms: 10 * 60_000, client_key: Some(public), ..LeaseSpec::default() };
         let lease = client.lease(&spec).context("the demo's broker did not grant a lease")?;
-        Ok(Pool { lease, client, server, broker })
+        Ok(Pool { lease, client, server, broker, client_key })
     }
 }
 
@@ -127,6 +133,7 @@ pub fn exec(a: Args) -> Result<i32> {
     std::env::set_var("RGPU_SERVERS", &addr);
     if let Some(p) = &pool {
         std::env::set_var("RGPU_TOKEN", &p.lease.token);
+        std::env::set_var(rgpu_control_client::client_key::ENV, &p.client_key);
     }
     tls.export()?;
     let shim = crate::paths::shim()?;
@@ -147,6 +154,16 @@ pub fn exec(a: Args) -> Result<i32> {
     }
     if let Some(p) = &pool {
         print_lease(&p.lease);
+        if let Some(k) = rgpu_protocol::token::from_hex(&p.lease.token)
+            .and_then(|t| rgpu_protocol::token::Claims::decode_unverified(&t).ok())
+            .and_then(|c| c.client_key)
+        {
+            println!(
+                "  token     bound to client key {} ({}): the server admits it only with that key's proof",
+                rgpu_protocol::binding::fingerprint(&k),
+                p.client_key.display()
+            );
+        }
     }
     d.open_device(0)?;
     print_device(&d);

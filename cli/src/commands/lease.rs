@@ -19,7 +19,8 @@ pub struct Args {
 
 pub fn exec(a: Args) -> Result<i32> {
     let b = a.broker.connect()?;
-    let l = b.lease(&a.lease.spec(10 * 60 * 1000))?;
+    let key = a.lease.client_key()?;
+    let l = b.lease(&a.lease.bound_spec(10 * 60 * 1000, key.as_ref()))?;
     if a.json {
         pool::json(&l)?;
     } else {
@@ -27,6 +28,10 @@ pub fn exec(a: Args) -> Result<i32> {
         eprintln!("To run programs on it, export (and `rgpu release {}` when done):", l.id);
         for (k, v) in pool::lease_env(&l) {
             println!("export {k}={v}");
+        }
+        if let Some(k) = &key {
+            // A path, not a secret: the token is of use only where it is.
+            println!("export {}={}", rgpu_control_client::client_key::ENV, k.path.display());
         }
     }
     Ok(0)

@@ -50,7 +50,8 @@ pub fn exec(a: Args) -> Result<i32> {
         return run_program(&a.program, &env);
     }
     let client = a.broker.connect()?;
-    let spec = a.lease.spec(RUN_TTL_MS);
+    let key = a.lease.client_key()?;
+    let spec = a.lease.bound_spec(RUN_TTL_MS, key.as_ref());
     let lease = client.lease(&spec)?;
     let id = lease.id_u64();
     eprintln!(
@@ -72,6 +73,9 @@ pub fn exec(a: Args) -> Result<i32> {
     // to the broker: one CA (or plaintext) for the pool.
     let mut env: Vec<(String, Option<String>)> = pool::lease_env(&lease).into_iter().map(|(k, v)| (k, Some(v))).collect();
     env.extend(a.broker.tls.env()?);
+    if let Some(k) = &key {
+        env.push((rgpu_control_client::client_key::ENV.to_string(), Some(k.path.display().to_string())));
+    }
     let result = run_program(&a.program, &env);
     done.store(true, Ordering::Release);
     let _ = renewer.join();

@@ -35,6 +35,10 @@ pub enum ClientError {
     /// The server ran the call and answered with this CUresult.
     #[error("CUresult {0}")]
     Cuda(u32),
+    /// This process may not use what it was given (a lease token bound to
+    /// a client key it cannot use).
+    #[error("{reason}")]
+    NotPermitted { reason: String },
 }
 
 impl From<rgpu_control_client::ControlError> for ClientError {
@@ -47,6 +51,7 @@ impl From<rgpu_control_client::ControlError> for ClientError {
             C::Tls { addr, reason } => ClientError::Unreachable { addr, reason },
             // Only operator calls are refused this way; the shim makes none.
             C::Refused { addr, reason } => ClientError::Protocol { addr, reason },
+            C::ClientKey { reason } => ClientError::NotPermitted { reason },
         }
     }
 }

@@ -62,6 +62,12 @@ impl session::Server for Session {
     async fn lease(self: Rc<Self>, params: session::LeaseParams, mut results: session::LeaseResults) -> Result<(), capnp::Error> {
         self.allow_audited(Role::User, "lease", &self.id.tenant)?;
         let r = params.get()?.get_request()?;
+        let client_key = match r.get_client_key()? {
+            [] => None,
+            k => Some(<[u8; 32]>::try_from(k).map_err(|_| {
+                capnp::Error::failed(format!("[invalid] clientKey must be an Ed25519 public key (32 bytes), not {} bytes", k.len()))
+            })?),
+        };
         let req = LeaseRequest {
             tenant: text(r.get_tenant()),
             demand: Demand {
@@ -80,12 +86,17 @@ impl session::Server for Session {
             wait_ms: r.get_wait_ms(),
             key: text(r.get_key()),
             bandwidth: r.get_bandwidth(),
+            client_key,
         };
         let l = self.service.lease(&self.id, req).await;
         let target = l.as_ref().map_or_else(|_| self.id.tenant.clone(), |l| lease_id(l.id));
         audit(&self.service, &self.actor, &self.peer, "lease", &target, &l, |l: &Lease| {
             let servers: Vec<&str> = l.gpus.iter().map(|g| g.server.as_str()).collect();
-            format!("{} GPU(s) on {}, generation {}", l.gpus.len(), servers.join(","), l.generation)
+            let bound = l.client_key.map_or_else(
+                || "bearer token".to_string(),
+                |k| format!("token bound to client key {}", rgpu_protocol::binding::fingerprint(&k)),
+            );
+            format!("{} GPU(s) on {}, generation {}, {bound}", l.gpus.len(), servers.join(","), l.generation)
         });
         let l = l.map_err(fail)?;
         let token = self.service.token_for(&l);
