@@ -91,6 +91,37 @@ pub fn checkpoint(
     })
 }
 
+/// Forwards session `session`, whose state left `addr` in a checkpoint, to
+/// `target`, where it was restored: its program's next resume at `addr` is
+/// redirected there.
+pub fn forward(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    session: u64,
+    target: &str,
+    limit: Duration,
+) -> Result<(), ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::Forward, session, target));
+            let mut req = server.forward_request();
+            let mut p = req.get();
+            p.set_session_id(session);
+            p.set_target(target);
+            p.set_nonce(&nonce);
+            p.set_proof(&proof);
+            req.send().promise.await.map_err(|e| refused(addr, e))?;
+            Ok(())
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
 /// Restores snapshot `name` (in the server's checkpoint directory) on `addr`.
 pub fn restore(
     addr: &str,

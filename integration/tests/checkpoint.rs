@@ -102,6 +102,9 @@ enum Then {
     Restart,
     /// `rgpu restore` on the same server, where the session waits, left.
     InPlace,
+    /// `rgpu restore --forward-from A` on another server B, reading the same
+    /// snapshot folder: A redirects the program's resume to B.
+    Elsewhere,
 }
 
 /// Runs rt_checkpoint (holding `mib` MiB beyond its small arrays) against a
@@ -151,13 +154,24 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
             assert!(ok, "restore failed: {restore}\n{}", a.describe());
             (a, restore)
         }
+        Then::Elsewhere => {
+            let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
+            let ba = b.addr_string();
+            let (ok, restore) = rgpu(&["restore", "job.snap", "--server", &ba, "--forward-from", &addr], &key);
+            assert!(ok, "restore on B failed: {restore}\n{}\n{}", a.describe(), b.describe());
+            assert!(a.log().contains("session forwarded to where it was restored"), "{}", a.describe());
+            // Forwarded once: the session is gone from A, so again is refused.
+            let (ok, again) = rgpu(&["restore", "job.snap", "--server", &ba, "--forward-from", &addr], &key);
+            assert!(!ok, "a second restore of a session served on B succeeded: {again}");
+            (b, restore)
+        }
     };
 
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[&b]);
     let restore = match then {
         Then::Restart => b.log().lines().filter(|l| l.contains("session restored")).collect::<Vec<_>>().join("\n"),
-        Then::InPlace => restore,
+        Then::InPlace | Then::Elsewhere => restore,
     };
     let report = out.describe(&[&b]);
     for r in 0..6 {
@@ -173,6 +187,14 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
 fn a_checkpointed_session_restored_on_a_restarted_server_finishes_right() {
     let m = checkpoint_and_restore(64, 300, Then::Restart, false);
     assert!(m.restore.contains("session restored"), "{}", m.restore);
+}
+
+/// `rgpu checkpoint` on A, `rgpu restore --forward-from A` on B: the
+/// program, still trying A, is redirected to B and finishes right.
+#[test]
+fn a_checkpointed_session_restored_on_another_server_is_redirected_there() {
+    let m = checkpoint_and_restore(16, 300, Then::Elsewhere, false);
+    assert!(m.restore.contains("forwarded from"), "{}", m.restore);
 }
 
 #[test]

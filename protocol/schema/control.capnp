@@ -62,6 +62,13 @@ interface GpuServer {
   # The sessions this server serves now (an operator call, as above): what
   # `rgpu sessions` lists, and where `checkpoint` and `migrate` find ids.
   listSessions @8 (nonce :Data, proof :Data) -> (sessions :List(SessionInfo));
+
+  # After `rgpu restore` rebuilt a session on another server: session
+  # `sessionId`, whose state left this server in a checkpoint (`leave`),
+  # is forwarded to `target` (host:port, as clients reach it). Its client's
+  # next resume here is redirected there, as after a live migration, and
+  # the session ends here. Refused for a session still served here.
+  forward @9 (sessionId :UInt64, target :Text, nonce :Data, proof :Data) -> ();
 }
 
 struct SessionInfo {

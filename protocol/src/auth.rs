@@ -94,6 +94,9 @@ pub enum ServerOp {
     Intake,
     /// The operator lists a server's sessions (session 0, no name).
     ListSessions,
+    /// The operator forwards a session that left in a checkpoint to where it
+    /// was restored (`name`: that server's address).
+    Forward,
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -106,6 +109,7 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Migrate => "migrate",
         ServerOp::Intake => "intake",
         ServerOp::ListSessions => "list-sessions",
+        ServerOp::Forward => "forward",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }

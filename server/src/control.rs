@@ -308,6 +308,21 @@ impl gpu_server::Server for GpuServer {
         Ok(())
     }
 
+    async fn forward(
+        self: Rc<Self>,
+        params: gpu_server::ForwardParams,
+        _results: gpu_server::ForwardResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (id, target) = (p.get_session_id(), text(p.get_target()));
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::Forward, id, &target)?;
+        crate::relocate::forward(&self.service, id, &target).await.map_err(|e| {
+            warn!(peer = %self.peer, session = format_args!("{id:#x}"), %target, "forward refused: {e}");
+            capnp::Error::from(e)
+        })
+    }
+
     async fn migrate(
         self: Rc<Self>,
         params: gpu_server::MigrateParams,

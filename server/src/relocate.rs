@@ -58,6 +58,10 @@ pub enum OpError {
     Snapshot(#[from] SnapshotError),
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("session {0:#x} is still served here: only a session whose state left in a checkpoint (without --continue) can be forwarded")]
+    NotLeft(u64),
+    #[error("{0:?} is not a host:port of at most 255 bytes")]
+    BadTarget(String),
 }
 
 /// What a checkpoint or restore did.
@@ -75,6 +79,35 @@ fn path_of(service: &Service, name: &str) -> Result<PathBuf, OpError> {
         return Err(OpError::BadName);
     }
     Ok(dir.join(name))
+}
+
+/// Forwards session `id`, whose state left here in a checkpoint, to
+/// `target`, where it was restored: its client's resumes here are
+/// redirected there (the note a live migration leaves), and it ends here.
+pub async fn forward(service: &Arc<Service>, id: u64, target: &str) -> Result<(), OpError> {
+    if target.is_empty() || target.len() > 255 || !target.contains(':') || target.chars().any(char::is_whitespace) {
+        return Err(OpError::BadTarget(target.to_string()));
+    }
+    let (key, _) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
+    let (tx, rx) = tokio::sync::oneshot::channel::<Result<(), OpError>>();
+    let (svc, to) = (service.clone(), target.to_string());
+    let visit = Box::new(move |p: Parts<'_>| -> After {
+        if !p.left {
+            let _ = tx.send(Err(OpError::NotLeft(id)));
+            return After::Serve;
+        }
+        // Written before the session's thread ends, so that no resume
+        // finds it neither here nor forwarded.
+        svc.sessions.forward(id, key, &to);
+        let _ = tx.send(Ok(()));
+        After::Gone
+    });
+    if !service.sessions.visit(id, visit) {
+        return Err(OpError::NoSession(id));
+    }
+    rx.await.map_err(|_| OpError::Ended(id))??;
+    info!(session = format_args!("{id:#x}"), %target, "session forwarded to where it was restored");
+    Ok(())
 }
 
 /// Writes session `id` to `name` in the checkpoint directory; with `leave`

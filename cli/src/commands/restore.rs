@@ -15,6 +15,11 @@ pub struct Args {
     /// reconnects to, the one the session was served at.
     #[arg(long)]
     server: String,
+    /// The server the session was checkpointed on, when that is not
+    /// --server: once restored, the session is forwarded from there, and
+    /// its program's next resume there is redirected here.
+    #[arg(long, value_name = "ADDR")]
+    forward_from: Option<String>,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -39,5 +44,16 @@ pub fn exec(a: Args) -> Result<i32> {
         secs,
         r.bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
     );
+    if let Some(from) = a.forward_from.as_deref().filter(|f| *f != a.server) {
+        let limit = Duration::from_secs(a.timeout);
+        if let Err(e) = rgpu_control_client::operator::forward(from, &security, &key, r.session, &a.server, limit) {
+            bail!(
+                "the session is restored on {}, but {from} did not forward it: {e}
+                   its program keeps trying {from} until its RGPU_RECONNECT_TIMEOUT; retry with                  `rgpu restore` of a new checkpoint, or restart its program",
+                a.server
+            );
+        }
+        eprintln!("Session {:#x} forwarded from {from}: its program's next resume there is sent here", r.session);
+    }
     Ok(0)
 }

@@ -186,6 +186,8 @@ pub struct Parts<'a> {
     pub executed: u64,
     pub deferred: Option<CuError>,
     pub window: &'a window::ReplyWindow,
+    /// Its state left in a checkpoint: it is served here no more.
+    pub left: bool,
 }
 
 /// What the session does after a visit.
@@ -350,7 +352,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         if let Some(e) = self.state.backend.take_async_error() {
             self.deferred.get_or_insert(e);
         }
-        let parts = Parts { state: &mut self.state, executed: self.executed, deferred: self.deferred, window: &self.window };
+        let parts =
+            Parts { state: &mut self.state, executed: self.executed, deferred: self.deferred, window: &self.window, left: self.left };
         match v(parts) {
             After::Serve => {}
             After::Leave => self.left = true,
