@@ -109,7 +109,7 @@ pub fn parse_lease_id(s: &str) -> Option<u64> {
     u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ServerView {
     pub id: String,
     pub node: String,

@@ -130,13 +130,13 @@ fn top_shows_the_pool_sorts_and_quits_in_a_real_terminal() {
     let (_s, saddr) = start(
         "rgpu-server",
         &["--listen", "127.0.0.1:0", "--backend", "sim", "--sim-devices", "2", "--broker", &baddr,
-          "--broker-key-file", key.to_str().unwrap()],
+          "--broker-key-file", key.to_str().unwrap(), "--link-bandwidth", "10Gb/s"],
     );
     let env = [("RGPU_BROKER", baddr.as_str()), ("RGPU_ADMIN_KEY_FILE", admin.to_str().unwrap()), ("RGPU_PLAINTEXT", "1")];
     wait_until("the server to register", Duration::from_secs(15), || {
         String::from_utf8_lossy(&rgpu(&env, &["servers"]).stdout).contains(&saddr)
     });
-    let lease = rgpu(&env, &["lease", "--gpus", "1", "--ttl", "5m"]);
+    let lease = rgpu(&env, &["lease", "--gpus", "1", "--ttl", "5m", "--bandwidth", "4Gb/s", "--bearer-token"]);
     assert!(lease.status.success(), "{}", String::from_utf8_lossy(&lease.stderr));
 
     // Not a terminal: one plain snapshot.
@@ -145,6 +145,8 @@ fn top_shows_the_pool_sorts_and_quits_in_a_real_terminal() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(text.starts_with("rgpu top  servers 1/1 up  GPUs 1 free of 2  leases 1"), "{text}");
     assert!(text.contains(&saddr) && text.contains("[######      ]") && text.contains("admin"), "{text}");
+    // The link: 4 of its 10 Gb/s granted.
+    assert!(text.contains("LINK") && text.contains("[#####       ] 40%"), "{text}");
 
     // A real terminal.
     let t = Tmux(format!("rgpu-top-test-{}", std::process::id()));
@@ -157,6 +159,7 @@ fn top_shows_the_pool_sorts_and_quits_in_a_real_terminal() {
     assert!(started.success());
     let screen = t.shows(&["servers (sorted by name)", "leases (sorted by tenant)", &saddr, "admin", "q quit"]);
     assert!(screen.contains("servers 1/1 up  GPUs 1 free of 2"), "{screen}");
+    assert!(screen.contains("LINK") && screen.contains("[####      ] 40%"), "{screen}");
     t.cmd(&["send-keys", "-t", "top", "s"]);
     t.shows(&["servers (sorted by busy)"]);
     t.cmd(&["send-keys", "-t", "top", "l"]);

@@ -28,6 +28,17 @@ struct LeaseLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServerLabel {
+    server: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TrafficLabel {
+    server: String,
+    direction: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabel {
     outcome: &'static str,
 }
@@ -42,6 +53,9 @@ pub struct BrokerMetrics {
     gpus: Family<StateLabel, Gauge>,
     leases: Family<LeaseLabel, Gauge>,
     queue: Gauge,
+    link_capacity: Family<ServerLabel, Gauge>,
+    link_granted: Family<ServerLabel, Gauge>,
+    link_traffic: Family<TrafficLabel, Gauge>,
 }
 
 impl Default for BrokerMetrics {
@@ -94,7 +108,38 @@ impl BrokerMetrics {
         r.register("leases", "Leases by state and tenant", leases.clone());
         let queue = Gauge::default();
         r.register("queue_depth", "Lease requests waiting for capacity", queue.clone());
-        BrokerMetrics { registry: r, requests, placement, wait, commit, servers, gpus, leases, queue }
+        let link_capacity = Family::<ServerLabel, Gauge>::default();
+        r.register(
+            "link_capacity_bytes_per_second",
+            "A server's link capacity each way, as it registered it (--link-bandwidth); no series: unbounded",
+            link_capacity.clone(),
+        );
+        let link_granted = Family::<ServerLabel, Gauge>::default();
+        r.register(
+            "link_granted_bytes_per_second",
+            "Bandwidth each way granted to the leases on a server's link (lease --bandwidth), summed",
+            link_granted.clone(),
+        );
+        let link_traffic = Family::<TrafficLabel, Gauge>::default();
+        r.register(
+            "link_traffic_bytes_per_second",
+            "A server's data-plane traffic as its last heartbeat reported it, by direction (in: to the GPUs)",
+            link_traffic.clone(),
+        );
+        BrokerMetrics {
+            registry: r,
+            requests,
+            placement,
+            wait,
+            commit,
+            servers,
+            gpus,
+            leases,
+            queue,
+            link_capacity,
+            link_granted,
+            link_traffic,
+        }
     }
 
     pub fn placed(&self, took: Duration) {
@@ -164,6 +209,24 @@ impl BrokerMetrics {
             self.leases.get_or_create(&LeaseLabel { state, tenant: l.tenant.clone() }).inc();
         }
         self.queue.set(st.queued() as i64);
+        // Servers come and go too.
+        self.link_capacity.clear();
+        self.link_granted.clear();
+        self.link_traffic.clear();
+        let gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        for s in &st.servers {
+            let Some(link) = st.link(&s.spec.id) else { continue };
+            let server = s.spec.id.clone();
+            if let Some(c) = link.capacity {
+                self.link_capacity.get_or_create(&ServerLabel { server: server.clone() }).set(gauge(c));
+            }
+            self.link_granted.get_or_create(&ServerLabel { server: server.clone() }).set(gauge(link.granted));
+            if let Some(load) = link.load {
+                for (direction, v) in [("in", load.bytes_in), ("out", load.bytes_out)] {
+                    self.link_traffic.get_or_create(&TrafficLabel { server: server.clone(), direction }).set(gauge(v));
+                }
+            }
+        }
     }
 }
 

@@ -356,3 +356,27 @@ fn the_tie_break_never_makes_a_policy_score_worse() {
         assert!(placed > 500 && moved >= 10, "{name}: {placed} placed, {moved} moved");
     }
 }
+
+/// The broker's link metrics say what placement sees: each server's
+/// capacity (none for an unbounded link), the bandwidth granted on it, and
+/// the traffic it last reported.
+#[test]
+fn link_metrics_follow_capacity_grants_and_reported_traffic() {
+    let mut st = pool(Placement::FgdPack.policy());
+    st.register_linked(spec("u0", "l-u", 2), None, 0);
+    let l = granted(st.request(LeaseRequest { demand: Demand { scope: Scope::Node, ..whole(1) }, ..ask(whole(1), HEAVY) }, 1, 0));
+    let on = l.gpus[0].server.clone();
+    st.report_load("a1", Load { bytes_in: 7_000, bytes_out: 9_000 });
+    let m = rgpu_pool_broker::metrics::BrokerMetrics::new();
+    m.refresh(&st);
+    let text = m.render();
+    let has = |line: &str| text.lines().any(|l| l == line);
+    assert!(has(&format!("rgpu_broker_link_capacity_bytes_per_second{{server=\"a0\"}} {LINK}")), "{text}");
+    assert!(!text.contains("rgpu_broker_link_capacity_bytes_per_second{server=\"u0\"}"), "an unbounded link has no capacity series\n{text}");
+    assert!(has(&format!("rgpu_broker_link_granted_bytes_per_second{{server=\"{on}\"}} {HEAVY}")), "{text}");
+    let other = if on == "b3" { "b2" } else { "b3" };
+    assert!(has(&format!("rgpu_broker_link_granted_bytes_per_second{{server=\"{other}\"}} 0")), "{text}");
+    assert!(has("rgpu_broker_link_traffic_bytes_per_second{server=\"a1\",direction=\"in\"} 7000"), "{text}");
+    assert!(has("rgpu_broker_link_traffic_bytes_per_second{server=\"a1\",direction=\"out\"} 9000"), "{text}");
+    assert!(!text.contains("rgpu_broker_link_traffic_bytes_per_second{server=\"a0\""), "nothing reported, no series\n{text}");
+}

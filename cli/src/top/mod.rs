@@ -18,7 +18,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
 use rgpu_broker_client::BrokerClient;
 
-use model::{bar, per_second, percent, LeaseSort, Listing, Model, ServerSort};
+use model::{bar, link_cell, per_second, percent, LeaseSort, Listing, Model, ServerSort};
 
 /// Runs the view until the user quits; the exit code.
 pub fn run(client: &BrokerClient, interval: Duration) -> Result<i32> {
@@ -96,6 +96,7 @@ fn draw(f: &mut Frame, m: &Model, error: Option<&str>) {
             Cell::from(s.leases.to_string()),
             Cell::from(per_second(s.rate_in)),
             Cell::from(per_second(s.rate_out)),
+            Cell::from(link_cell(s.link, 10)),
         ])
     });
     let t = Table::new(
@@ -110,9 +111,10 @@ fn draw(f: &mut Frame, m: &Model, error: Option<&str>) {
             Constraint::Length(6),
             Constraint::Length(12),
             Constraint::Length(12),
+            Constraint::Length(17),
         ],
     )
-    .header(Row::new(["SERVER", "STATE", "GPUS FREE", "GPUS LEASED", "MEMORY", "BUSY", "LEASES", "IN", "OUT"]).style(bold))
+    .header(Row::new(["SERVER", "STATE", "GPUS FREE", "GPUS LEASED", "MEMORY", "BUSY", "LEASES", "IN", "OUT", "LINK"]).style(bold))
     .block(Block::default().borders(Borders::TOP).title(format!(" servers (sorted by {}) ", m.server_sort.name())));
     f.render_widget(t, servers);
 

@@ -93,6 +93,22 @@ pub struct ServerRow {
     /// Bytes per second each way since the last listing.
     pub rate_in: Option<f64>,
     pub rate_out: Option<f64>,
+    /// Share of its link in use each way (granted, or carried if more, as
+    /// placement counts it); None: the link's capacity is not known.
+    pub link: Option<f64>,
+}
+
+/// Share of a server's link in use: what placement counts (bandwidth
+/// granted, or the traffic it reported if that is more) over its capacity.
+fn link_share(s: &rgpu_broker_client::ServerView) -> Option<f64> {
+    let capacity = s.link_bandwidth?;
+    let carried = s.load.map_or(0, |l| l.bytes_in.max(l.bytes_out));
+    Some(s.bandwidth_granted.max(carried) as f64 / capacity.max(1) as f64)
+}
+
+/// "[####      ] 40%", or "-" for a link of unknown capacity.
+pub fn link_cell(x: Option<f64>, width: usize) -> String {
+    x.map_or_else(|| "-".into(), |x| format!("{} {}", bar(x, width), percent(Some(x))))
 }
 
 /// A lease's row.
@@ -153,6 +169,7 @@ impl Model {
                     busy,
                     rate_in: pair.and_then(|(u, p)| rate(u.bytes_in, p.bytes_in, secs)),
                     rate_out: pair.and_then(|(u, p)| rate(u.bytes_out, p.bytes_out, secs)),
+                    link: link_share(s),
                 }
             })
             .collect();
@@ -227,7 +244,7 @@ pub fn plain(m: &Model) -> String {
     let _ = writeln!(o);
     let _ = writeln!(
         o,
-        "{:<22}  {:<11}  {:>9}  {:<14}  {:<14}  {:>6}  {:>6}  {:>11}  {:>11}",
+        "{:<22}  {:<11}  {:>9}  {:<14}  {:<14}  {:>6}  {:>6}  {:>11}  {:>11}  LINK",
         "SERVER", "STATE", "GPUS FREE", "GPUS LEASED", "MEMORY", "BUSY", "LEASES", "IN", "OUT"
     );
     for s in &m.servers {
@@ -235,7 +252,7 @@ pub fn plain(m: &Model) -> String {
         let mem = s.memory_used as f64 / s.memory.max(1) as f64;
         let _ = writeln!(
             o,
-            "{:<22}  {:<11}  {:>4}/{:<4}  {:<14}  {:<14}  {:>6}  {:>6}  {:>11}  {:>11}",
+            "{:<22}  {:<11}  {:>4}/{:<4}  {:<14}  {:<14}  {:>6}  {:>6}  {:>11}  {:>11}  {}",
             s.id,
             s.state,
             s.gpus_free,
@@ -245,7 +262,8 @@ pub fn plain(m: &Model) -> String {
             percent(s.busy),
             s.leases,
             per_second(s.rate_in),
-            per_second(s.rate_out)
+            per_second(s.rate_out),
+            link_cell(s.link, 12)
         );
     }
     let _ = writeln!(o);
@@ -279,5 +297,17 @@ mod tests {
         assert_eq!(rate(300, 100, 2.0), Some(100.0));
         assert_eq!(rate(100, 300, 2.0), Some(0.0), "a restarted server's counters went down");
         assert_eq!(rate(1, 0, 0.0), None);
+        assert_eq!(link_cell(Some(0.4), 5), "[##   ] 40%");
+        assert_eq!(link_cell(None, 5), "-");
+    }
+
+    #[test]
+    fn a_links_use_is_what_placement_counts() {
+        let mut s = rgpu_broker_client::ServerView { link_bandwidth: Some(1000), bandwidth_granted: 250, ..Default::default() };
+        assert_eq!(link_share(&s), Some(0.25), "granted, nothing carried");
+        s.load = Some(rgpu_broker_client::LoadView { bytes_in: 100, bytes_out: 600 });
+        assert_eq!(link_share(&s), Some(0.6), "carried more than granted");
+        s.link_bandwidth = None;
+        assert_eq!(link_share(&s), None, "an unbounded link has no share");
     }
 }
