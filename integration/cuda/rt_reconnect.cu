@@ -1,9 +1,11 @@
-// Runs rounds of a large copy each way and a batch of asynchronous work
+// Runs rounds of a large copy each way, a batch of asynchronous work
 // (kernel launches with asynchronous copies from a pageable buffer the
-// program rewrites right after each call), checking every result. The
+// program rewrites right after each call), and asynchronous 1 MiB copies
+// from page-locked buffers (which the shim sends without waiting and, after
+// a cut, sends again from those buffers), checking every result. The
 // harness cuts the connection (a proxy between the shim and the server)
-// after the "copying" and "launching" lines; the program must see no
-// error and every result must be right. Exit 0: all rounds right.
+// after the "copying", "launching" and "pinned" lines; the program must see
+// no error and every result must be right. Exit 0: all rounds right.
 // Exit 1: a CUDA call failed or a result was wrong.
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -29,6 +31,12 @@ int main(int argc, char **argv) {
     CHECK(cudaMalloc(&b, (size_t)(launches / every) * n * sizeof(int)));
     cudaStream_t s;
     CHECK(cudaStreamCreate(&s));
+    const int pieces = 16;
+    const size_t mib = 1 << 20;
+    unsigned char *pinned[pieces];
+    for (int i = 0; i < pieces; i++) CHECK(cudaMallocHost((void **)&pinned[i], mib));
+    unsigned char *dp = nullptr;
+    CHECK(cudaMalloc(&dp, pieces * mib));
     for (int r = 0; r < rounds; r++) {
         fill_pattern(h.data(), big, 100 + r);
         printf("copying %d\n", r);
@@ -65,7 +73,23 @@ int main(int argc, char **argv) {
                 EXPECT(piece[j] == r * 1000000 + i * 1000 + j % 1000, "round %d: copy %d element %d = %d", r, i / every, j, piece[j]);
         }
         ok("round %d: %d launches and %d asynchronous copies", r, launches, launches / every);
+
+        for (int i = 0; i < pieces; i++) fill_pattern(pinned[i], mib, 1000 * r + i);
+        printf("pinned %d\n", r);
+        fflush(stdout);
+        for (int i = 0; i < pieces; i++) CHECK(cudaMemcpyAsync(dp + i * mib, pinned[i], mib, cudaMemcpyHostToDevice, s));
+        CHECK(cudaStreamSynchronize(s));
+        // Completed: the program may change the page-locked buffers now.
+        for (int i = 0; i < pieces; i++) memset(pinned[i], 0, mib);
+        for (int i = 0; i < pieces; i++) {
+            CHECK(cudaMemcpy(back.data(), dp + i * mib, mib, cudaMemcpyDeviceToHost));
+            long long bad = check_pattern(back.data(), mib, 1000 * r + i);
+            EXPECT(bad < 0, "round %d: byte %lld of page-locked piece %d is wrong", r, bad, i);
+        }
+        ok("round %d: %d asynchronous copies of 1 MiB from page-locked memory", r, pieces);
     }
+    for (int i = 0; i < pieces; i++) CHECK(cudaFreeHost(pinned[i]));
+    CHECK(cudaFree(dp));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(d));
     CHECK(cudaFree(a));

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 const ROUNDS: &str = "3";
 
 /// Runs rt_reconnect through `proxy`; with `cut`, cuts every connection
-/// shortly after each "copying" and "launching" line. Returns the output
+/// shortly after each "copying", "launching" and "pinned" line. Returns the output
 /// and the number of cuts that cut something.
 /// `tls_ca`: the shim talks TLS, trusting this CA.
 fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool, tls_ca: Option<&str>) -> (RunOutput, usize) {
@@ -33,6 +33,9 @@ fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool, tls_ca: Option<&
             Duration::from_millis(40)
         } else if line.starts_with("launching") {
             Duration::from_millis(3)
+        } else if line.starts_with("pinned") {
+            // Among the page-locked copies nobody waits for.
+            Duration::from_millis(2)
         } else {
             continue;
         };

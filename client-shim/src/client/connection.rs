@@ -207,6 +207,7 @@ impl<T: Transport> Connection<T> {
             // The caller's bytes are not kept: the post waits for its reply.
             Then::FlushWithBulk => g.retrying(&self.addr, bulk, |g, tail| g.drain(tail)),
             Then::Flush => g.retrying(&self.addr, &[], |g, _| g.flush_with(&[])),
+            Then::FlushBorrowed => unreachable!("post never borrows"),
         };
         let r = g.check(&self.addr, r);
         drop(g);
@@ -214,6 +215,56 @@ impl<T: Transport> Connection<T> {
             self.inner.batch_started.notify_one();
         }
         r
+    }
+
+    /// Sends an asynchronous request whose payload the program keeps
+    /// unchanged until the request completed (an asynchronous copy from
+    /// page-locked memory): a large one is sent from `bulk` and waits for
+    /// nothing; the resend window points to it until a reply acknowledges it.
+    ///
+    /// # Safety
+    /// `bulk` must stay valid and unchanged until a later reply (any
+    /// synchronising call's) has been received.
+    pub unsafe fn post_borrowed(&self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<(), ClientError> {
+        let _in_session = self.span.enter();
+        let mut g = self.lock()?;
+        if g.core.needs_ack_borrowed(bulk.len()) {
+            let r = g.retrying(&self.addr, &[], |g, _| g.ack());
+            g.check(&self.addr, r)?;
+        }
+        // SAFETY: passed on from the caller.
+        let q = unsafe { g.core.post_borrowed(build, bulk) }.map_err(too_large)?;
+        let mut wake = false;
+        let r = match q.then {
+            Then::Keep { starts_batch } => {
+                if starts_batch && g.core.tuning().flush_delay.is_some() {
+                    g.core.arm(Instant::now());
+                    wake = true;
+                }
+                Ok(())
+            }
+            Then::FlushWithBulk => g.retrying(&self.addr, bulk, |g, tail| g.drain(tail)),
+            Then::Flush => g.retrying(&self.addr, &[], |g, _| g.flush_with(&[])),
+            Then::FlushBorrowed => g.retrying(&self.addr, bulk, |g, tail| g.flush_with(tail)),
+        };
+        let r = g.check(&self.addr, r);
+        drop(g);
+        if wake {
+            self.inner.batch_started.notify_one();
+        }
+        r
+    }
+
+    /// Acknowledges every request sent if the window points to any
+    /// program buffer: before page-locked memory is freed or unregistered,
+    /// no resend may read it again.
+    pub fn release_borrowed(&self) -> Result<(), ClientError> {
+        let mut g = self.lock()?;
+        if g.core.borrowed() == 0 {
+            return Ok(());
+        }
+        let r = g.retrying(&self.addr, &[], |g, _| g.ack());
+        g.check(&self.addr, r)
     }
 
     /// Sends an asynchronous device-to-host read whose bytes land in `dst`

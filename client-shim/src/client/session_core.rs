@@ -34,7 +34,11 @@
 //! to `n`). Asynchronous payloads up to [`Tuning::copy_bulk`] are copied into
 //! the window, as the program may reuse its buffer once the call returns;
 //! larger ones, and a call's payload, are sent from the caller's memory and
-//! their reply waited for, so the caller's buffer is the window.
+//! their reply waited for, so the caller's buffer is the window. A large
+//! copy from page-locked memory, which CUDA forbids changing until the copy
+//! completes, is sent from it and not waited for
+//! ([`SessionCore::post_borrowed`]): the window points to the buffer until
+//! a reply acknowledges it.
 //! On a new connection the shell tells the server the last reply received
 //! ([`SessionCore::last_reply`]), learns the last request it ran and passes
 //! it to [`SessionCore::resume`]: the replies owed up to there come again
@@ -147,6 +151,11 @@ pub enum Then {
     /// request wants a reply (a post's too), and the caller's buffer is
     /// needed until it came: wait for it before returning.
     FlushWithBulk,
+    /// Send the batch now with the caller's bulk behind it, as for
+    /// [`Then::FlushWithBulk`], but wait for nothing: the caller's buffer
+    /// stays unchanged until the request is acknowledged (page-locked
+    /// memory under CUDA's rules), and the window keeps a pointer to it.
+    FlushBorrowed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,12 +205,13 @@ enum Rx {
 
 /// A request in the resend window: its bytes are `buf[start..end]`
 /// (offsets counted from the window's first byte ever), then `tail` bytes
-/// of the caller's buffer.
+/// of the caller's buffer at `tail_at`.
 struct Framed {
     seq: u64,
     start: usize,
     end: usize,
     tail: usize,
+    tail_at: *const u8,
 }
 
 pub struct SessionCore {
@@ -216,6 +226,8 @@ pub struct SessionCore {
     batch_at: usize,
     frames: VecDeque<Framed>,
     tail_due: bool,
+    /// Bytes of callers' buffers the window points to (borrowed posts).
+    borrowed: usize,
     next_seq: u64,
     /// Replies owed, in order; the last `unsent` belong to requests still
     /// in the batch.
@@ -234,7 +246,10 @@ pub struct SessionCore {
 
 // The raw destinations are host buffers the CUDA program handed over and
 // promised to keep alive until it synchronises (asynchronous reads), or the
-// buffer of a call the shell is still blocked in; `abandon` forgets them.
+// buffer of a call the shell is still blocked in; the raw sources of
+// borrowed posts are page-locked buffers the program may not change until
+// the copy completed, which it learns only from a reply that acknowledges
+// them; `abandon` forgets them all.
 unsafe impl Send for SessionCore {}
 
 impl SessionCore {
@@ -247,6 +262,7 @@ impl SessionCore {
             batch_at: 0,
             frames: VecDeque::new(),
             tail_due: false,
+            borrowed: 0,
             next_seq: 1,
             owed: VecDeque::new(),
             unsent: 0,
@@ -287,6 +303,29 @@ impl SessionCore {
         Ok(Queued { seq, then })
     }
 
+    /// Queues a request that wants no reply whose bulk the caller keeps
+    /// unchanged until the request is acknowledged: a large one is sent
+    /// from the caller's buffer and nobody waits ([`Then::FlushBorrowed`]);
+    /// a resume sends it again from there. Smaller ones are copied, and one
+    /// larger than the window is waited for, as [`SessionCore::post`] does.
+    ///
+    /// # Safety
+    /// `bulk` must stay valid and unchanged until a reply to this or a later
+    /// request has been received, or [`SessionCore::abandon`] is called.
+    pub unsafe fn post_borrowed(&mut self, build: impl FnOnce(request::Builder<'_>), bulk: &[u8]) -> Result<Queued, TooLarge> {
+        if bulk.len() <= self.tuning.copy_bulk || bulk.len() > self.tuning.window_bytes {
+            return self.post(build, bulk);
+        }
+        let seq = self.encode(false, build, bulk, true)?;
+        self.borrowed += bulk.len();
+        Ok(Queued { seq, then: Then::FlushBorrowed })
+    }
+
+    /// Bytes of callers' buffers the window still points to.
+    pub fn borrowed(&self) -> usize {
+        self.borrowed
+    }
+
     /// Queues a ping whose reply acknowledges every request before it;
     /// its result, if an error, is deferred. Wait until
     /// [`SessionCore::replies_due`] is zero after sending it.
@@ -299,10 +338,21 @@ impl SessionCore {
     /// Whether the window must be acknowledged (see [`SessionCore::post_ack`])
     /// before a request with `bulk` bytes of payload is queued.
     pub fn needs_ack(&self, bulk: usize) -> bool {
+        self.needs_ack_for(bulk, bulk <= self.tuning.copy_bulk)
+    }
+
+    /// As [`SessionCore::needs_ack`], for a [`SessionCore::post_borrowed`].
+    pub fn needs_ack_borrowed(&self, bulk: usize) -> bool {
+        self.needs_ack_for(bulk, bulk <= self.tuning.window_bytes)
+    }
+
+    /// `kept`: the request's bulk would stay in the window (copied or
+    /// borrowed) rather than be waited for.
+    fn needs_ack_for(&self, bulk: usize, kept: bool) -> bool {
         let held = self.base + self.buf.len() - self.frames.front().map_or(self.base + self.buf.len(), |f| f.start);
         !self.frames.is_empty()
             && (self.frames.len() >= self.tuning.window_frames
-                || (bulk <= self.tuning.copy_bulk && held + bulk + 512 > self.tuning.window_bytes))
+                || (kept && held + self.borrowed + bulk + 512 > self.tuning.window_bytes))
     }
 
     /// Queues an asynchronous read whose reply bulk (exactly `len` bytes on
@@ -366,8 +416,8 @@ impl SessionCore {
         } else {
             self.buf.extend_from_slice(bulk);
         }
-        let tail = if behind { bulk.len() } else { 0 };
-        self.frames.push_back(Framed { seq, start: self.base + at, end: self.base + self.buf.len(), tail });
+        let (tail, tail_at) = if behind { (bulk.len(), bulk.as_ptr()) } else { (0, std::ptr::null()) };
+        self.frames.push_back(Framed { seq, start: self.base + at, end: self.base + self.buf.len(), tail, tail_at });
         Ok(seq)
     }
 
@@ -401,7 +451,9 @@ impl SessionCore {
     /// Requests up to `seq` ran on the server: they leave the window.
     fn acknowledged(&mut self, seq: u64) {
         while self.frames.front().is_some_and(|f| f.seq <= seq) {
-            self.frames.pop_front();
+            if let Some(f) = self.frames.pop_front() {
+                self.borrowed -= self.borrowed.min(f.tail);
+            }
         }
         let live = self.frames.front().map_or(self.base + self.buf.len(), |f| f.start) - self.base;
         let dead = live.min(self.batch_at);
@@ -442,8 +494,9 @@ impl SessionCore {
         }
         self.rx = Rx::Header { got: 0 };
         self.acknowledged(executed);
+        self.materialise_tails();
         self.batch_at = self.frames.front().map_or(self.buf.len(), |f| f.start - self.base);
-        self.tail_due = self.frames.back().is_some_and(|f| f.tail > 0);
+        self.tail_due = false;
         self.unsent = self.owed.iter().filter(|o| o.seq > executed).count();
         self.batch_since = None;
         debug_assert_eq!(
@@ -452,6 +505,32 @@ impl SessionCore {
             "the window's frames are the batch"
         );
         Ok(())
+    }
+
+    /// Copies the callers' bytes the window points to into it, each behind
+    /// its frame, so the requests to send again are one contiguous batch
+    /// (on the wire the same bytes as frame, then bulk). The buffers are
+    /// still valid: a borrowed post's until it is acknowledged, a waited-for
+    /// request's while its caller waits.
+    fn materialise_tails(&mut self) {
+        if !self.frames.iter().any(|f| f.tail > 0) {
+            return;
+        }
+        let first = self.frames.front().map_or(self.base + self.buf.len(), |f| f.start);
+        let size = self.frames.iter().map(|f| f.end - f.start + f.tail).sum();
+        let mut nb = Vec::with_capacity(size);
+        for f in self.frames.iter_mut() {
+            let at = first + nb.len();
+            nb.extend_from_slice(&self.buf[f.start - self.base..f.end - self.base]);
+            if f.tail > 0 {
+                // SAFETY: see above; the caller promised the bytes stay.
+                nb.extend_from_slice(unsafe { std::slice::from_raw_parts(f.tail_at, f.tail) });
+            }
+            (f.start, f.end, f.tail, f.tail_at) = (at, first + nb.len(), 0, std::ptr::null());
+        }
+        self.buf = nb;
+        self.base = first;
+        self.borrowed = 0;
     }
 
     // ---- the flush deadline -------------------------------------------
@@ -616,6 +695,7 @@ impl SessionCore {
         self.batch_at = 0;
         self.frames.clear();
         self.tail_due = false;
+        self.borrowed = 0;
         self.batch_since = None;
         self.rx = Rx::Header { got: 0 };
     }
@@ -784,8 +864,58 @@ mod tests {
         unsafe { c.call(ping, &[0; 100], &mut []) }.unwrap();
         c.sent();
         c.resume(0).unwrap();
-        assert!(c.tail_due(), "the caller's bytes go behind the batch again");
-        assert_eq!(frames(c.batch()).len(), 1);
+        assert!(!c.tail_due(), "the caller's bytes are in the batch, behind their frame");
+        assert_eq!(frames(c.batch()), vec![(1, true, 100)]);
+    }
+
+    #[test]
+    fn a_borrowed_payload_waits_for_nothing_and_is_sent_again_from_its_buffer() {
+        let mut c = SessionCore::new(Tuning { copy_bulk: 16, flush_delay: None, ..Tuning::default() });
+        let a = vec![1u8; 100];
+        let b = vec![2u8; 200];
+        let q = unsafe { c.post_borrowed(ping, &a) }.unwrap();
+        assert_eq!(q.then, Then::FlushBorrowed);
+        assert!(c.tail_due(), "its bytes go behind the batch");
+        assert_eq!(c.replies_due(), 0, "nobody waits for it");
+        c.sent();
+        let q = unsafe { c.post_borrowed(ping, &b) }.unwrap();
+        assert_eq!(q.then, Then::FlushBorrowed);
+        c.sent();
+        assert_eq!(c.borrowed(), 300);
+        // A small one is copied, as any post's.
+        assert!(matches!(unsafe { c.post_borrowed(ping, &[3; 8]) }.unwrap().then, Then::Keep { .. }));
+        // The connection broke after the first ran: the second goes again,
+        // its bytes read from its buffer, then the small one.
+        c.resume(1).unwrap();
+        assert!(!c.tail_due());
+        assert_eq!(frames(c.batch()), vec![(2, false, 200), (3, false, 8)]);
+        assert!(c.batch().windows(200).any(|w| w == &b[..]), "the second's bytes, from its buffer");
+        assert_eq!(c.borrowed(), 0, "the window holds them now");
+        c.sent();
+        let mut w = [0u8; 0];
+        unsafe { c.call(ping, &[], &mut w) }.unwrap();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(4, 0, 0, &[]), 64).unwrap().len(), 1);
+        assert_eq!(c.window_len(), 0);
+    }
+
+    #[test]
+    fn borrowed_bytes_count_against_the_window() {
+        let mut c = SessionCore::new(Tuning { copy_bulk: 16, window_bytes: 1000, flush_delay: None, ..Tuning::default() });
+        let a = vec![1u8; 600];
+        assert!(!c.needs_ack_borrowed(600));
+        let _ = unsafe { c.post_borrowed(ping, &a) }.unwrap();
+        c.sent();
+        assert!(c.needs_ack_borrowed(600), "600 borrowed and 600 more do not fit in 1000");
+        assert!(c.needs_ack(10), "nor do copied ones beside them");
+        // One larger than the whole window is waited for instead.
+        let big = vec![0u8; 2000];
+        assert_eq!(unsafe { c.post_borrowed(ping, &big) }.unwrap().then, Then::FlushWithBulk);
+        let _ = c.post_ack();
+        c.sent();
+        assert_eq!(feed(&mut c, &reply_frame(2, 0, 0, &[]), 64).unwrap().len(), 1);
+        assert_eq!(feed(&mut c, &reply_frame(3, 0, 0, &[]), 64).unwrap().len(), 1);
+        assert_eq!(c.borrowed(), 0, "acknowledged: the window lets go of the buffer");
     }
 
     #[test]

@@ -272,8 +272,22 @@ pub(crate) unsafe fn get_address_range_v2(base: Option<&mut CUdeviceptr>, size: 
 
 // ---- copies -------------------------------------------------------------
 
+/// Whether `[p, p+n)` lies in page-locked memory (cuMemHostAlloc'd or
+/// registered): CUDA forbids changing it until an asynchronous copy from it
+/// completed, so such a copy need not be kept aside nor waited for.
+fn page_locked(p: usize, n: usize) -> bool {
+    objects().memory.find_host(p).is_some_and(|(start, a)| p.checked_add(n).is_some_and(|end| end <= start + a.size))
+}
+
 /// Host to device. `stream` is the server-side stream handle (0: default).
 unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64) -> CuResult<()> {
+    htod_as(rt, dst, src, n, stream, false)
+}
+
+/// [`htod`]; `asynchronous`: the program may go on before the copy
+/// completed, so a page-locked source is sent from where it is and nobody
+/// waits.
+unsafe fn htod_as(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64, asynchronous: bool) -> CuResult<()> {
     if n == 0 {
         return Ok(());
     }
@@ -288,17 +302,23 @@ unsafe fn htod(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: u64
     managed::before_host_access(rt, src as u64, n as u64)?;
     managed::to_device(rt)?;
     let conn = rt.conn(dev)?;
+    let borrow = asynchronous && page_locked(src as usize, n);
     let bytes = std::slice::from_raw_parts(src as *const u8, n);
     for (i, chunk) in bytes.chunks(CHUNK).enumerate() {
         let d = Runtime::to_remote(dst) + (i * CHUNK) as u64;
-        conn.post(
-            |r| {
-                let mut m = r.init_memcpy_hto_d();
-                m.set_dst(d);
-                m.set_stream(stream);
-            },
-            chunk,
-        )
+        let build = |r: rgpu_protocol::data_capnp::request::Builder<'_>| {
+            let mut m = r.init_memcpy_hto_d();
+            m.set_dst(d);
+            m.set_stream(stream);
+        };
+        if borrow {
+            // SAFETY: page-locked memory the program may not change before
+            // the copy completed, which only a later reply can tell it; it
+            // may not free it before either (free_host acknowledges first).
+            conn.post_borrowed(build, chunk)
+        } else {
+            conn.post(build, chunk)
+        }
         .map_err(cu_err)?;
     }
     Ok(())
@@ -432,7 +452,7 @@ unsafe fn generic(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64, async
     let s_dev = objects().memory.find_alloc(src).is_some();
     match (d_dev, s_dev) {
         (true, true) => dtod(rt, dst, src, n, stream),
-        (true, false) => htod(rt, dst, src as usize as *const c_void, n, stream),
+        (true, false) => htod_as(rt, dst, src as usize as *const c_void, n, stream, asynchronous),
         (false, true) if asynchronous => dtoh_async(rt, dst as usize as *mut c_void, src, n, stream),
         (false, true) => dtoh(rt, dst as usize as *mut c_void, src, n, stream),
         (false, false) => {
@@ -484,7 +504,7 @@ pub(crate) unsafe fn memcpy_async(dst: CUdeviceptr, src: CUdeviceptr, n: usize, 
 }
 pub(crate) unsafe fn memcpy_htod_async_v2(dst: CUdeviceptr, src: *const c_void, n: usize, s: CUstream) -> CuResult<()> {
     let st = stream::remote(s)?;
-    htod(runtime::get()?, dst, src, n, st)
+    htod_as(runtime::get()?, dst, src, n, st, true)
 }
 pub(crate) unsafe fn memcpy_dtoh_async_v2(dst: *mut c_void, src: CUdeviceptr, n: usize, s: CUstream) -> CuResult<()> {
     let st = stream::remote(s)?;
@@ -622,8 +642,13 @@ pub(crate) unsafe fn alloc_host_v2(pp: &mut *mut c_void, bytesize: usize) -> CuR
     host_alloc(pp, bytesize, 0)
 }
 
+/// Before page-locked memory goes, no resend of a copy from it may read it.
+fn release_borrowed(rt: &Runtime) -> CuResult<()> {
+    rt.servers.iter().try_for_each(|s| s.conn.release_borrowed()).map_err(cu_err)
+}
+
 pub(crate) unsafe fn free_host(p: *mut c_void) -> CuResult<()> {
-    runtime::get()?;
+    release_borrowed(runtime::get()?)?;
     let mut m = objects().memory.host.lock().unwrap_or_else(|e| e.into_inner());
     match m.get(&(p as usize)) {
         Some(a) if a.owned => {
@@ -655,7 +680,7 @@ pub(crate) unsafe fn host_register_v2(p: *mut c_void, bytesize: usize, flags: u3
 }
 
 pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
-    runtime::get()?;
+    release_borrowed(runtime::get()?)?;
     let mut m = objects().memory.host.lock().unwrap_or_else(|e| e.into_inner());
     match m.get(&(p as usize)) {
         Some(a) if !a.owned => {
