@@ -195,8 +195,13 @@ impl<T: Transport> Connection<T> {
         let r = g.ack_if_full(&self.addr, bulk.len());
         g.check(&self.addr, r)?;
         let q = g.core.post(build, bulk).map_err(too_large)?;
+        self.follow(g, q.then, bulk)
+    }
+
+    /// Does what the core said once a post was queued, and releases the lock.
+    fn follow(&self, mut g: MutexGuard<'_, Inner<T>>, then: Then, bulk: &[u8]) -> Result<(), ClientError> {
         let mut wake = false;
-        let r = match q.then {
+        let r = match then {
             Then::Keep { starts_batch } => {
                 if starts_batch && g.core.tuning().flush_delay.is_some() {
                     g.core.arm(Instant::now());
@@ -207,7 +212,8 @@ impl<T: Transport> Connection<T> {
             // The caller's bytes are not kept: the post waits for its reply.
             Then::FlushWithBulk => g.retrying(&self.addr, bulk, |g, tail| g.drain(tail)),
             Then::Flush => g.retrying(&self.addr, &[], |g, _| g.flush_with(&[])),
-            Then::FlushBorrowed => unreachable!("post never borrows"),
+            // The window points to the caller's bytes: nobody waits.
+            Then::FlushBorrowed => g.retrying(&self.addr, bulk, |g, tail| g.flush_with(tail)),
         };
         let r = g.check(&self.addr, r);
         drop(g);
@@ -234,25 +240,7 @@ impl<T: Transport> Connection<T> {
         }
         // SAFETY: passed on from the caller.
         let q = unsafe { g.core.post_borrowed(build, bulk) }.map_err(too_large)?;
-        let mut wake = false;
-        let r = match q.then {
-            Then::Keep { starts_batch } => {
-                if starts_batch && g.core.tuning().flush_delay.is_some() {
-                    g.core.arm(Instant::now());
-                    wake = true;
-                }
-                Ok(())
-            }
-            Then::FlushWithBulk => g.retrying(&self.addr, bulk, |g, tail| g.drain(tail)),
-            Then::Flush => g.retrying(&self.addr, &[], |g, _| g.flush_with(&[])),
-            Then::FlushBorrowed => g.retrying(&self.addr, bulk, |g, tail| g.flush_with(tail)),
-        };
-        let r = g.check(&self.addr, r);
-        drop(g);
-        if wake {
-            self.inner.batch_started.notify_one();
-        }
-        r
+        self.follow(g, q.then, bulk)
     }
 
     /// Acknowledges every request sent if the window points to any
