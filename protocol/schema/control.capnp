@@ -57,6 +57,17 @@ interface GpuServer {
   # The sessions this server serves now (an operator call, as above): what
   # `rgpu sessions` lists, and where `checkpoint` and `migrate` find ids.
   listSessions @8 (nonce :Data, proof :Data) -> (sessions :List(SessionInfo));
+
+  # Marks device `device` failing (an operator call, as above), as a real
+  # GPU fails: kind "ecc" (an uncorrectable ECC error) or "xid:N" (Xid
+  # error N). The server reports the device unhealthy to its broker, which
+  # places nothing more there and moves its leases elsewhere
+  # (docs/migration.md "Evacuation of unhealthy devices"). Only the sim
+  # backend takes injected faults; the cuda backend reports what the GPU
+  # reports. `healthy`/`reason`: the device's health now.
+  injectFault @9 (device :UInt32, kind :Text, nonce :Data, proof :Data) -> (healthy :Bool, reason :Text);
+  # Clears an injected fault: the device is healthy again.
+  clearFault @10 (device :UInt32, nonce :Data, proof :Data) -> (healthy :Bool, reason :Text);
 }
 
 struct SessionInfo {

@@ -94,6 +94,10 @@ pub enum ServerOp {
     Intake,
     /// The operator lists a server's sessions (session 0, no name).
     ListSessions,
+    /// The operator marks a device failing (session: the device's ordinal; name: the fault's kind).
+    InjectFault,
+    /// The operator clears a device's injected fault (session: its ordinal, no name).
+    ClearFault,
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -106,6 +110,8 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Migrate => "migrate",
         ServerOp::Intake => "intake",
         ServerOp::ListSessions => "list-sessions",
+        ServerOp::InjectFault => "inject-fault",
+        ServerOp::ClearFault => "clear-fault",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }
@@ -133,6 +139,11 @@ pub fn register_message(nonce: &[u8], s: server_info::Reader<'_>) -> capnp::Resu
         m.u64(g.get_memory());
         m.u64(g.get_sms().into());
         m.u64(g.get_healthy().into());
+        // Covered when given, as the link bandwidth below.
+        let why = g.get_health_reason()?.to_str()?;
+        if !why.is_empty() {
+            m.text(why);
+        }
     }
     let transports = s.get_transports()?;
     m.u64(transports.len().into());
