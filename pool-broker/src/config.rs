@@ -355,6 +355,7 @@ mod tests {
         ("default-max-leases", ["10", "20"]),
         ("default-max-gpus", ["10", "20"]),
         ("default-max-rate", ["10", "20"]),
+        ("evacuate-unhealthy", ["false", "true"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
         ("store", ["etcd://a:1/p", "etcd://b:2,c:3"]),
@@ -424,6 +425,8 @@ mod tests {
         let d = Limits::default();
         assert_eq!((c.limits.heartbeat_ms, c.limits.default_ttl_ms, c.limits.reserve_after_ms), (d.heartbeat_ms, d.default_ttl_ms, d.reserve_after_ms));
         assert!(c.tenants.is_empty() && c.key_file.is_none());
+        assert!(c.limits.evacuate_unhealthy, "evacuation is on unless turned off");
+        assert!(!load(&["--evacuate-unhealthy=false"]).unwrap().limits.evacuate_unhealthy);
     }
 
     #[test]

@@ -202,3 +202,21 @@ fn with_evacuation_off_an_unhealthy_gpu_takes_nothing_new_and_keeps_its_leases()
     let l = grant(&mut s, request(0, G16 / 4, 250), 16, 12 + 10 * RETRY_MS);
     assert_eq!(l.gpus[0].server, "b:1", "not on the unhealthy GPU");
 }
+
+#[test]
+fn the_metrics_count_unhealthy_gpus_and_stranded_leases() {
+    let (mut s, _, _, bad) = pool(Limits::default());
+    let m = rgpu_pool_broker::metrics::BrokerMetrics::new();
+    let scrape = |s: &State| {
+        m.refresh(s);
+        m.render()
+    };
+    let text = scrape(&s);
+    assert!(text.contains("rgpu_broker_gpus_unhealthy 0") && text.contains("rgpu_broker_leases_stranded 0"), "{text}");
+    s.report_health("a:1", &[(bad, false, ECC.into())], 10);
+    let text = scrape(&s);
+    assert!(text.contains("rgpu_broker_gpus_unhealthy 1"), "{text}");
+    assert!(text.contains("rgpu_broker_leases_stranded 2"), "both fractions wait for a target: {text}");
+    s.register(spec("b:1", 2), 20);
+    assert!(scrape(&s).contains("rgpu_broker_leases_stranded 0"), "moving: not stranded");
+}
