@@ -30,11 +30,12 @@ type Device = *mut c_void;
 const UNCORRECTED: c_uint = 1;
 const VOLATILE: c_uint = 0;
 
+/// The queries are each optional: an older NVML lacks the newer ones.
 struct Api {
     by_uuid: unsafe extern "C" fn(*const c_char, *mut Device) -> Ret,
-    total_ecc: unsafe extern "C" fn(Device, c_uint, c_uint, *mut c_ulonglong) -> Ret,
-    pages_pending: unsafe extern "C" fn(Device, *mut c_uint) -> Ret,
-    remapped_rows: unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint, *mut c_uint, *mut c_uint) -> Ret,
+    total_ecc: Option<unsafe extern "C" fn(Device, c_uint, c_uint, *mut c_ulonglong) -> Ret>,
+    pages_pending: Option<unsafe extern "C" fn(Device, *mut c_uint) -> Ret>,
+    remapped_rows: Option<unsafe extern "C" fn(Device, *mut c_uint, *mut c_uint, *mut c_uint, *mut c_uint) -> Ret>,
 }
 
 /// NVML's view of the backend's devices, or none.
@@ -74,20 +75,28 @@ impl NvmlHealth {
         // SAFETY: the signatures are NVML's (nvml.h, NVML API 11+).
         let api = unsafe {
             let init: Result<libloading::Symbol<unsafe extern "C" fn() -> Ret>, _> = lib.get(b"nvmlInit_v2\0");
-            let api = (|| -> Result<Api, libloading::Error> {
-                Ok(Api {
-                    by_uuid: *lib.get(b"nvmlDeviceGetHandleByUUID\0")?,
-                    total_ecc: *lib.get(b"nvmlDeviceGetTotalEccErrors\0")?,
-                    pages_pending: *lib.get(b"nvmlDeviceGetRetiredPagesPendingStatus\0")?,
-                    remapped_rows: *lib.get(b"nvmlDeviceGetRemappedRows\0")?,
-                })
+            let api = (|| -> Result<Api, String> {
+                let api = Api {
+                    by_uuid: *lib.get(b"nvmlDeviceGetHandleByUUID\0").map_err(|e| e.to_string())?,
+                    total_ecc: lib.get(b"nvmlDeviceGetTotalEccErrors\0").ok().map(|f| *f),
+                    pages_pending: lib.get(b"nvmlDeviceGetRetiredPagesPendingStatus\0").ok().map(|f| *f),
+                    remapped_rows: lib.get(b"nvmlDeviceGetRemappedRows\0").ok().map(|f| *f),
+                };
+                if api.total_ecc.is_none() && api.pages_pending.is_none() && api.remapped_rows.is_none() {
+                    // Not NVIDIA's NVML (rgpu's own, on a host chained to
+                    // another rgpu server): nothing to ask, and no reason
+                    // to initialise it.
+                    return Err("none of the ECC, retired-page and row-remapping queries".into());
+                }
+                Ok(api)
             })();
             match (init, api) {
                 (Ok(init), Ok(api)) => match init() {
                     NVML_SUCCESS => api,
                     r => return none(format!("nvmlInit_v2 returned {r}")),
                 },
-                (Err(e), _) | (_, Err(e)) => return none(format!("NVML lacks a function it needs ({e})")),
+                (Err(e), _) => return none(format!("NVML lacks nvmlInit_v2 ({e})")),
+                (_, Err(e)) => return none(format!("NVML lacks what health needs ({e})")),
             }
         };
         let devices: Vec<Option<usize>> = uuids
@@ -144,17 +153,17 @@ impl NvmlHealth {
         };
         let mut ecc: c_ulonglong = 0;
         // SAFETY: a handle NVML gave and an out-pointer, as nvml.h declares.
-        if ok(unsafe { (api.total_ecc)(d, UNCORRECTED, VOLATILE, &mut ecc) }, &mut answered) && ecc > 0 {
+        if api.total_ecc.is_some_and(|f| ok(unsafe { f(d, UNCORRECTED, VOLATILE, &mut ecc) }, &mut answered)) && ecc > 0 {
             why.push(format!("{ecc} uncorrectable ECC error(s) since the driver loaded"));
         }
         let mut pending: c_uint = 0;
         // SAFETY: as above.
-        if ok(unsafe { (api.pages_pending)(d, &mut pending) }, &mut answered) && pending != 0 {
+        if api.pages_pending.is_some_and(|f| ok(unsafe { f(d, &mut pending) }, &mut answered)) && pending != 0 {
             why.push("retired pages pending (reset the GPU)".to_string());
         }
         let (mut corr, mut unc, mut rows_pending, mut failed): (c_uint, c_uint, c_uint, c_uint) = (0, 0, 0, 0);
         // SAFETY: as above.
-        if ok(unsafe { (api.remapped_rows)(d, &mut corr, &mut unc, &mut rows_pending, &mut failed) }, &mut answered) {
+        if api.remapped_rows.is_some_and(|f| ok(unsafe { f(d, &mut corr, &mut unc, &mut rows_pending, &mut failed) }, &mut answered)) {
             if failed != 0 {
                 why.push("row remapping failed".to_string());
             } else if rows_pending != 0 {
