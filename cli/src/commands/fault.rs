@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-/// Inject a device fault into a sim GPU server, or clear it: the server
-/// reports the device unhealthy to its broker (as a real GPU with an
+/// Inject a device fault into a sim GPU server, or clear it.
+///
+/// The server reports the device unhealthy to its broker (as a real GPU with an
 /// uncorrectable ECC error or an Xid), which places no new lease on it and
 /// moves the leases on it to other servers (docs/migration.md "Evacuation
 /// of unhealthy devices"). Cleared, the device is placeable again. Needs
