@@ -18,6 +18,24 @@ fn server<'a>(v: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
     v.as_array().unwrap().iter().find(|s| s["id"] == id).unwrap_or_else(|| panic!("{id} not listed: {v}"))
 }
 
+/// GET /metrics from the server's metrics endpoint (bounded: 10 s).
+fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// `rgpu_server_device_healthy` of device 0.
+fn healthy_gauge(addr: &str) -> Option<f64> {
+    let text = scrape(addr);
+    let line = text.lines().find(|l| l.starts_with("rgpu_server_device_healthy{device=\"0\""))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
+
 #[test]
 fn a_fault_on_a_gpu_moves_its_running_lease_and_clearing_it_makes_the_gpu_placeable() {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
@@ -37,7 +55,9 @@ fn a_fault_on_a_gpu_moves_its_running_lease_and_clearing_it_makes_the_gpu_placea
     .flat_map(|(k, v)| [k.to_string(), v])
     .collect();
     let seed = format!("rgpu-evacuation-{}", std::process::id());
-    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let a_flags: Vec<String> = flags.iter().cloned().chain(["--metrics".to_string(), metrics.clone()]).collect();
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &a_flags);
     let aa = a.addr_string();
     wait_until("A registered", Duration::from_secs(20), || servers_up(&b, d) == vec![aa.clone()]);
 
@@ -83,6 +103,8 @@ fn a_fault_on_a_gpu_moves_its_running_lease_and_clearing_it_makes_the_gpu_placea
         let u = &server(&v, &aa)["unhealthy"];
         u.as_array().is_some_and(|u| u.len() == 1 && u[0]["ordinal"] == 0 && u[0]["reason"].as_str().unwrap().contains("ECC"))
     });
+    assert!(scrape(&metrics).contains("rgpu_server_device_healthy{device=\"0\""), "A exports its devices' health");
+    assert!(healthy_gauge(&metrics) == Some(0.0), "A's metric shows the fault: {}", scrape(&metrics));
     let (ok, table, _) = rgpu(&["servers"], &b, d);
     assert!(ok && table.contains("GPU 0 unhealthy: uncorrectable ECC error"), "{table}");
     wait_until("the lease to move to B", Duration::from_secs(60), || {
@@ -123,6 +145,7 @@ fn a_fault_on_a_gpu_moves_its_running_lease_and_clearing_it_makes_the_gpu_placea
     wait_until("the broker to show A healthy", Duration::from_secs(10), || {
         server(&json(&["servers"], &b, d), &aa)["unhealthy"].as_array().unwrap().is_empty()
     });
+    assert_eq!(healthy_gauge(&metrics), Some(1.0));
     let (ok, out, err) = lease_one(&b);
     assert!(ok, "no lease on the healed GPU: {err}");
     let l: serde_json::Value = serde_json::from_str(&out).unwrap();
