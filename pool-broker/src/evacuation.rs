@@ -124,6 +124,12 @@ impl Evacuation {
         }
     }
 
+    /// Some lease on an unhealthy GPU has been tried (and may be due
+    /// again): ticks and registrations look again only then.
+    pub fn pending(&self) -> bool {
+        !self.tries.is_empty()
+    }
+
     /// Tries made for `lease` so far.
     pub fn tries(&self, lease: u64) -> u32 {
         self.tries.get(&lease).map_or(0, |t| t.count)

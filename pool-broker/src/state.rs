@@ -447,6 +447,7 @@ impl State {
         if spec.partitions.is_empty() {
             spec.partitions.push(DEFAULT_PARTITION.to_string());
         }
+        let unhealthy_here = spec.gpus.iter().any(|g| !g.healthy);
         match self.index.get(&spec.id) {
             Some(&i) => {
                 let s = &mut self.servers[i];
@@ -486,8 +487,10 @@ impl State {
         }
         // A GPU may come back unhealthy, or a new server be the target an
         // evacuation waited for.
-        self.evacuation.capacity_appeared();
-        self.evacuate(now);
+        if unhealthy_here || self.evacuation.pending() {
+            self.evacuation.capacity_appeared();
+            self.evacuate(now);
+        }
         self.try_queue(now);
     }
 
@@ -535,11 +538,11 @@ impl State {
         }
         let due = self.evacuation.due(&self.servers, self.leases.values(), now, moves::MAX_PLANNED);
         let mut out = Vec::with_capacity(due.now.len());
+        let bad = evacuation::unhealthy_uuids(&self.servers);
         for (lid, from) in due.now {
             let r = self.start_move(lid, &from, now);
             let last = self.evacuation.tried(lid, now);
             if let Err(why) = &r {
-                let bad = evacuation::unhealthy_uuids(&self.servers);
                 let (on, ordinal, reason) = self
                     .leases
                     .get(&lid)
@@ -1180,7 +1183,9 @@ impl State {
             self.try_queue(now);
         }
         // Leases that could not leave an unhealthy GPU, tried again.
-        self.evacuate(now);
+        if self.evacuation.pending() {
+            self.evacuate(now);
+        }
     }
 
     /// Grants what waits, in priority order and first come first served
