@@ -23,7 +23,7 @@ pub use credential::{Credential, CredentialError};
 pub use rgpu_protocol::auth::Role;
 pub use rgpu_protocol::scope::Scope;
 pub use views::{
-    format_lease_id, parse_lease_id, AuditView, GpuView, LeaseSpec, LoadView, LeaseView, ServerView, StatusView, UsageRecordView, UsageView,
+    format_lease_id, parse_lease_id, AuditView, GpuHealthView, GpuView, LeaseSpec, LoadView, LeaseView, ServerView, StatusView, UsageRecordView, UsageView,
 };
 
 /// Unix time in milliseconds, as the broker's API carries it.

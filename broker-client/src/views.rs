@@ -136,6 +136,16 @@ pub struct ServerView {
     pub bandwidth_granted: u64,
     /// Its data-plane traffic at its last heartbeat; None: none reported.
     pub load: Option<LoadView>,
+    /// Its GPUs it reports unhealthy (no new lease lands on them; their
+    /// leases are moved off).
+    pub unhealthy: Vec<GpuHealthView>,
+}
+
+/// A GPU its server reports unhealthy, and why.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct GpuHealthView {
+    pub ordinal: u32,
+    pub reason: String,
 }
 
 /// A server's data-plane traffic, bytes/s.
@@ -309,6 +319,10 @@ pub fn read_server(s: server_status::Reader<'_>) -> ServerView {
         } else {
             None
         },
+        unhealthy: s
+            .get_unhealthy()
+            .map(|l| l.iter().map(|g| GpuHealthView { ordinal: g.get_ordinal(), reason: text(g.get_reason()) }).collect())
+            .unwrap_or_default(),
     }
 }
 

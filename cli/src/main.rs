@@ -47,6 +47,7 @@ enum Command {
     Restore(commands::restore::Args),
     Migrate(commands::migrate::Args),
     Sessions(commands::sessions::Args),
+    Fault(commands::fault::Args),
 }
 
 fn main() {
@@ -78,6 +79,7 @@ fn main() {
         Command::Restore(a) => commands::restore::exec(a),
         Command::Migrate(a) => commands::migrate::exec(a),
         Command::Sessions(a) => commands::sessions::exec(a),
+        Command::Fault(a) => commands::fault::exec(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

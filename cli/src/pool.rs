@@ -267,6 +267,11 @@ pub fn lease_table(leases: &[LeaseView]) {
             u.bytes_out,
             l.servers().join(",")
         );
+        if !l.moving_to.is_empty() {
+            println!("  moving to {}", l.moving_to);
+        } else if !l.move_error.is_empty() {
+            println!("  not moved: {}", l.move_error);
+        }
     }
 }
 
@@ -390,6 +395,9 @@ pub fn server_table(servers: &[ServerView]) {
             s.load.map_or_else(|| "-".to_string(), |l| rgpu_config::format_bandwidth(l.bytes_in.max(l.bytes_out))),
             drain
         );
+        for g in &s.unhealthy {
+            println!("  GPU {} unhealthy: {}", g.ordinal, g.reason);
+        }
     }
 }
 
@@ -458,6 +466,7 @@ mod tests {
             link_bandwidth: Some(12_500_000_000),
             bandwidth_granted: 1_250_000_000,
             load: None,
+            unhealthy: Vec::new(),
         };
         assert_eq!(link_cell(&s), "10Gb/s of 100Gb/s");
         s.link_bandwidth = None;

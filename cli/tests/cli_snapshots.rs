@@ -94,7 +94,7 @@ fn check_all(cases: &[(&str, &[&str])]) {
 }
 
 const SUBCOMMANDS: &[&str] =
-    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top", "checkpoint", "restore", "migrate", "sessions"];
+    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top", "checkpoint", "restore", "migrate", "sessions", "fault"];
 
 #[test]
 fn help_of_every_command() {
@@ -104,6 +104,9 @@ fn help_of_every_command() {
     }
     for s in ["issue", "rotate", "revoke"] {
         cases.push((format!("help-credential-{s}"), vec!["credential", s, "--help"]));
+    }
+    for s in ["inject", "clear"] {
+        cases.push((format!("help-fault-{s}"), vec!["fault", s, "--help"]));
     }
     let cases: Vec<(&str, &[&str])> = cases.iter().map(|(n, a)| (n.as_str(), a.as_slice())).collect();
     check_all(&cases);

@@ -255,3 +255,62 @@ pub fn list_sessions(addr: &str, security: &ClientSecurity, admin_key: &[u8], li
         r
     })
 }
+
+/// A device's health after an operator's `injectFault` or `clearFault`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceHealth {
+    pub healthy: bool,
+    /// Why it is unhealthy (empty when healthy).
+    pub reason: String,
+}
+
+/// Marks device `device` of the server at `addr` failing with `kind`
+/// ("ecc", "xid:N"), or clears its fault (`kind` None). Only a sim server
+/// takes one.
+pub fn set_fault(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    device: u32,
+    kind: Option<&str>,
+    limit: Duration,
+) -> Result<DeviceHealth, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let read = |healthy: bool, reason: capnp::Result<capnp::text::Reader<'_>>| DeviceHealth {
+                healthy,
+                reason: reason.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string(),
+            };
+            match kind {
+                Some(kind) => {
+                    let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::InjectFault, device.into(), kind));
+                    let mut req = server.inject_fault_request();
+                    let mut p = req.get();
+                    p.set_device(device);
+                    p.set_kind(kind);
+                    p.set_nonce(&nonce);
+                    p.set_proof(&proof);
+                    let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+                    let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+                    Ok(read(r.get_healthy(), r.get_reason()))
+                }
+                None => {
+                    let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::ClearFault, device.into(), ""));
+                    let mut req = server.clear_fault_request();
+                    let mut p = req.get();
+                    p.set_device(device);
+                    p.set_nonce(&nonce);
+                    p.set_proof(&proof);
+                    let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+                    let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+                    Ok(read(r.get_healthy(), r.get_reason()))
+                }
+            }
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}

@@ -8,7 +8,6 @@
 //! Nothing here skips silently: a missing toolchain or missing rgpu binaries
 //! fail the test with a message that says what to run.
 
-pub mod broker;
 pub mod proxy;
 
 use std::collections::HashMap;

@@ -6,41 +6,43 @@
 //! Needs rgpu-broker built beside rgpu and rgpu-server
 //! (`cargo build --release -p rgpu-pool-broker`).
 
-use rgpu_integration::broker::{wait_until, Broker, Dir};
+mod pool;
+
+use pool::*;
 use rgpu_integration::*;
+use std::path::Path;
 use std::time::Duration;
 
-fn lease(b: &Broker, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["lease", "--gpus", "1", "--json"];
+fn lease(b: &Broker, dir: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["lease", "--gpus", "1"];
     args.extend_from_slice(extra);
-    let (ok, out, err) = b.rgpu(&args);
-    assert!(ok, "rgpu {args:?}: {err}");
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("rgpu lease --json: {e}: {out}"))
+    json(&args, b, dir)
 }
 
 #[test]
 fn a_copied_token_is_useless_without_its_client_key() {
     let exe = build("rt_copy", Variant::Cudart13Shared);
-    let dir = Dir::new("bound-tokens");
+    let dir = std::env::temp_dir().join(format!("rgpu-bound-tokens-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let dir = Dir(dir);
     let d = &dir.0;
-    let b = Broker::start(d);
+    let b = broker(d);
     let flags: Vec<String> = [
         "--broker".to_string(),
         b.addr.clone(),
         "--broker-key-file".to_string(),
-        b.key_file().display().to_string(),
+        d.join("key").display().to_string(),
         "--require-bound-tokens".to_string(),
     ]
     .into();
     let seed = format!("rgpu-bound-tokens-{}", std::process::id());
     let srv = Server::start_on("127.0.0.1:0", ServerOpts { devices: 2, ..ServerOpts::default() }, &seed, &flags);
     let addr = srv.addr_string();
-    wait_until("the server registered", Duration::from_secs(20), || {
-        b.rgpu(&["servers"]).1.lines().any(|l| l.contains(&addr) && l.contains("up"))
-    });
+    wait_until("the server registered", Duration::from_secs(20), || servers_up(&b, d) == vec![addr.clone()]);
 
     let alice_key = d.join("alice.key");
-    let alice = lease(&b, &["--client-key", alice_key.to_str().unwrap()]);
+    let alice = lease(&b, d, &["--client-key", alice_key.to_str().unwrap()]);
     let token = alice["token"].as_str().unwrap().to_string();
     // The key file was made, readable by its owner alone.
     use std::os::unix::fs::PermissionsExt;
@@ -55,7 +57,7 @@ fn a_copied_token_is_useless_without_its_client_key() {
 
     // Another key on this host: refused, and the program is told why.
     let mallory_key = d.join("mallory.key");
-    let other = lease(&b, &["--client-key", mallory_key.to_str().unwrap()]);
+    let other = lease(&b, d, &["--client-key", mallory_key.to_str().unwrap()]);
     let out = run(mallory_key.to_str().unwrap());
     assert_ne!(out.code(), Some(0), "a program with another key ran:\n{}", out.describe(&[&srv]));
     assert!(out.stderr.contains("bound to client key"), "no reason given:\n{}", out.describe(&[&srv]));
@@ -66,9 +68,9 @@ fn a_copied_token_is_useless_without_its_client_key() {
     assert!(out.stderr.contains("bound to client key"), "no reason given:\n{}", out.describe(&[&srv]));
 
     // A bearer token is refused by this server (--require-bound-tokens).
-    let (ok, _, err) = b.rgpu(&["release", other["id"].as_str().unwrap()]);
+    let (ok, _, err) = rgpu(&["release", other["id"].as_str().unwrap()], &b, d);
     assert!(ok, "{err}");
-    let bearer = lease(&b, &["--bearer-token"]);
+    let bearer = lease(&b, d, &["--bearer-token"]);
     let t = bearer["token"].as_str().unwrap();
     let env = [("RGPU_TOKEN", Some(t)), ("RGPU_PLAINTEXT", Some("1")), ("RGPU_TLS_CA", None)];
     let out = spawn_rgpu_with(&addr, &exe, &[], &env).wait(run_timeout());

@@ -176,7 +176,7 @@ impl Cluster {
                             let mut uuid = [0u8; 16];
                             uuid[..8].copy_from_slice(&(i as u64).to_le_bytes());
                             uuid[8..12].copy_from_slice(&g.to_le_bytes());
-                            GpuSpec { uuid, ordinal: g, model: n.model.clone(), memory: GPU_MEMORY, sms: 0, healthy: true }
+                            GpuSpec { uuid, ordinal: g, model: n.model.clone(), memory: GPU_MEMORY, sms: 0, healthy: true, health_reason: String::new() }
                         })
                         .collect(),
                     transports: Vec::new(),

@@ -66,6 +66,14 @@ rgpu_config::settings! {
         /// names no `max-rate` [default: 50].
         #[setting(flag = "default-max-rate", env = "RGPU_BROKER_DEFAULT_MAX_RATE", value_name = "N")]
         default_max_rate: u32 = Limits::default().default_max_rate,
+        /// Move the leases on a GPU its server reports unhealthy (an
+        /// uncorrectable ECC error, an Xid, an injected fault) to other
+        /// servers by live migration, as `rgpu drain --migrate` does
+        /// (docs/migration.md "Evacuation of unhealthy devices"). Off
+        /// (`--evacuate-unhealthy=false`), they stay until released; an
+        /// unhealthy GPU takes no new lease either way [default: true].
+        #[setting(flag = "evacuate-unhealthy", env = "RGPU_BROKER_EVACUATE_UNHEALTHY")]
+        evacuate_unhealthy: bool = Limits::default().evacuate_unhealthy,
         /// Threads serving RPC connections [default: 2].
         #[setting(flag = "threads", env = "RGPU_BROKER_THREADS", value_name = "N")]
         threads: usize = 2,
@@ -282,6 +290,7 @@ impl Config {
             default_max_leases: s.default_max_leases,
             default_max_gpus: s.default_max_gpus,
             default_max_rate: s.default_max_rate.max(1),
+            evacuate_unhealthy: s.evacuate_unhealthy,
             ..Limits::default()
         };
         let security = rgpu_tls::ServerSecurity::new(s.tls_cert.as_deref(), s.tls_key.as_deref(), s.plaintext)?;
@@ -346,6 +355,7 @@ mod tests {
         ("default-max-leases", ["10", "20"]),
         ("default-max-gpus", ["10", "20"]),
         ("default-max-rate", ["10", "20"]),
+        ("evacuate-unhealthy", ["false", "true"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
         ("store", ["etcd://a:1/p", "etcd://b:2,c:3"]),
@@ -415,6 +425,8 @@ mod tests {
         let d = Limits::default();
         assert_eq!((c.limits.heartbeat_ms, c.limits.default_ttl_ms, c.limits.reserve_after_ms), (d.heartbeat_ms, d.default_ttl_ms, d.reserve_after_ms));
         assert!(c.tenants.is_empty() && c.key_file.is_none());
+        assert!(c.limits.evacuate_unhealthy, "evacuation is on unless turned off");
+        assert!(!load(&["--evacuate-unhealthy=false"]).unwrap().limits.evacuate_unhealthy);
     }
 
     #[test]

@@ -22,7 +22,12 @@ pub struct GpuSpec {
     /// Bytes.
     pub memory: u64,
     pub sms: u32,
+    /// As its server last reported: an unhealthy GPU takes no new lease
+    /// and its leases are moved off (see `evacuation`).
     pub healthy: bool,
+    /// Why it is unhealthy, as its server said (empty when healthy).
+    #[serde(default)]
+    pub health_reason: String,
 }
 
 /// A GPU server as it registered: its address is its id.

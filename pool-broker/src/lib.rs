@@ -17,6 +17,7 @@
 //! The client side of the same API (what the `rgpu` CLI and GPU servers
 //! call) is the `rgpu-broker-client` crate, which does not link this one.
 pub mod audit;
+pub mod evacuation;
 pub mod fabric;
 pub mod identity;
 pub mod inventory;

@@ -51,6 +51,8 @@ pub struct BrokerMetrics {
     commit: Histogram,
     servers: Family<StateLabel, Gauge>,
     gpus: Family<StateLabel, Gauge>,
+    unhealthy: Gauge,
+    stranded: Gauge,
     leases: Family<LeaseLabel, Gauge>,
     queue: Gauge,
     link_capacity: Family<ServerLabel, Gauge>,
@@ -104,6 +106,19 @@ impl BrokerMetrics {
              server, not leased), unavailable (unhealthy or unreachable)",
             gpus.clone(),
         );
+        let unhealthy = Gauge::default();
+        r.register(
+            "gpus_unhealthy",
+            "GPUs their servers report unhealthy (uncorrectable ECC, Xid, injected fault): no new lease \
+             lands on them, and their leases are moved off",
+            unhealthy.clone(),
+        );
+        let stranded = Gauge::default();
+        r.register(
+            "leases_stranded",
+            "Leases on an unhealthy GPU with no move under way (no server can take them yet, or evacuation is off)",
+            stranded.clone(),
+        );
         let leases = Family::<LeaseLabel, Gauge>::default();
         r.register("leases", "Leases by state and tenant", leases.clone());
         let queue = Gauge::default();
@@ -134,6 +149,8 @@ impl BrokerMetrics {
             commit,
             servers,
             gpus,
+            unhealthy,
+            stranded,
             leases,
             queue,
             link_capacity,
@@ -209,6 +226,13 @@ impl BrokerMetrics {
             self.leases.get_or_create(&LeaseLabel { state, tenant: l.tenant.clone() }).inc();
         }
         self.queue.set(st.queued() as i64);
+        let bad = crate::evacuation::unhealthy_uuids(&st.servers);
+        self.unhealthy.set(bad.len() as i64);
+        let stranded = st
+            .leases()
+            .filter(|l| l.state == LeaseState::Active && l.moving.is_none() && l.gpus.iter().any(|g| bad.contains(&g.uuid)))
+            .count();
+        self.stranded.set(stranded as i64);
         // Servers come and go too.
         self.link_capacity.clear();
         self.link_granted.clear();

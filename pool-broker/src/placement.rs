@@ -709,6 +709,7 @@ mod tests {
                     memory: 80 << 30,
                     sms: 132,
                     healthy: true,
+                    health_reason: String::new(),
                 })
                 .collect(),
             transports: Vec::new(),

@@ -926,7 +926,7 @@ mod tests {
             spine: "s".into(),
             partitions: vec!["default".into()],
             gpus: (0..4)
-                .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true })
+                .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true, health_reason: String::new() })
                 .collect(),
             transports: Vec::new(),
         };
@@ -991,7 +991,7 @@ mod tests {
             spine: "s".into(),
             partitions: vec!["default".into()],
             gpus: (0..gpus)
-                .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true })
+                .map(|i| GpuSpec { uuid: [i as u8; 16], ordinal: i, model: "T4".into(), memory: 1000, sms: 1, healthy: true, health_reason: String::new() })
                 .collect(),
             transports: Vec::new(),
         };

@@ -501,6 +501,24 @@ impl Service {
 
     /// Server `from`'s report on a move it was asked to make; returns the
     /// move's target.
+    /// A server's report of its GPUs' health (see [`State::report_health`]),
+    /// durable before the answer: the GPUs whose health changed and the
+    /// evacuation moves started.
+    pub async fn report_health(
+        &self,
+        server: &str,
+        reports: &[crate::state::HealthChange],
+    ) -> Result<(Vec<crate::state::HealthChange>, Vec<(u64, Result<String, String>)>), BrokerError> {
+        self.serving()?;
+        let (rx, r) = {
+            let mut st = self.lock();
+            let r = st.report_health(server, reports, now_ms());
+            (self.commit(&mut st), r)
+        };
+        Self::durable(rx).await?;
+        Ok(r)
+    }
+
     pub async fn move_reported(&self, from: &str, lease: u64, result: Result<(), String>) -> Result<String, BrokerError> {
         self.serving()?;
         let (r, rx) = {

@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::evacuation::{self, Evacuation};
 use crate::fabric::{self, Fabric};
 use crate::inventory::{Drain, Millis, Server, ServerSpec};
 use crate::moves::{self, Move};
@@ -183,6 +184,9 @@ pub struct Limits {
     pub default_max_leases: u32,
     pub default_max_gpus: u32,
     pub default_max_rate: u32,
+    /// Move leases off GPUs their servers report unhealthy (see
+    /// `evacuation`); off, they stay until released or drained.
+    pub evacuate_unhealthy: bool,
 }
 
 /// A tenant's quotas in effect.
@@ -206,6 +210,7 @@ impl Default for Limits {
             default_max_leases: 32,
             default_max_gpus: 8,
             default_max_rate: 50,
+            evacuate_unhealthy: true,
         }
     }
 }
@@ -313,7 +318,12 @@ pub struct State {
     scores: placement::ScoreCache,
     /// Link capacities, grants and traffic, by server index.
     fabric: Fabric,
+    /// Leases being moved off unhealthy GPUs: their tries.
+    evacuation: Evacuation,
 }
+
+/// A GPU whose health a server reported changed: (ordinal, healthy, reason).
+pub type HealthChange = (u32, bool, String);
 
 const DEFAULT_PARTITION: &str = "default";
 const ENDED_KEPT: usize = 4096;
@@ -337,6 +347,7 @@ impl State {
             policy,
             scores: placement::ScoreCache::new(),
             fabric: Fabric::default(),
+            evacuation: Evacuation::default(),
         }
     }
 
@@ -444,6 +455,7 @@ impl State {
         if spec.partitions.is_empty() {
             spec.partitions.push(DEFAULT_PARTITION.to_string());
         }
+        let unhealthy_here = spec.gpus.iter().any(|g| !g.healthy);
         match self.index.get(&spec.id) {
             Some(&i) => {
                 let s = &mut self.servers[i];
@@ -481,7 +493,90 @@ impl State {
                 self.changes.push(Change::Server { spec, drain: None });
             }
         }
+        // A GPU may come back unhealthy, or a new server be the target an
+        // evacuation waited for.
+        if unhealthy_here || self.evacuation.pending() {
+            self.evacuation.capacity_appeared();
+            self.evacuate(now);
+        }
         self.try_queue(now);
+    }
+
+    /// Server `id` reports the health of some of its GPUs, as (ordinal,
+    /// healthy, reason). Returns the GPUs whose health changed, after
+    /// which an unhealthy GPU takes no new lease and (with
+    /// `evacuate_unhealthy`) its leases start moving; and the moves
+    /// started, as [`State::evacuate`].
+    pub fn report_health(&mut self, id: &str, reports: &[HealthChange], now: Millis) -> (Vec<HealthChange>, Vec<(u64, Result<String, String>)>) {
+        let Some(&i) = self.index.get(id) else { return (Vec::new(), Vec::new()) };
+        let s = &mut self.servers[i];
+        let mut changed = Vec::new();
+        for (ordinal, healthy, reason) in reports {
+            let Some(g) = s.gpus.iter_mut().find(|g| g.spec.ordinal == *ordinal) else { continue };
+            let reason = if *healthy { String::new() } else { evacuation::clip(reason.clone(), evacuation::MAX_HEALTH_REASON) };
+            if g.spec.healthy == *healthy && g.spec.health_reason == reason {
+                continue;
+            }
+            g.spec.healthy = *healthy;
+            g.spec.health_reason = reason.clone();
+            if let Some(sg) = s.spec.gpus.iter_mut().find(|x| x.uuid == g.spec.uuid) {
+                sg.healthy = *healthy;
+                sg.health_reason = reason.clone();
+            }
+            changed.push((*ordinal, *healthy, reason));
+        }
+        if changed.is_empty() {
+            return (changed, Vec::new());
+        }
+        s.recount();
+        self.changes.push(Change::Server { spec: s.spec.clone(), drain: s.drain });
+        let started = self.evacuate(now);
+        // A GPU healthy again may take what waits.
+        self.try_queue(now);
+        (changed, started)
+    }
+
+    /// Starts moving the leases on unhealthy GPUs whose try is due (see
+    /// `evacuation`): per lease, the target or why none takes it (then
+    /// kept as its `move_error`, and tried again later). Nothing with
+    /// `evacuate_unhealthy` off.
+    pub fn evacuate(&mut self, now: Millis) -> Vec<(u64, Result<String, String>)> {
+        if !self.limits.evacuate_unhealthy {
+            return Vec::new();
+        }
+        let due = self.evacuation.due(&self.servers, self.leases.values(), now, moves::MAX_PLANNED);
+        let mut out = Vec::with_capacity(due.now.len());
+        let bad = evacuation::unhealthy_uuids(&self.servers);
+        for (lid, from) in due.now {
+            let r = self.start_move(lid, &from, now);
+            let last = self.evacuation.tried(lid, now);
+            if let Err(why) = &r {
+                let (on, ordinal, reason) = self
+                    .leases
+                    .get(&lid)
+                    .and_then(|l| evacuation::unhealthy_gpu(&self.servers, &bad, l))
+                    .map_or((from.clone(), 0, String::new()), |(s, o, r)| (s.to_string(), o, r.to_string()));
+                let tries = self.evacuation.tries(lid);
+                let error = if last {
+                    format!("cannot leave unhealthy GPU {ordinal} of {on} ({reason}); given up after {tries} tries: {why}")
+                } else {
+                    format!("cannot leave unhealthy GPU {ordinal} of {on} ({reason}) yet: {why}")
+                };
+                if tries == 1 || last {
+                    tracing::warn!(lease = format_args!("{lid:#x}"), server = %on, gpu = ordinal, tries, "{error}");
+                }
+                if let Some(l) = self.leases.get_mut(&lid) {
+                    if l.move_error != error {
+                        l.move_error = error;
+                        self.changes.push(Change::Lease(l.clone()));
+                    }
+                }
+            } else if let Ok(to) = &r {
+                tracing::info!(lease = format_args!("{lid:#x}"), %from, %to, "evacuating a lease off an unhealthy GPU");
+            }
+            out.push((lid, r));
+        }
+        out
     }
 
     /// A heartbeat: the live leases on the server and the generation floor,
@@ -534,25 +629,30 @@ impl State {
                 plan.push((lid, Ok(m.to.clone())));
                 continue;
             }
-            let parts = self.partitions_of(&l.tenant);
-            match moves::choose_target(&self.servers, l, id, &parts) {
-                Ok((_, gpus)) => {
-                    self.generation += 1;
-                    let m = Move { to: gpus[0].server.clone(), generation: self.generation, gpus, since: now };
-                    self.reserve(lid, &m.gpus);
-                    let to = m.to.clone();
-                    let l = self.leases.get_mut(&lid).expect("listed above");
-                    l.moving = Some(m);
-                    l.move_error.clear();
-                    let l = l.clone();
-                    self.changes.push(Change::Generation(self.generation));
-                    self.changes.push(Change::Lease(l));
-                    plan.push((lid, Ok(to)));
-                }
-                Err(why) => plan.push((lid, Err(why))),
-            }
+            plan.push((lid, self.start_move(lid, id, now)));
         }
         Ok(plan)
+    }
+
+    /// Starts moving lease `lid` off server `from` to the first server
+    /// that can take it: its target, or why none can. The move rides on
+    /// the lease (with a fresh generation, its target GPUs reserved) until
+    /// the source reports it.
+    fn start_move(&mut self, lid: u64, from: &str, now: Millis) -> Result<String, String> {
+        let l = self.leases.get(&lid).ok_or_else(|| format!("lease {lid:#x} ended"))?;
+        let parts = self.partitions_of(&l.tenant);
+        let (_, gpus) = moves::choose_target(&self.servers, l, from, &parts)?;
+        self.generation += 1;
+        let m = Move { to: gpus[0].server.clone(), generation: self.generation, gpus, since: now };
+        self.reserve(lid, &m.gpus);
+        let to = m.to.clone();
+        let l = self.leases.get_mut(&lid).expect("looked up above");
+        l.moving = Some(m);
+        l.move_error.clear();
+        let l = l.clone();
+        self.changes.push(Change::Generation(self.generation));
+        self.changes.push(Change::Lease(l));
+        Ok(to)
     }
 
     /// Server `from` reports the move of `lease` done (`Ok`) or failed. On
@@ -1091,6 +1191,10 @@ impl State {
         if freed {
             self.try_queue(now);
         }
+        // Leases that could not leave an unhealthy GPU, tried again.
+        if self.evacuation.pending() {
+            self.evacuate(now);
+        }
     }
 
     /// Grants what waits, in priority order and first come first served
@@ -1156,6 +1260,7 @@ mod tests {
                     memory: 16 << 30,
                     sms: 132,
                     healthy: true,
+                    health_reason: String::new(),
                 })
                 .collect(),
             transports: Vec::new(),

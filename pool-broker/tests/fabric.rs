@@ -31,7 +31,7 @@ fn spec(id: &str, leaf: &str, gpus: u32) -> ServerSpec {
                 let mut uuid = [0u8; 16];
                 uuid[..id.len().min(12)].copy_from_slice(&id.as_bytes()[..id.len().min(12)]);
                 uuid[15] = i as u8;
-                GpuSpec { uuid, ordinal: i, model: "H100".into(), memory: 80 << 30, sms: 132, healthy: true }
+                GpuSpec { uuid, ordinal: i, model: "H100".into(), memory: 80 << 30, sms: 132, healthy: true, health_reason: String::new() }
             })
             .collect(),
         transports: Vec::new(),

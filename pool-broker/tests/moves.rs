@@ -26,6 +26,7 @@ fn spec(id: &str, gpus: u32, model: &str, memory: u64) -> ServerSpec {
                 memory,
                 sms: 132,
                 healthy: true,
+                health_reason: String::new(),
             })
             .collect(),
         transports: Vec::new(),

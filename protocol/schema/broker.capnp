@@ -78,7 +78,12 @@ interface ServerAgent {
   # another by live migration; the server answers each in a later
   # heartbeat's `moved` (at most 16). A lease in flight is listed for both
   # servers: here with its old generation, at the target with the move's.
-  heartbeat @0 (usage :List(Usage), total :Usage, load :LinkLoad, moved :List(MoveResult)) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool, moves :List(MoveOrder));
+  # `health` (at most one per GPU): GPUs whose health changed since the
+  # last heartbeat the broker answered (empty: no change); registration
+  # carries every GPU's. The broker places nothing on an unhealthy GPU and
+  # moves the leases on it elsewhere (docs/migration.md "Evacuation of
+  # unhealthy devices").
+  heartbeat @0 (usage :List(Usage), total :Usage, load :LinkLoad, moved :List(MoveResult), health :List(GpuHealth)) -> (leases :List(LeaseRef), generationFloor :UInt64, known :Bool, moves :List(MoveOrder));
   # The server drains itself to stop (SIGTERM): no new grants; leases left
   # at deadlineMs are revoked; its next registration ends the drain.
   drainForShutdown @1 (deadlineMs :UInt64) -> (server :ServerStatus);
@@ -114,6 +119,14 @@ struct GpuInfo {
   memory @3 :UInt64;
   sms @4 :UInt32;
   healthy @5 :Bool;
+  healthReason @6 :Text;  # why it is unhealthy (empty when healthy; at most 256 bytes kept)
+}
+
+# One GPU's health as its server observes it (server/src/health.rs).
+struct GpuHealth {
+  ordinal @0 :UInt32;
+  healthy @1 :Bool;
+  reason @2 :Text;            # why not (e.g. "uncorrectable ECC error"); empty when healthy
 }
 
 struct LeaseRequest {
@@ -162,7 +175,7 @@ struct Lease {
   usage @11 :Usage;           # summed over its servers' last reports
   bandwidth @12 :UInt64;      # bytes/s granted on each of its servers' links (0: none asked)
   movingTo @13 :Text;         # the server a drain moves it to now (empty: none)
-  moveError @14 :Text;        # why its last move failed (empty: none)
+  moveError @14 :Text;        # why its last move failed, or why it cannot leave an unhealthy GPU (empty: none)
 }
 
 # The accounting record of an ended lease (or, for a live one, so far:
@@ -248,6 +261,7 @@ struct ServerStatus {
   linkBandwidth @17 :UInt64;  # as registered (0: not said, unbounded)
   bandwidthGranted @18 :UInt64; # bytes/s its leases were granted, summed
   load @19 :LinkLoad;         # its last heartbeat's (absent: none reported)
+  unhealthy @20 :List(GpuHealth); # its GPUs reported unhealthy, and why
 }
 
 struct BrokerStatus {

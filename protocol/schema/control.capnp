@@ -63,12 +63,23 @@ interface GpuServer {
   # `rgpu sessions` lists, and where `checkpoint` and `migrate` find ids.
   listSessions @8 (nonce :Data, proof :Data) -> (sessions :List(SessionInfo));
 
+  # Marks device `device` failing (an operator call, as above), as a real
+  # GPU fails: kind "ecc" (an uncorrectable ECC error) or "xid:N" (Xid
+  # error N). The server reports the device unhealthy to its broker, which
+  # places nothing more there and moves its leases elsewhere
+  # (docs/migration.md "Evacuation of unhealthy devices"). Only the sim
+  # backend takes injected faults; the cuda backend reports what the GPU
+  # reports. `healthy`/`reason`: the device's health now.
+  injectFault @9 (device :UInt32, kind :Text, nonce :Data, proof :Data) -> (healthy :Bool, reason :Text);
+  # Clears an injected fault: the device is healthy again.
+  clearFault @10 (device :UInt32, nonce :Data, proof :Data) -> (healthy :Bool, reason :Text);
+
   # After `rgpu restore` rebuilt a session on another server: session
   # `sessionId`, whose state left this server in a checkpoint (`leave`),
   # is forwarded to `target` (host:port, as clients reach it). Its client's
   # next resume here is redirected there, as after a live migration, and
   # the session ends here. Refused for a session still served here.
-  forward @9 (sessionId :UInt64, target :Text, nonce :Data, proof :Data) -> ();
+  forward @11 (sessionId :UInt64, target :Text, nonce :Data, proof :Data) -> ();
 }
 
 struct SessionInfo {

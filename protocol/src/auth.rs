@@ -97,6 +97,10 @@ pub enum ServerOp {
     /// The operator forwards a session that left in a checkpoint to where it
     /// was restored (`name`: that server's address).
     Forward,
+    /// The operator marks a device failing (session: the device's ordinal; name: the fault's kind).
+    InjectFault,
+    /// The operator clears a device's injected fault (session: its ordinal, no name).
+    ClearFault,
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -110,6 +114,8 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Intake => "intake",
         ServerOp::ListSessions => "list-sessions",
         ServerOp::Forward => "forward",
+        ServerOp::InjectFault => "inject-fault",
+        ServerOp::ClearFault => "clear-fault",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }
@@ -137,6 +143,11 @@ pub fn register_message(nonce: &[u8], s: server_info::Reader<'_>) -> capnp::Resu
         m.u64(g.get_memory());
         m.u64(g.get_sms().into());
         m.u64(g.get_healthy().into());
+        // Covered when given, as the link bandwidth below.
+        let why = g.get_health_reason()?.to_str()?;
+        if !why.is_empty() {
+            m.text(why);
+        }
     }
     let transports = s.get_transports()?;
     m.u64(transports.len().into());

@@ -21,6 +21,11 @@
 //! only when its move was ordered) and reports each lease done or failed
 //! in a later heartbeat.
 //!
+//! Health: registration carries each device's health as the backend
+//! observes it ([`crate::health`]), and a heartbeat the devices whose
+//! health changed since the broker last heard, so a broker that restarts
+//! learns it again when the server registers.
+//!
 //! When the server is told to stop ([`Stopping::requested`]), the agent
 //! asks the broker to drain it (no new grants; what is left at the drain
 //! timeout is revoked) and fires [`Stopping::drained`] once a heartbeat
@@ -66,6 +71,8 @@ pub struct Agent {
     link_rate: RefCell<LinkRate>,
     /// Leases being moved now, and the outcomes not yet reported.
     moves: Arc<Moves>,
+    /// The devices' health as the broker was last told.
+    health: RefCell<crate::health::Reported>,
 }
 
 /// Move orders from the broker, as the agent carries them out.
@@ -88,6 +95,8 @@ impl Moves {
 /// Orders taken from one reply, and outcomes sent in one heartbeat (the
 /// broker reads no more).
 const MAX_MOVE_ORDERS: usize = 16;
+/// Device health changes sent in one heartbeat (the broker reads no more).
+const MAX_HEALTH_REPORTS: usize = 256;
 /// How long a moved session may take to come to rest between requests.
 const MOVE_QUIESCE: Duration = Duration::from_secs(10);
 /// Passes over a lease's sessions: one opened while the others moved is
@@ -122,6 +131,7 @@ impl Agent {
             security: rgpu_tls::ClientSecurity::Plaintext,
             link_rate: RefCell::new(LinkRate::default()),
             moves: Arc::default(),
+            health: RefCell::default(),
         }
     }
 
@@ -204,6 +214,7 @@ impl Agent {
             return Err("registering needs the broker's key (--broker-key-file)".into());
         };
         let devices = service.backend.devices();
+        let health = service.backend.health();
         let reply = client.challenge_request().send().promise.await.map_err(|e| e.to_string())?;
         let nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| e.to_string())?.to_vec();
         let mut req = client.register_request();
@@ -231,7 +242,9 @@ impl Agent {
                 g.set_model(&d.name);
                 g.set_memory(d.total_mem);
                 g.set_sms(d.attributes.iter().find(|a| a.0 == 16).map_or(0, |a| a.1.max(0) as u32));
-                g.set_healthy(true);
+                let h = health.get(i).cloned().unwrap_or_else(crate::health::DeviceHealth::healthy);
+                g.set_healthy(h.healthy);
+                g.set_health_reason(&h.reason);
             }
         }
         let msg = register_message(&nonce, req.get().get_server().map_err(|e| e.to_string())?.into_reader())
@@ -241,7 +254,9 @@ impl Agent {
         let reply = req.send().promise.await.map_err(|e| e.to_string())?;
         let r = reply.get().map_err(|e| e.to_string())?;
         let (hb, agent) = (r.get_heartbeat_ms(), r.get_agent().map_err(|e| e.to_string())?);
-        info!(broker = %self.broker, id = %self.server_id, gpus = devices.len(), "registered with the broker");
+        let unhealthy = health.iter().filter(|h| !h.healthy).count();
+        info!(broker = %self.broker, id = %self.server_id, gpus = devices.len(), unhealthy, "registered with the broker");
+        self.health.borrow_mut().registered(health);
         Ok((agent, u64::from(hb).max(50)))
     }
 
@@ -271,11 +286,27 @@ impl Agent {
                     }
                 }
             }
+            let health = self.health.borrow().changes(&service.backend.health());
+            {
+                let mut list = req.get().init_health(health.len().min(MAX_HEALTH_REPORTS) as u32);
+                for (i, (ordinal, h)) in health.iter().take(MAX_HEALTH_REPORTS).enumerate() {
+                    let mut x = list.reborrow().get(i as u32);
+                    x.set_ordinal(*ordinal);
+                    x.set_healthy(h.healthy);
+                    x.set_reason(&h.reason);
+                    if h.healthy {
+                        info!(gpu = ordinal, "device healthy again: telling the broker");
+                    } else {
+                        warn!(gpu = ordinal, reason = %h.reason, "device unhealthy: telling the broker (its leases move elsewhere)");
+                    }
+                }
+            }
             let reply = tokio::time::timeout(every * 3, req.send().promise)
                 .await
                 .map_err(|_| "heartbeat unanswered".to_string())?
                 .map_err(|e| e.to_string())?;
             let r = reply.get().map_err(|e| e.to_string())?;
+            self.health.borrow_mut().sent(&health[..health.len().min(MAX_HEALTH_REPORTS)]);
             // Reported: the broker has placed those leases where they are.
             self.moves.done().drain(..reported.len());
             for (lease, _) in &reported {

@@ -62,7 +62,7 @@ impl GpuServer {
         let ours = self.nonce.take();
         let Some(key) = &self.service.admin_key else {
             return Err(capnp::Error::failed(
-                "this server has no --admin-key-file: operator calls (checkpoint, restore, migrate, sessions) are off".into(),
+                "this server has no --admin-key-file: operator calls (checkpoint, restore, migrate, sessions, faults) are off".into(),
             ));
         };
         let fresh = ours.is_some_and(|n| n[..] == *nonce);
@@ -86,6 +86,17 @@ impl GpuServer {
         let fresh = !nonce.is_empty() && self.nonce.take().is_some_and(|n| n[..] == *nonce);
         let possession = crate::lease::Possession { nonce, fresh, channel: self.channel, proof };
         self.service.leases.admit(token, now, Some(&possession))
+    }
+
+    /// An operator's fault on `device` (None: cleared), as the backend takes it.
+    fn set_fault(&self, device: u32, fault: Option<crate::health::Fault>) -> Result<crate::health::DeviceHealth, capnp::Error> {
+        let r = self.service.backend.set_fault(device, fault);
+        match &r {
+            Ok(h) if h.healthy => info!(peer = %self.peer, device, "operator cleared the device's fault: healthy"),
+            Ok(h) => warn!(peer = %self.peer, device, reason = %h.reason, "operator injected a fault: the device reports unhealthy"),
+            Err(e) => warn!(peer = %self.peer, device, "fault refused: {e}"),
+        }
+        r.map_err(|e| capnp::Error::failed(e.to_string()))
     }
 }
 
@@ -371,6 +382,37 @@ impl gpu_server::Server for GpuServer {
                 s.set_bytes_out(u.bytes_out);
             }
         }
+        Ok(())
+    }
+
+    async fn inject_fault(
+        self: Rc<Self>,
+        params: gpu_server::InjectFaultParams,
+        mut results: gpu_server::InjectFaultResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (device, kind) = (p.get_device(), text(p.get_kind()));
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::InjectFault, device.into(), &kind)?;
+        let fault = crate::health::Fault::parse(&kind).map_err(|e| capnp::Error::failed(e.to_string()))?;
+        let h = self.set_fault(device, Some(fault))?;
+        results.get().set_healthy(h.healthy);
+        results.get().set_reason(&h.reason);
+        Ok(())
+    }
+
+    async fn clear_fault(
+        self: Rc<Self>,
+        params: gpu_server::ClearFaultParams,
+        mut results: gpu_server::ClearFaultResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let device = p.get_device();
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::ClearFault, device.into(), "")?;
+        let h = self.set_fault(device, None)?;
+        results.get().set_healthy(h.healthy);
+        results.get().set_reason(&h.reason);
         Ok(())
     }
 }

@@ -18,6 +18,7 @@ pub mod checkpoint;
 pub mod command;
 pub mod config;
 pub mod control;
+pub mod health;
 pub mod lease;
 pub mod limits;
 pub mod listener;

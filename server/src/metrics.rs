@@ -72,6 +72,7 @@ pub struct ServerMetrics {
     // Read at scrape time.
     sessions: Family<StateLabel, Gauge>,
     memory_used: Family<DeviceLabel, Gauge>,
+    healthy: Family<DeviceLabel, Gauge>,
     leases: Gauge,
 }
 
@@ -144,6 +145,13 @@ impl ServerMetrics {
         );
         let memory_limit = Family::<DeviceLabel, Gauge>::default();
         r.register_with_unit("device_memory_limit", "Device memory in all", Unit::Bytes, memory_limit.clone());
+        let healthy = Family::<DeviceLabel, Gauge>::default();
+        r.register(
+            "device_healthy",
+            "1 while the device reports healthy, 0 while unhealthy (sim: an injected fault; cuda: NVML's \
+             uncorrectable ECC errors, retired pages, row remapping)",
+            healthy.clone(),
+        );
         let leases = Gauge::default();
         r.register("leases", "Broker leases with a live grant on this server", leases.clone());
         for (l, d) in labels.iter().zip(devices) {
@@ -166,6 +174,7 @@ impl ServerMetrics {
             migration_bytes,
             sessions,
             memory_used,
+            healthy,
             leases,
         }
     }
@@ -220,6 +229,9 @@ impl ServerMetrics {
         for (i, l) in self.devices.iter().enumerate() {
             let used = service.meters.memory_on(i as u32);
             self.memory_used.get_or_create(l).set(used.min(i64::MAX as u64) as i64);
+        }
+        for (l, h) in self.devices.iter().zip(service.backend.health()) {
+            self.healthy.get_or_create(l).set(h.healthy.into());
         }
         self.leases.set(service.leases.live_count() as i64);
         rgpu_metrics::encode(&self.registry)

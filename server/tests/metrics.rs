@@ -53,6 +53,7 @@ fn a_sessions_work_shows_in_a_scrape() {
     let before = scrape(m);
     assert_eq!(value(&before, "rgpu_server_kernel_launches_total{device=\"1\""), Some(0.0), "{before}");
     assert_eq!(value(&before, "rgpu_server_device_memory_limit_bytes{device=\"0\""), Some((64u64 << 20) as f64));
+    assert_eq!(value(&before, "rgpu_server_device_healthy{device=\"1\""), Some(1.0), "{before}");
     assert!(before.trim_end().ends_with("# EOF"), "OpenMetrics text ends with # EOF");
 
     let mut c = srv.session();

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod credential;
 pub mod demo;
 pub mod drain;
+pub mod fault;
 pub mod lease;
 pub mod leases;
 pub mod migrate;

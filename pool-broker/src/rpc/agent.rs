@@ -40,6 +40,40 @@ impl server_agent::Server for Agent {
             let load = crate::fabric::Load { bytes_in: l.get_bytes_in_per_s(), bytes_out: l.get_bytes_out_per_s() };
             self.service.report_load(&self.server_id, load);
         }
+        // Health first: a GPU reported unhealthy in this heartbeat has its
+        // leases' moves ordered in this reply.
+        if p.has_health() {
+            let reports: Vec<crate::state::HealthChange> = p
+                .get_health()?
+                .iter()
+                .take(crate::evacuation::MAX_GPUS_REPORTED)
+                .map(|h| {
+                    let why = h.get_reason().ok().and_then(|r| r.to_str().ok()).unwrap_or("").to_string();
+                    (h.get_ordinal(), h.get_healthy(), crate::evacuation::clip(why, crate::evacuation::MAX_HEALTH_REASON))
+                })
+                .collect();
+            let id = &self.server_id;
+            let actor = format!("server:{id}");
+            match self.service.report_health(id, &reports).await {
+                Ok((changed, started)) => {
+                    for (ordinal, healthy, why) in &changed {
+                        if *healthy {
+                            tracing::info!(server = %id, gpu = ordinal, "GPU healthy again: placeable");
+                        } else {
+                            tracing::warn!(server = %id, gpu = ordinal, "GPU unhealthy: {why}; no new leases on it");
+                        }
+                        let detail = if *healthy { format!("GPU {ordinal} healthy") } else { format!("GPU {ordinal} unhealthy: {why}") };
+                        audit(&self.service, &actor, &self.peer, "health", id, &Ok::<_, crate::state::BrokerError>(()), |_| detail);
+                    }
+                    for (lease, r) in started {
+                        audit(&self.service, &actor, &self.peer, "evacuate", &format!("{lease:016x}"), &r.map_err(crate::state::BrokerError::Unavailable), |to| {
+                            format!("{id} -> {to}")
+                        });
+                    }
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
         // Moves this server finished or gave up, each applied before the
         // reply is built, so it already lists the lease where it now is.
         if p.has_moved() {

@@ -69,6 +69,14 @@ pub fn write_server(mut b: server_status::Builder<'_>, st: &State, s: &Server) {
     for (i, x) in s.spec.transports.iter().enumerate() {
         t.set(i as u32, x);
     }
+    let unhealthy: Vec<_> = s.gpus.iter().filter(|g| !g.spec.healthy).collect();
+    let mut h = b.reborrow().init_unhealthy(unhealthy.len() as u32);
+    for (i, g) in unhealthy.iter().enumerate() {
+        let mut x = h.reborrow().get(i as u32);
+        x.set_ordinal(g.spec.ordinal);
+        x.set_healthy(false);
+        x.set_reason(&g.spec.health_reason);
+    }
     let mut models: Vec<&str> = s.gpus.iter().map(|g| g.spec.model.as_str()).collect();
     models.dedup();
     let mut m = b.init_models(models.len() as u32);

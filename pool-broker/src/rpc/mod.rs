@@ -112,6 +112,7 @@ fn server_spec(s: rgpu_protocol::broker_capnp::server_info::Reader<'_>) -> Resul
             memory: g.get_memory(),
             sms: g.get_sms(),
             healthy: g.get_healthy(),
+            health_reason: crate::evacuation::clip(text(g.get_health_reason()), crate::evacuation::MAX_HEALTH_REASON),
         });
     }
     Ok(ServerSpec {

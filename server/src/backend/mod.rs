@@ -275,6 +275,16 @@ pub trait Backend: Send + Sync + 'static {
     fn kernel_times_known(&self) -> bool {
         false
     }
+    /// Each device's health now, by ordinal: what the broker agent reports
+    /// ([`crate::health`]). A backend reports only what it observes; what
+    /// it cannot observe counts as healthy.
+    fn health(&self) -> Vec<crate::health::DeviceHealth>;
+    /// Sets (`Some`) or clears device `device`'s injected fault (an
+    /// operator's `injectFault`); its health after. Only a backend whose
+    /// devices are simulated takes one.
+    fn set_fault(&self, _device: u32, _fault: Option<crate::health::Fault>) -> Result<crate::health::DeviceHealth, crate::health::HealthError> {
+        Err(crate::health::HealthError::NotInjectable(self.name()))
+    }
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by

@@ -29,6 +29,7 @@
 //! [`driver::preflight`] before cudarc's first call, so cudarc never panics.
 
 pub mod driver;
+pub mod health;
 pub mod library;
 pub mod vmm;
 
@@ -84,6 +85,8 @@ struct Shared {
     /// Per device: zero every allocation before handing it out, because
     /// memory left by a session could not be zeroed.
     scrub_on_alloc: Vec<AtomicBool>,
+    /// The devices' health, as NVML reports it.
+    health: health::NvmlHealth,
 }
 
 impl Shared {
@@ -141,6 +144,7 @@ impl CudaBackend {
         })?;
         info!(driver = %path, devices = devices.len(), "cuda backend ready");
         let n = devices.len();
+        let uuids: Vec<[u8; 16]> = devices.iter().map(|d| d.uuid).collect();
         Ok(CudaBackend {
             shared: Arc::new(Shared {
                 driver,
@@ -150,6 +154,7 @@ impl CudaBackend {
                 staging_pool: Mutex::new(Vec::new()),
                 libraries: Mutex::new(LibraryCache::default()),
                 scrub_on_alloc: (0..n).map(|_| AtomicBool::new(false)).collect(),
+                health: health::NvmlHealth::open(&uuids),
             }),
         })
     }
@@ -167,6 +172,10 @@ impl Backend for CudaBackend {
 
     fn devices(&self) -> &[DeviceInfo] {
         &self.shared.devices
+    }
+
+    fn health(&self) -> Vec<crate::health::DeviceHealth> {
+        self.shared.health.health()
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {

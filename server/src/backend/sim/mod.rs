@@ -70,6 +70,8 @@ struct Shared {
     cores: Arc<share::Cores>,
     /// Names the groups of sessions without a lease.
     next_session: AtomicU64,
+    /// Faults an operator injected: the devices' health.
+    faults: crate::health::Faults,
 }
 
 impl Shared {
@@ -131,6 +133,7 @@ impl SimBackend {
                 arch: major * 10 + minor,
                 cores: share::Cores::host(),
                 next_session: AtomicU64::new(1),
+                faults: crate::health::Faults::new(cfg.devices),
             }),
         })
     }
@@ -148,6 +151,17 @@ impl Backend for SimBackend {
     fn kernel_times_known(&self) -> bool {
         // The executor times every kernel it runs (`time_kernels`).
         true
+    }
+
+    fn health(&self) -> Vec<crate::health::DeviceHealth> {
+        self.shared.faults.health()
+    }
+
+    // A fault changes what the device reports, not what it computes: the
+    // sessions on it keep running while the broker moves them off, as on
+    // a GPU whose pages are pending retirement.
+    fn set_fault(&self, device: u32, fault: Option<crate::health::Fault>) -> Result<crate::health::DeviceHealth, crate::health::HealthError> {
+        self.shared.faults.set(device, fault)
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
