@@ -426,6 +426,7 @@ mod tests {
             wait_ms: 9,
             key: "k".into(),
             bandwidth: 10,
+            client_key: Some([0x42; 32]),
         };
         let mut m = capnp::message::Builder::new_default();
         spec.write(m.init_root::<lease_request::Builder>());
@@ -438,6 +439,7 @@ mod tests {
         assert!(r.get_scope_required());
         assert_eq!((r.get_priority(), r.get_ttl_ms(), r.get_wait_ms()), (7, 8, 9));
         assert_eq!(r.get_key().unwrap(), "k");
+        assert_eq!(r.get_client_key().unwrap(), &[0x42; 32]);
         assert_eq!(r.get_bandwidth(), 10);
     }
 }
