@@ -1,7 +1,18 @@
 // Error paths with the codes a real driver gives, and the program goes on
 // working after each one.
+#include <cassert>
 #include <cuda_runtime.h>
 #include "check.h"
+
+__global__ void assert_positive(const int *v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) assert(v[i] > 0);
+}
+
+__global__ void square(int *v, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) v[i] = v[i] * v[i];
+}
 
 // After an expected error: cudaGetLastError reports it once, then the device
 // still works (allocate, copy both ways, free).
@@ -96,6 +107,34 @@ int main() {
     still_works("cudaStreamCreate(NULL)", cudaErrorInvalidValue);
     CHECK_ERR(cudaMalloc(nullptr, 16), cudaErrorInvalidValue);
     still_works("cudaMalloc(NULL, 16)", cudaErrorInvalidValue);
+
+    // A failed device assert leaves the context unusable until it is
+    // destroyed (CUDA_ERROR_ASSERT: "the context cannot be used anymore, and
+    // must be destroyed"); after cudaDeviceReset a fresh one computes.
+    int hv[64];
+    for (int i = 0; i < 64; i++) hv[i] = i + 1;
+    hv[17] = 0;
+    int *dv = nullptr;
+    CHECK(cudaMalloc((void **)&dv, sizeof hv));
+    CHECK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    assert_positive<<<2, 32>>>(dv, 64);
+    CHECK_ERR(cudaDeviceSynchronize(), cudaErrorAssert);
+    void *after = nullptr;
+    CHECK_ERR(cudaMalloc(&after, 16), cudaErrorAssert);
+    ok("a failed device assert -> cudaErrorAssert at the next synchronisation, and for later calls");
+    CHECK(cudaDeviceReset());
+    cudaGetLastError();
+    for (int i = 0; i < 64; i++) hv[i] = i - 20;
+    CHECK(cudaMalloc((void **)&dv, sizeof hv));
+    CHECK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    square<<<2, 32>>>(dv, 64);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    int back[64];
+    CHECK(cudaMemcpy(back, dv, sizeof back, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++) EXPECT(back[i] == (i - 20) * (i - 20), "after the reset: square wrong at %d: %d", i, back[i]);
+    CHECK(cudaFree(dv));
+    ok("after cudaDeviceReset a fresh context computes");
 
     CHECK(cudaDeviceSynchronize());
     return test_end();

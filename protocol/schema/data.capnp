@@ -52,6 +52,10 @@ struct Request {
     graphExecCreate @30 :GraphExecCreate; # bulk: the kernel nodes' parameter buffers, in op order
     graphExecDestroy @31 :Handle;
     graphLaunch @32 :GraphLaunch;   # bulk: host-to-device bytes; reply bulk: device-to-host bytes
+    # Sent once a client has destroyed or reset a context and released
+    # what it held: a session holding nothing more is as new, so a device
+    # assert no longer fails its calls (CUDA: the context must be destroyed).
+    ctxReset @33 :Device;
   }
 }
 

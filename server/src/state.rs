@@ -70,6 +70,23 @@ pub struct Module {
     pub source: Arc<Vec<u8>>,
 }
 
+/// Whether `e` leaves the device unusable for the rest of the session, as
+/// a GPU's context is left after a kernel ran past the watchdog or faulted
+/// (CUDA: "any further CUDA work will return the same error"; the process
+/// must start again, here the session). A device assert is the one a fresh
+/// context recovers from ([`SessionState::holds_nothing`], `ctxReset`).
+pub fn is_sticky(e: CuError) -> bool {
+    [
+        CuError::LAUNCH_TIMEOUT,
+        CuError::ILLEGAL_ADDRESS,
+        CuError::MISALIGNED_ADDRESS,
+        CuError::ILLEGAL_INSTRUCTION,
+        CuError::ASSERT,
+        CuError::LAUNCH_FAILED,
+    ]
+    .contains(&e)
+}
+
 pub struct SessionState {
     pub backend: Box<dyn BackendSession>,
     pub device_count: u32,
@@ -217,6 +234,17 @@ impl SessionState {
             return Err(CuError::INVALID_VALUE);
         }
         Ok(a.device)
+    }
+
+    /// Whether the session holds no object at all: after a client has
+    /// destroyed its contexts' objects, the session is as a fresh context.
+    pub fn holds_nothing(&self) -> bool {
+        self.allocs.is_empty()
+            && self.streams.is_empty()
+            && self.events.is_empty()
+            && self.modules.is_empty()
+            && self.graph_execs.is_empty()
+            && self.vmm.is_empty()
     }
 
     /// The stream a request names; 0 is `device`'s default stream.

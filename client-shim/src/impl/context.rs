@@ -49,11 +49,26 @@ pub(crate) unsafe fn destroy_v2(c: CUcontext) -> CuResult<()> {
     if context.primary {
         return Err(CuError::INVALID_CONTEXT);
     }
+    let dev = context.device;
     o.teardown_context(h);
     o.contexts.remove(h);
     // Destroying a context that is current on this thread pops it.
     ctx::unstack(h);
+    reset_remote(dev);
     Ok(())
+}
+
+/// Tells `dev`'s server that a context there was destroyed or reset, after
+/// its objects were released: a session holding nothing more starts afresh,
+/// as a new context does after a device assert. What it answers is not the
+/// caller's: errors of the old context's work go with the context.
+pub(crate) fn reset_remote(dev: CUdevice) {
+    let Ok(rt) = runtime::get() else { return };
+    let (Ok(d), Ok(conn)) = (rt.device(dev), rt.conn(dev)) else { return };
+    let remote = d.remote.ordinal;
+    if let Err(e) = conn.call(|r| r.init_ctx_reset().set_device(remote), &[], Sink::None, |_| Ok(())) {
+        tracing::debug!(dev, "context reset on the server: {e}");
+    }
 }
 
 pub(crate) unsafe fn get_current(pctx: &mut CUcontext) -> CuResult<()> {

@@ -46,6 +46,7 @@ pub(crate) unsafe fn reset_v2(dev: CUdevice) -> CuResult<()> {
         o.teardown_context(h);
         c.live.store(false, Ordering::Release);
         c.flags.store(0, Ordering::Relaxed);
+        super::context::reset_remote(dev);
     }
     Ok(())
 }

@@ -386,6 +386,15 @@ pub trait BackendSession: Send {
     /// Milliseconds from `start` to `end`.
     fn event_elapsed_time(&mut self, start: EventToken, end: EventToken) -> CuResult<f32>;
     fn ctx_synchronize(&mut self, device: u32) -> CuResult;
+    /// Waits for the session's work on `device`, then starts its context
+    /// there afresh, as cuDevicePrimaryCtxReset does; called only when the
+    /// session holds nothing. Returns the error of asynchronous work that
+    /// failed since the last call (its context is gone, the caller decides
+    /// whether the device is). A backend that cannot start a context
+    /// afresh says `NOT_SUPPORTED`, and the session keeps its state.
+    fn reset_context(&mut self, _device: u32) -> CuResult<Option<rgpu_cuda_types::CuError>> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
 
     // --- modules and launches ---------------------------------------------
     /// The architecture (compute capability X.Y as XY) whose code the backend picks from

@@ -285,6 +285,9 @@ commands! {
     graphExecDestroy => graph::GraphExecDestroy;
     /// cuGraphLaunch, cuGraphLaunch_ptsz (one per segment)
     graphLaunch => graph::GraphLaunch [bulk];
+    /// cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuCtxDestroy,
+    /// cuCtxDestroy_v2 (after the context's objects are released)
+    ctxReset => context::CtxReset;
 }
 
 impl Command {

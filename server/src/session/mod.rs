@@ -48,7 +48,7 @@ use tracing::{debug, info, trace, trace_span, warn};
 use crate::backend::TransferError;
 use crate::command::{Bulk, Command, DeviceBytes, EncodeReply, Fail, Reply};
 use crate::limits::SMALL_MESSAGE;
-use crate::state::SessionState;
+use crate::state::{is_sticky, SessionState};
 use rgpu_cuda_types::{code_of, CuError};
 
 /// A transport that can tell whether more input is already buffered, so the
@@ -123,7 +123,8 @@ impl End {
 }
 
 /// Requests still served once the session's device is in a sticky error:
-/// those that only release what the session holds.
+/// those that only release what the session holds, and the context reset
+/// that may follow them.
 const RELEASES: &[&str] = &[
     "memFree",
     "streamDestroy",
@@ -133,23 +134,8 @@ const RELEASES: &[&str] = &[
     "memUnmap",
     "memAddressFree",
     "graphExecDestroy",
+    "ctxReset",
 ];
-
-/// Whether `e` leaves the device unusable for the rest of the session, as
-/// a GPU's context is left after a kernel ran past the watchdog or faulted
-/// (CUDA: "any further CUDA work will return the same error"; the process
-/// must start again, here the session).
-fn is_sticky(e: CuError) -> bool {
-    [
-        CuError::LAUNCH_TIMEOUT,
-        CuError::ILLEGAL_ADDRESS,
-        CuError::MISALIGNED_ADDRESS,
-        CuError::ILLEGAL_INSTRUCTION,
-        CuError::ASSERT,
-        CuError::LAUNCH_FAILED,
-    ]
-    .contains(&e)
-}
 
 pub struct Session<T> {
     /// None while the session has no connection (rebuilt from a snapshot,
@@ -555,7 +541,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         let late = self.state.backend.take_async_error();
         for e in result.as_ref().err().into_iter().chain(late.as_ref()) {
             if is_sticky(*e) && self.state.sticky.is_none() {
-                warn!("{name} failed with {e}: the session's device is unusable from now on, as a GPU's context is");
+                let until = if *e == CuError::ASSERT { "until the client resets its context" } else { "from now on" };
+                warn!("{name} failed with {e}: the session's device is unusable {until}, as a GPU's context is");
                 self.state.sticky = Some(*e);
             }
         }

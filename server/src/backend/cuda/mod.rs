@@ -635,6 +635,33 @@ impl BackendSession for CudaSession {
         cu!(sys::cuCtxSynchronize())
     }
 
+    fn reset_context(&mut self, device: u32) -> CuResult<Option<CuError>> {
+        if !self.has_ctx(device)? {
+            return Ok(None);
+        }
+        self.bind(device)?;
+        let late = cu!(sys::cuCtxSynchronize()).err();
+        if late.is_some() {
+            // What this context freed may not have been zeroed.
+            self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
+        }
+        let Some(old) = self.ctxs[device as usize].take() else { return Ok(late) };
+        self.current = None;
+        for s in &mut self.staging {
+            if s.pending == Some(device) {
+                s.pending = None;
+            }
+        }
+        // A fresh context has none of the libraries' globals yet.
+        self.seen_libraries.retain(|&(_, d)| d != device);
+        for e in old.staging_events {
+            let _ = cu!(sys::cuEventDestroy_v2(e));
+        }
+        // The next call on `device` creates the session's context anew (`bind`).
+        cu!(sys::cuCtxDestroy_v2(old.ctx))?;
+        Ok(late)
+    }
+
     fn module_load(
         &mut self,
         device: u32,

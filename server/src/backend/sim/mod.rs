@@ -772,6 +772,14 @@ impl BackendSession for SimSession {
         self.shared.device(device).map(|_| ())
     }
 
+    fn reset_context(&mut self, device: u32) -> CuResult<Option<CuError>> {
+        self.shared.device(device)?;
+        // A sim context is nothing beyond the session's objects, all gone
+        // by now: once its queued work has ended it is as new.
+        self.exec.wait_idle();
+        Ok(self.exec.take_error())
+    }
+
     fn module_load(
         &mut self,
         device: u32,
