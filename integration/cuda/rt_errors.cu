@@ -117,6 +117,21 @@ int main() {
     int *dv = nullptr;
     CHECK(cudaMalloc((void **)&dv, sizeof hv));
     CHECK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
+    // A stream and an instantiated graph the reset has to destroy with the context.
+    cudaStream_t s;
+    CHECK(cudaStreamCreate(&s));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    square<<<2, 32, 0, s>>>(dv, 64);
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    int sq[64];
+    CHECK(cudaMemcpy(sq, dv, sizeof sq, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++) EXPECT(sq[i] == hv[i] * hv[i], "graph's square wrong at %d: %d", i, sq[i]);
+    CHECK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));
     assert_positive<<<2, 32>>>(dv, 64);
     CHECK_ERR(cudaDeviceSynchronize(), cudaErrorAssert);
     void *after = nullptr;
@@ -124,6 +139,7 @@ int main() {
     ok("a failed device assert -> cudaErrorAssert at the next synchronisation, and for later calls");
     CHECK(cudaDeviceReset());
     cudaGetLastError();
+    CHECK(cudaGraphDestroy(graph));
     for (int i = 0; i < 64; i++) hv[i] = i - 20;
     CHECK(cudaMalloc((void **)&dv, sizeof hv));
     CHECK(cudaMemcpy(dv, hv, sizeof hv, cudaMemcpyHostToDevice));

@@ -639,8 +639,8 @@ fn instantiate_graph(g: CUgraph, flags: u64) -> Result<u64, (CuError, u64)> {
     check_flags(flags).map_err(|e| (e, 0))?;
     let (_, graph) = graphs::get(g).map_err(|e| (e, 0))?;
     let body = graph.body().clone();
-    let dflt = context::current_device().map_err(|e| (e, 0))?;
-    let exec = Exec::instantiate(rt, body, flags, dflt)?;
+    let (ctx, current) = context::current().map_err(|e| (e, 0))?;
+    let exec = Exec::instantiate(rt, body, flags, ctx, current.device)?;
     let (h, _) = objects().graph_execs.insert(exec);
     Ok(h)
 }

@@ -147,6 +147,8 @@ impl Planner {
 
 pub struct Exec {
     pub device: CUdevice,
+    /// The context it was instantiated in: destroying or resetting that context destroys it.
+    pub ctx: u64,
     pub flags: u64,
     state: Mutex<State>,
     /// The graph memory it holds, and of that what a launch leaves to the program.
@@ -181,7 +183,7 @@ struct State {
 impl Exec {
     /// Instantiates `body` (a copy of the graph's) on the server of its device, or of `dflt`
     /// for a graph with no device work.
-    pub fn instantiate(rt: &Runtime, body: Body, flags: u64, dflt: CUdevice) -> Result<Exec, (CuError, u64)> {
+    pub fn instantiate(rt: &Runtime, body: Body, flags: u64, ctx: u64, dflt: CUdevice) -> Result<Exec, (CuError, u64)> {
         let (steps, device) = plan(&body)?;
         let device = device.unwrap_or(dflt);
         let (mut mems, mut freed) = (vec![], vec![]);
@@ -201,7 +203,7 @@ impl Exec {
         };
         let kept = mems.iter().filter(|m| !freed.contains(&m.ptr)).cloned().collect();
         let state = Mutex::new(State { body, steps: Arc::new(steps), broken: None });
-        Ok(Exec { device, flags, state, mems, kept })
+        Ok(Exec { device, ctx, flags, state, mems, kept })
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

@@ -5,6 +5,7 @@
 //!
 //! ```text
 //! context ─┬─ streams, events          (each records its context)
+//!          ├─ graph execs              (instantiated in it; their steps live on its server)
 //!          ├─ modules ── functions     (a module lists its functions; globals are allocations)
 //!          ├─ allocations              (cuMemAlloc; module globals belong to their module;
 //!          │                            stream-ordered ones also count in their pool)
@@ -16,7 +17,6 @@
 //! library ─┬─ one module per context that used it
 //!          └─ kernels                  (resolve to that module's function by name)
 //! graph ──── nodes                     (a node handle names its graph; captures build graphs)
-//! graph exec                           (its steps live on its device's server session)
 //! ```
 //!
 //! Destroying a context or resetting a primary context is one walk of that tree,
@@ -126,6 +126,11 @@ impl Objects {
         for e in self.events.select(|e| e.ctx == h) {
             if let Some(ev) = self.events.remove(e) {
                 let _ = event::release(rt, e, &ev);
+            }
+        }
+        for g in self.graph_execs.select(|g| g.ctx == h) {
+            if let Some(exec) = self.graph_execs.remove(g) {
+                exec.release(rt);
             }
         }
         self.memory.free_context(rt, h);
