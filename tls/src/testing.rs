@@ -58,3 +58,30 @@ impl Tap {
         !needle.is_empty() && self.captured().windows(needle.len()).any(|w| w == needle)
     }
 }
+
+/// Two ends of one TLS connection over loopback, handshakes done with
+/// rustls' blocking API under a throwaway CA: (client, server), each its
+/// socket and its connection, for tests and benches of what runs over TLS.
+pub fn loopback_pair() -> ((TcpStream, rustls::Connection), (TcpStream, rustls::Connection)) {
+    let ca = crate::pki::Authority::new("loopback CA").expect("CA");
+    let issued = ca.issue(&["127.0.0.1"]).expect("certificate");
+    let crate::ServerSecurity::Tls(server) =
+        crate::ServerSecurity::from_pem(issued.cert_pem.as_bytes(), issued.key_pem.as_bytes()).expect("server TLS")
+    else {
+        unreachable!("a certificate gives TLS")
+    };
+    let client = crate::TlsClient::from_ca_pem(ca.cert_pem().as_bytes(), None).expect("client TLS");
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("address").to_string();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut conn = rustls::ServerConnection::new(Arc::clone(&server)).expect("server connection");
+        while conn.is_handshaking() {
+            conn.complete_io(&mut s).expect("server handshake");
+        }
+        (s, rustls::Connection::from(conn))
+    });
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    let conn = crate::client::handshake_blocking(&client, &addr, &mut s).expect("client handshake");
+    ((s, conn.into()), t.join().expect("server side"))
+}

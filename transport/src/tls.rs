@@ -201,39 +201,13 @@ impl Write for Sock<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::net::TcpListener;
-    use std::sync::Arc;
-
-    use rgpu_tls::pki::Authority;
-    use rgpu_tls::{ServerSecurity, TlsClient};
-
     use crate::tcp::TcpTransport;
     use crate::Transport;
 
-    /// A TLS pair over loopback, handshakes done with rustls' blocking API.
+    /// A TLS pair over loopback.
     fn pair() -> (TcpTransport, TcpTransport) {
-        let ca = Authority::new("test CA").unwrap();
-        let issued = ca.issue(&["127.0.0.1"]).unwrap();
-        let ServerSecurity::Tls(server) =
-            ServerSecurity::from_pem(issued.cert_pem.as_bytes(), issued.key_pem.as_bytes()).unwrap()
-        else {
-            unreachable!()
-        };
-        let client = TlsClient::from_ca_pem(ca.cert_pem().as_bytes(), None).unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut conn = rustls::ServerConnection::new(Arc::clone(&server)).unwrap();
-            while conn.is_handshaking() {
-                conn.complete_io(&mut s).unwrap();
-            }
-            TcpTransport::with_tls(s, conn.into()).unwrap()
-        });
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        let conn = rgpu_tls::client::handshake_blocking(&client, &addr, &mut s).unwrap();
-        let c = TcpTransport::with_tls(s, conn.into()).unwrap();
-        (c, t.join().unwrap())
+        let ((cs, cc), (ss, sc)) = rgpu_tls::testing::loopback_pair();
+        (TcpTransport::with_tls(cs, cc).unwrap(), TcpTransport::with_tls(ss, sc).unwrap())
     }
 
     #[test]
