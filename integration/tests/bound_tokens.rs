@@ -22,10 +22,7 @@ fn lease(b: &Broker, dir: &Path, extra: &[&str]) -> serde_json::Value {
 #[test]
 fn a_copied_token_is_useless_without_its_client_key() {
     let exe = build("rt_copy", Variant::Cudart13Shared);
-    let dir = std::env::temp_dir().join(format!("rgpu-bound-tokens-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir = Dir(dir);
+    let dir = Dir::scratch("bound-tokens");
     let d = &dir.0;
     let b = broker(d);
     let flags: Vec<String> = [

@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 #[test]
 fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = std::env::temp_dir().join(format!("rgpu-drain-migrate-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir = Dir(dir);
+    let dir = Dir::scratch("drain-migrate");
     let d = &dir.0;
     let b = broker(d);
     // The servers prove themselves to each other with the same admin key

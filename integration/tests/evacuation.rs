@@ -39,10 +39,7 @@ fn healthy_gauge(addr: &str) -> Option<f64> {
 #[test]
 fn a_fault_on_a_gpu_moves_its_running_lease_and_clearing_it_makes_the_gpu_placeable() {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = std::env::temp_dir().join(format!("rgpu-evacuation-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let dir = Dir(dir);
+    let dir = Dir::scratch("evacuation");
     let d = &dir.0;
     let b = broker(d);
     let key = d.join("admin.key").display().to_string();

@@ -15,6 +15,17 @@ use std::time::{Duration, Instant};
 
 pub struct Dir(pub PathBuf);
 
+impl Dir {
+    /// An empty scratch directory for one test, `rgpu-NAME-PID` under the
+    /// system's temporary directory, removed when dropped.
+    pub fn scratch(name: &str) -> Dir {
+        let dir = std::env::temp_dir().join(format!("rgpu-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Dir(dir)
+    }
+}
+
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
