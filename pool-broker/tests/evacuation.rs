@@ -6,36 +6,20 @@
 //! and is tried again when a server registers, a bounded number of times;
 //! the health survives a restore; evacuation can be turned off.
 
+mod fixtures;
+
 use std::collections::HashMap;
 
+use fixtures::{granted as grant, G16};
 use rgpu_pool_broker::evacuation::{MAX_TRIES, RETRY_MS};
-use rgpu_pool_broker::inventory::{GpuSpec, ServerSpec};
+use rgpu_pool_broker::inventory::ServerSpec;
 use rgpu_pool_broker::placement::{Demand, FragmentationAware};
-use rgpu_pool_broker::state::{Lease, LeaseRequest, Limits, Outcome, State};
+use rgpu_pool_broker::state::{Lease, LeaseRequest, Limits, State};
 
-const G16: u64 = 16 << 30;
 const ECC: &str = "uncorrectable ECC error (injected)";
 
 fn spec(id: &str, gpus: u32) -> ServerSpec {
-    ServerSpec {
-        id: id.into(),
-        node: id.into(),
-        leaf: "l1".into(),
-        spine: "s1".into(),
-        partitions: Vec::new(),
-        gpus: (0..gpus)
-            .map(|i| GpuSpec {
-                uuid: [id.as_bytes()[0], i as u8, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                ordinal: i,
-                model: "sim".into(),
-                memory: G16,
-                sms: 132,
-                healthy: true,
-                health_reason: String::new(),
-            })
-            .collect(),
-        transports: Vec::new(),
-    }
+    fixtures::server(id, gpus, "sim", G16)
 }
 
 fn request(gpus: u32, memory: u64, milli: u32) -> LeaseRequest {
@@ -47,13 +31,6 @@ fn request(gpus: u32, memory: u64, milli: u32) -> LeaseRequest {
     }
 }
 
-fn grant(s: &mut State, req: LeaseRequest, id: u64, now: u64) -> Lease {
-    match s.request(req, id, now) {
-        Ok(Outcome::Granted(l)) => l,
-        Ok(Outcome::Queued(_)) => panic!("queued"),
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// Server a:1 with two GPUs: a whole lease on one, two fractions on the
 /// other. Returns the state, the whole lease, the fractions, and the

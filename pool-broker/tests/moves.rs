@@ -4,36 +4,15 @@
 //! its re-placement and fencing when the source reports it done, and a
 //! move that failed, timed out, or survived a restore.
 
+mod fixtures;
+
 use std::collections::HashMap;
 
-use rgpu_pool_broker::inventory::{GpuSpec, ServerSpec};
+use fixtures::{server as spec, G16};
+use rgpu_pool_broker::inventory::ServerSpec;
 use rgpu_pool_broker::moves::MOVE_TIMEOUT_MS;
 use rgpu_pool_broker::placement::{Demand, FragmentationAware};
-use rgpu_pool_broker::state::{Change, Lease, LeaseRequest, Limits, Outcome, State};
-
-fn spec(id: &str, gpus: u32, model: &str, memory: u64) -> ServerSpec {
-    ServerSpec {
-        id: id.into(),
-        node: id.into(),
-        leaf: "l1".into(),
-        spine: "s1".into(),
-        partitions: Vec::new(),
-        gpus: (0..gpus)
-            .map(|i| GpuSpec {
-                uuid: [id.as_bytes()[0], i as u8, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-                ordinal: i,
-                model: model.into(),
-                memory,
-                sms: 132,
-                healthy: true,
-                health_reason: String::new(),
-            })
-            .collect(),
-        transports: Vec::new(),
-    }
-}
-
-const G16: u64 = 16 << 30;
+use rgpu_pool_broker::state::{Change, Lease, LeaseRequest, Limits, State};
 
 fn lease(s: &mut State, gpus: u32, id: u64, now: u64) -> Lease {
     let req = LeaseRequest {
@@ -42,11 +21,7 @@ fn lease(s: &mut State, gpus: u32, id: u64, now: u64) -> Lease {
         ttl_ms: 600_000,
         ..LeaseRequest::default()
     };
-    match s.request(req, id, now) {
-        Ok(Outcome::Granted(l)) => l,
-        Ok(Outcome::Queued(_)) => panic!("queued"),
-        Err(e) => panic!("{e}"),
-    }
+    fixtures::granted(s, req, id, now)
 }
 
 /// A state with one lease on a:7767 holding both its GPUs, then the
