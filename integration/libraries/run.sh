@@ -97,6 +97,7 @@ check cupy-cub-on-9.0 "$SM90" cupy_cub.py error
 check cupy-graph "$SM90" cupy_graph.py
 check cupy-cublas "$SM120" cupy_cublas.py
 check cupy-partition-on-12.0 "$SM120" cupy_partition.py
+check cupy-ipc "$SM90" cupy_ipc.py
 check numba-copies "$SM90" numba_copies.py
 PYTHON_FOR="$NUMBA_VENV/bin/python" check numba-kernels "$SM90" numba_kernels.py
 check pynvml-9.0 "$SM90" pynvml_devices.py 9.0

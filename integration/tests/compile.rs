@@ -34,6 +34,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_tls_canary",
     "rt_cooperative",
     "rt_checkpoint",
+    "rt_ipc",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).

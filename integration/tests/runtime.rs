@@ -116,4 +116,5 @@ runtime_tests! {
     tensor_core => plain;
     async_copy => plain;
     cooperative => plain;
+    ipc => plain;
 }

@@ -56,6 +56,12 @@ struct Request {
     # what it held: a session holding nothing more is as new, so a device
     # assert no longer fails its calls (CUDA: the context must be destroyed).
     ctxReset @33 :Device;
+    # IPC between processes of one client host (cuIpcGetMemHandle,
+    # cuIpcOpenMemHandle, cuIpcCloseMemHandle): a session exports one of its
+    # allocations, another session of the same lease on this server opens it.
+    ipcExport @34 :MemFree;        # reply: ipcHandle
+    ipcOpen @35 :IpcOpen;          # reply: ipcOpened, the allocation's start and size
+    ipcClose @36 :MemFree;
   }
 }
 
@@ -70,6 +76,8 @@ struct Reply {
     memGetInfo @4 :MemInfo;
     eventElapsedTime @5 :Float32;  # milliseconds
     moduleLoad @6 :ModuleLoaded;
+    ipcHandle @8 :IpcHandle;
+    ipcOpened @9 :MemRange;
   }
   # Text kernels printed (device printf) since the previous reply, for the
   # client to write to its stdout; empty when none.
@@ -196,6 +204,17 @@ struct MemAddressReserve {
   alignment @1 :UInt64;            # 0: the granularity
   addr @2 :UInt64;                 # a hint; 0 for none
 }
+# An exported allocation: the export's id and the secret that proves a
+# holder of the handle was given it (ids are guessable, secrets are not).
+struct IpcHandle {
+  id @0 :UInt64;
+  secret @1 :Data;                 # 16 bytes
+}
+struct IpcOpen {
+  id @0 :UInt64;
+  secret @1 :Data;
+}
+
 struct MemRange {
   ptr @0 :UInt64;
   size @1 :UInt64;

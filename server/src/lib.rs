@@ -8,6 +8,7 @@
 //!   dispatch, reply) and one handler file per driver-API group;
 //! - [`state`]: one session's handle tables, which the handlers check and change;
 //!   [`vmm`]: its virtual memory management objects (reservations, maps, allocations);
+//!   [`ipc`]: the allocations sessions share (CUDA IPC);
 //! - [`backend`]: the [`backend::Backend`] trait, the `sim` and `cuda` backends;
 //! - [`module`]: reading CUDA module images (fatbin, cubin, PTX).
 pub mod module;
@@ -19,6 +20,7 @@ pub mod command;
 pub mod config;
 pub mod control;
 pub mod health;
+pub mod ipc;
 pub mod lease;
 pub mod limits;
 pub mod listener;

@@ -251,7 +251,8 @@ pub(crate) fn serve_rebuilt(
     let mut state = SessionState::new(backend, service.backend.devices().len() as u32)
         .with_devices(service.backend.devices())
         .with_input(input)
-        .with_meter(meter);
+        .with_meter(meter)
+        .with_ipc(service.ipc.clone(), meta.admission.as_ref().map(|a| a.lease));
     if let Some(a) = &meta.admission {
         state = state.with_compute_share(a.lease, a.compute_milli).restrict(a.devices.clone());
     }

@@ -47,6 +47,8 @@ pub struct Service {
     pub peer_security: Option<rgpu_tls::ClientSecurity>,
     /// Migrations out pre-copy memory while the program runs.
     pub precopy: bool,
+    /// Allocations sessions exported to other sessions (CUDA IPC).
+    pub ipc: Arc<crate::ipc::Exports>,
 }
 
 impl Service {
@@ -71,6 +73,7 @@ impl Service {
             checkpoint_dir: None,
             peer_security: Some(rgpu_tls::ClientSecurity::Plaintext),
             precopy: true,
+            ipc: Arc::default(),
         }
     }
 

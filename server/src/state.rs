@@ -19,12 +19,14 @@ use crate::metering::SessionMeter;
 use crate::quota::Charge;
 use rgpu_cuda_types::{CuError, CuResult};
 
-/// Who owns an allocation: the client (freed by memFree) or a module (a
-/// global, freed with the module).
+/// Who owns an allocation: the client (freed by memFree), a module (a
+/// global, freed with the module), or another session that exported it and
+/// this one opened (closed by ipcClose, [`crate::ipc`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner {
     Client,
     Module(u64),
+    Imported,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -99,6 +101,8 @@ pub struct SessionState {
     pub modules: HashMap<u64, Module>,
     /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
     pub vmm: crate::vmm::Vmm,
+    /// What the session exported to other sessions and opened of theirs.
+    pub ipc: crate::ipc::IpcScope,
     /// What the session may make the server buffer and keep.
     pub input: SessionInput,
     /// Instantiated graphs (segments between host nodes), by the client's handle.
@@ -135,6 +139,7 @@ impl SessionState {
             events: HashMap::new(),
             modules: HashMap::new(),
             vmm: crate::vmm::Vmm::default(),
+            ipc: crate::ipc::IpcScope::default(),
             input: SessionInput::default(),
             graph_execs: HashMap::new(),
             meter: Arc::new(SessionMeter::detached(device_count as usize)),
@@ -195,6 +200,13 @@ impl SessionState {
                 tracing::warn!("this backend does not enforce compute shares: fractional leases get whatever device time they take")
             });
         }
+        self
+    }
+
+    /// Lets the session share memory with the other sessions of `lease` on
+    /// this server (None: a server without leases) through `exports`.
+    pub fn with_ipc(mut self, exports: std::sync::Arc<crate::ipc::Exports>, lease: Option<u64>) -> Self {
+        self.ipc = crate::ipc::IpcScope::new(exports, lease);
         self
     }
 

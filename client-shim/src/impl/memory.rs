@@ -56,7 +56,7 @@ fn alloc_on(rt: &Runtime, dev: CUdevice, ctx: u64, size: u64, pool: u64) -> CuRe
         )
         .map_err(cu_err)?;
     let ptr = rt.to_client(dev, remote);
-    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool, mapped: false });
+    objects().memory.record(ptr, Alloc { size, device: dev, ctx, pool, mapped: false, ipc: 0 });
     Ok(ptr)
 }
 
@@ -79,8 +79,9 @@ fn free_now(dptr: CUdeviceptr) -> CuResult<()> {
     let a = {
         let mut m = objects().memory.allocs.lock().unwrap_or_else(|e| e.into_inner());
         match m.get(&dptr) {
-            // Module globals are freed with their module, never by cuMemFree.
-            Some(a) if a.ctx != 0 => m.remove(&dptr).ok_or(CuError::INVALID_VALUE)?,
+            // Module globals are freed with their module, memory opened from another process
+            // is closed by cuIpcCloseMemHandle: neither by cuMemFree.
+            Some(a) if a.ctx != 0 && a.ipc == 0 => m.remove(&dptr).ok_or(CuError::INVALID_VALUE)?,
             _ => return Err(CuError::INVALID_VALUE),
         }
     };

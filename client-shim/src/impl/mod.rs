@@ -8,6 +8,7 @@ pub mod driver;
 pub mod event;
 pub mod function;
 pub mod graph;
+pub mod ipc;
 pub mod kernel;
 pub mod launch;
 pub mod library;

@@ -249,7 +249,7 @@ pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, offset: usize, handle: C
     })?;
     phys.refs().1 += 1;
     o.vmm.ranges().mappings.insert(ptr, Mapping { size, handle, phys: phys.clone(), access: Default::default() });
-    o.memory.record(ptr, Alloc { size, device: phys.device, ctx: 0, pool: 0, mapped: true });
+    o.memory.record(ptr, Alloc { size, device: phys.device, ctx: 0, pool: 0, mapped: true, ipc: 0 });
     Ok(())
 }
 

@@ -19,6 +19,10 @@ pub struct Alloc {
     pub pool: u64,
     /// A map of a physical allocation (cuMemMap, `objects::vmm`), not an allocation itself.
     pub mapped: bool,
+    /// Another process's allocation this one opened (cuIpcOpenMemHandle): how many opens are
+    /// not closed yet (0 for the process's own memory). Closed by cuIpcCloseMemHandle, never
+    /// freed by cuMemFree.
+    pub ipc: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +95,14 @@ impl Memory {
 /// cuMemFree orders after earlier work on the device; the server executes in order, so the
 /// free is sent without waiting.
 pub fn release(rt: &Runtime, ptr: u64, a: &Alloc) -> CuResult<()> {
+    if a.ipc > 0 {
+        // Opened from another process: each open is closed (the server counts them too).
+        let conn = rt.conn(a.device)?;
+        for _ in 0..a.ipc {
+            conn.post(|r| r.init_ipc_close().set_ptr(Runtime::to_remote(ptr)), &[]).map_err(cu_err)?;
+        }
+        return Ok(());
+    }
     if let Some(p) = (a.pool != 0).then(|| super::objects().pools.get(a.pool)).flatten() {
         p.gave_back(a.size);
     }
@@ -102,7 +114,7 @@ mod tests {
     use super::*;
 
     fn a(size: u64, device: i32, mapped: bool) -> Alloc {
-        Alloc { size, device, ctx: 0, pool: 0, mapped }
+        Alloc { size, device, ctx: 0, pool: 0, mapped, ipc: 0 }
     }
 
     /// A range may run on across maps laid end to end (one reserved range), never across two

@@ -211,7 +211,7 @@ pub fn load_image(rt: &Runtime, dev: CUdevice, ctx: u64, image: &[u8]) -> CuResu
     }
     for (name, remote, size) in globals {
         let ptr = rt.to_client(dev, remote);
-        objects().memory.record(ptr, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false });
+        objects().memory.record(ptr, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false, ipc: 0 });
         module.globals.insert(name, (ptr, size));
     }
     // Insert under the handle the server already knows.

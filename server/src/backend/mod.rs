@@ -231,6 +231,15 @@ impl MemoryAccount {
         Ok(())
     }
 
+    /// Moves `size` of the bytes this session holds into a new account on the
+    /// same budget: they stay charged to the lease, now held by whatever keeps
+    /// the new account (memory another session may use after this one lets go).
+    pub fn split(&mut self, size: u64) -> MemoryAccount {
+        let size = size.min(self.held);
+        self.held -= size;
+        MemoryAccount { budget: self.budget.clone(), held: size }
+    }
+
     /// Returns `size` bytes (freed, or an allocation that failed after `take`).
     pub fn give(&mut self, size: u64) {
         let size = size.min(self.held);
@@ -368,6 +377,25 @@ pub trait BackendSession: Send {
     }
     /// cuMemSetAccess of whole maps for one device.
     fn mem_set_access(&mut self, _ptr: u64, _size: u64, _device: u32, _flags: u32) -> CuResult {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+
+    // --- IPC ([`crate::ipc`]) ------------------------------------------------
+    // The handlers check that `ptr` is the start of one of the session's own client allocations
+    // (export) or of an allocation it opened (close), and that the session may open the export.
+
+    /// Makes the client allocation at `ptr` shareable: the returned hold keeps its device memory
+    /// (and its charge to the lease) alive until the session has freed it and every other
+    /// holder has let go.
+    fn ipc_export(&mut self, _ptr: u64) -> CuResult<crate::ipc::SharedMemory> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// Maps another session's export into this one; returns the address the session uses.
+    fn ipc_import(&mut self, _memory: &crate::ipc::SharedMemory) -> CuResult<u64> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// Unmaps what `ipc_import` mapped at `ptr`, after the session's work queued before.
+    fn ipc_close(&mut self, _ptr: u64) -> CuResult {
         Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
     }
 
@@ -531,6 +559,13 @@ mod tests {
         assert_eq!(s2.info(10, 50), (10, 50), "the device's own numbers when smaller");
         drop(s1);
         assert_eq!(b.used(), 0, "a session's end gives its bytes back");
+        let mut s3 = MemoryAccount::new(Some(b.clone()));
+        assert!(s3.take(30).is_ok());
+        let moved = s3.split(20);
+        drop(s3);
+        assert_eq!(b.used(), 20, "what was split off stays charged");
+        drop(moved);
+        assert_eq!(b.used(), 0);
         let mut free = MemoryAccount::new(None);
         assert!(free.take(u64::MAX).is_ok(), "no budget, no limit");
         assert_eq!(free.info(7, 9), (7, 9));

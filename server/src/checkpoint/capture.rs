@@ -72,6 +72,10 @@ pub fn capture(
     if !state.graph_execs.is_empty() {
         return Err(SnapshotError::NotCapturable("it holds instantiated graphs, which snapshots do not carry yet"));
     }
+    if state.ipc.is_active() {
+        // The memory is another process's too: moving it would split what they share.
+        return Err(SnapshotError::NotCapturable("it shares memory with another process (CUDA IPC)"));
+    }
     let started = Instant::now();
     state.backend.quiesce(quiesce).map_err(|_| SnapshotError::Busy(quiesce))?;
     let quiesced_in = started.elapsed();
@@ -174,6 +178,7 @@ pub fn capture(
         match a.owner {
             Owner::Client => e.u8(0),
             Owner::Module(h) => e.u8(1).u64(h),
+            Owner::Imported => return Err(SnapshotError::NotCapturable("it shares memory with another process (CUDA IPC)")),
         };
         format::write_record(&mut w, Tag::Alloc, &e, a.size)?;
         copy_out(state, a.device, ptr, a.size, &mut w)?;

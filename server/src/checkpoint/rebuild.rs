@@ -354,6 +354,7 @@ impl Opened<'_> {
                     .map_err(|e| SnapshotError::Device(e, "placing an allocation at its address"))?;
                 state.allocs.insert(ptr, Alloc { device, size, owner });
             }
+            Owner::Imported => return Err(SnapshotError::Malformed("an allocation of another session".into())),
             Owner::Module(m) => {
                 // Placed by its module's load: the record must match it exactly.
                 let ok = state.allocs.get(&ptr).is_some_and(|a| a.owner == owner && a.size == size && a.device == device);

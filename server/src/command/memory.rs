@@ -56,6 +56,8 @@ impl Handler for MemFree {
             Some(a) if a.owner == Owner::Client => {}
             _ => return Err(CuError::INVALID_VALUE.into()),
         }
+        // Those who opened it keep it; no one opens it from now on.
+        s.ipc.withdraw(self.ptr);
         s.backend.mem_free(self.ptr)?;
         if let Some(a) = s.allocs.remove(&self.ptr) {
             s.meter.free(a.device, a.size);

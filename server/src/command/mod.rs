@@ -20,6 +20,7 @@
 pub mod context;
 pub mod event;
 pub mod graph;
+pub mod ipc;
 pub mod launch;
 pub mod memory;
 pub mod module;
@@ -288,6 +289,12 @@ commands! {
     /// cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2, cuCtxDestroy,
     /// cuCtxDestroy_v2 (after the context's objects are released)
     ctxReset => context::CtxReset;
+    /// cuIpcGetMemHandle
+    ipcExport => ipc::IpcExport;
+    /// cuIpcOpenMemHandle, cuIpcOpenMemHandle_v2
+    ipcOpen => ipc::IpcOpen;
+    /// cuIpcCloseMemHandle; context teardown for the handles it opened
+    ipcClose => ipc::IpcClose;
 }
 
 impl Command {

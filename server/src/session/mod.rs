@@ -135,6 +135,7 @@ const RELEASES: &[&str] = &[
     "memAddressFree",
     "graphExecDestroy",
     "ctxReset",
+    "ipcClose",
 ];
 
 pub struct Session<T> {

@@ -324,6 +324,8 @@ pub enum Body {
     MemInfo { free: u64, total: u64 },
     Elapsed(f32),
     Module(Loaded),
+    IpcHandle { id: u64, secret: Vec<u8> },
+    IpcOpened { ptr: u64, size: u64 },
 }
 
 /// (name, params as (offset, size), maxThreadsPerBlock, numRegs)
@@ -593,6 +595,14 @@ impl DataClient {
                 Body::MemInfo { free: m.get_free(), total: m.get_total() }
             }
             reply::EventElapsedTime(ms) => Body::Elapsed(ms),
+            reply::IpcHandle(h) => {
+                let h = h.unwrap();
+                Body::IpcHandle { id: h.get_id(), secret: h.get_secret().unwrap().to_vec() }
+            }
+            reply::IpcOpened(m) => {
+                let m = m.unwrap();
+                Body::IpcOpened { ptr: m.get_ptr(), size: m.get_size() }
+            }
             reply::ModuleLoad(m) => {
                 let m = m.unwrap();
                 Body::Module(Loaded {

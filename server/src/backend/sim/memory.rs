@@ -35,9 +35,11 @@ pub struct DeviceMemory {
     state: Mutex<Allocator>,
 }
 
-// SAFETY: the mapping is plain memory owned by this value. Threads touch
-// disjoint live allocations (each is owned by one session, served by one
-// thread), and every access is bounds-checked under `state`.
+// SAFETY: the mapping is plain memory owned by this value, and every access
+// is bounds-checked under `state` against live allocations. An allocation is
+// one session's, except one shared through IPC: then two sessions' threads
+// may write it at once, as two processes may race on a GPU, which tears
+// bytes of that allocation and touches nothing else.
 unsafe impl Send for DeviceMemory {}
 unsafe impl Sync for DeviceMemory {}
 

@@ -196,6 +196,34 @@ struct SimEvent {
     item: Option<u64>,
 }
 
+/// How a session holds an allocation.
+enum Held {
+    /// Alone: freeing it frees the device memory.
+    Own,
+    /// Its own, exported: other sessions may hold it too.
+    Exported(Arc<SimShared>),
+    /// Another session's export, opened (held for its drop alone).
+    Imported(#[allow(dead_code)] Arc<SimShared>),
+}
+
+/// A client allocation that other sessions may have opened (IPC): its device
+/// memory and its charge to the exporter's lease live as long as some
+/// session holds this.
+struct SimShared {
+    shared: Arc<Shared>,
+    ptr: u64,
+    /// The bytes moved out of the exporter's account (dropped after the memory is freed).
+    _charge: MemoryAccount,
+}
+
+impl Drop for SimShared {
+    fn drop(&mut self) {
+        if let Ok(m) = self.shared.device_of(self.ptr) {
+            let _ = m.free(self.ptr);
+        }
+    }
+}
+
 struct SimModule {
     /// Device pointers of the module's globals, freed at unload.
     globals: Vec<u64>,
@@ -227,8 +255,9 @@ struct SimSession {
     account: MemoryAccount,
     /// Size of each of the client's own allocations (not module globals).
     client_bytes: HashMap<u64, u64>,
-    /// Every allocation this session made (its own and its modules' globals).
-    allocs: BTreeMap<u64, ()>,
+    /// Every allocation this session made (its own and its modules' globals)
+    /// or opened of another's.
+    allocs: BTreeMap<u64, Held>,
     /// What kernels may touch: `allocs` as memory regions, rebuilt after an
     /// allocation or a free rather than at every launch.
     launch_memory: Option<Arc<kernels::SessionMemory>>,
@@ -285,7 +314,7 @@ impl SimSession {
 
     fn alloc_owned(&mut self, device: u32, size: u64) -> CuResult<u64> {
         let p = self.shared.device(device)?.alloc(size)?;
-        self.allocs.insert(p, ());
+        self.allocs.insert(p, Held::Own);
         self.launch_memory = None;
         Ok(p)
     }
@@ -382,7 +411,7 @@ impl SimSession {
                     Some(at) => {
                         let p = *at.get(ptrs.len()).ok_or(CuError::INVALID_VALUE)?;
                         self.shared.device(device)?.alloc_at(p, g.size.max(1))?;
-                        self.allocs.insert(p, ());
+                        self.allocs.insert(p, Held::Own);
                         self.launch_memory = None;
                         p
                     }
@@ -485,9 +514,13 @@ impl SimSession {
     }
 
     fn free_owned(&mut self, ptr: u64) -> CuResult {
-        self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
+        let held = self.allocs.remove(&ptr).ok_or(CuError::INVALID_VALUE)?;
         self.launch_memory = None;
-        self.shared.device_of(ptr)?.free(ptr)
+        match held {
+            Held::Own => self.shared.device_of(ptr)?.free(ptr),
+            // Freed with its last holder.
+            Held::Exported(_) | Held::Imported(_) => Ok(()),
+        }
     }
 }
 
@@ -516,6 +549,39 @@ impl BackendSession for SimSession {
             self.account.give(size);
         }
         Ok(())
+    }
+
+    fn ipc_export(&mut self, ptr: u64) -> CuResult<crate::ipc::SharedMemory> {
+        match self.allocs.get(&ptr) {
+            Some(Held::Exported(held)) => return Ok(held.clone()),
+            Some(Held::Own) if self.client_bytes.contains_key(&ptr) => {}
+            _ => return Err(CuError::INVALID_VALUE),
+        }
+        let size = self.client_bytes.remove(&ptr).unwrap_or(0);
+        let held = Arc::new(SimShared { shared: self.shared.clone(), ptr, _charge: self.account.split(size) });
+        self.allocs.insert(ptr, Held::Exported(held.clone()));
+        Ok(held)
+    }
+
+    fn ipc_import(&mut self, memory: &crate::ipc::SharedMemory) -> CuResult<u64> {
+        let held = memory.clone().downcast::<SimShared>().map_err(|_| CuError::INVALID_VALUE)?;
+        if !Arc::ptr_eq(&held.shared, &self.shared) || self.allocs.contains_key(&held.ptr) {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // Device addresses are the server's, so the memory is at the same address here.
+        let ptr = held.ptr;
+        self.allocs.insert(ptr, Held::Imported(held));
+        self.launch_memory = None;
+        Ok(ptr)
+    }
+
+    fn ipc_close(&mut self, ptr: u64) -> CuResult {
+        if !matches!(self.allocs.get(&ptr), Some(Held::Imported(_))) {
+            return Err(CuError::INVALID_VALUE);
+        }
+        // The session's kernels queued before the close may still use it.
+        self.exec.wait_idle();
+        self.free_owned(ptr)
     }
 
     fn mem_get_info(&mut self, device: u32) -> CuResult<(u64, u64)> {
@@ -824,7 +890,7 @@ impl BackendSession for SimSession {
             self.account.give(size);
             return Err(e);
         }
-        self.allocs.insert(ptr, ());
+        self.allocs.insert(ptr, Held::Own);
         self.launch_memory = None;
         self.client_bytes.insert(ptr, size);
         Ok(())
