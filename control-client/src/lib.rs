@@ -144,13 +144,15 @@ fn rpc_err(addr: &str, e: capnp::Error) -> ClientError {
 }
 
 /// A device's memory now, as [`device_status`] reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceStatus {
     pub ordinal: u32,
     /// The lease's memory limit where it has one, else the device's memory.
     pub total_mem: u64,
     /// Bytes the lease's sessions (without a lease: all sessions) hold.
     pub used_mem: u64,
+    /// Those sessions' client processes holding memory on the device: (pid, bytes).
+    pub processes: Vec<(u32, u64)>,
 }
 
 /// The memory of each device on `addr` as this process may see it: with a
@@ -169,7 +171,15 @@ pub fn device_status(addr: &str, client_name: &str, security: &ClientSecurity) -
             let list = reply.get().and_then(|r| r.get_devices()).map_err(|e| rpc_err(addr, e))?;
             Ok(list
                 .iter()
-                .map(|d| DeviceStatus { ordinal: d.get_ordinal(), total_mem: d.get_total_mem(), used_mem: d.get_used_mem() })
+                .map(|d| DeviceStatus {
+                    ordinal: d.get_ordinal(),
+                    total_mem: d.get_total_mem(),
+                    used_mem: d.get_used_mem(),
+                    processes: d
+                        .get_processes()
+                        .map(|l| l.iter().map(|p| (p.get_pid(), p.get_used_mem())).collect())
+                        .unwrap_or_default(),
+                })
                 .collect())
         }
         .await;

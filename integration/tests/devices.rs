@@ -2,6 +2,7 @@
 //! device 0), and one server with two devices.
 
 use rgpu_integration::*;
+use std::time::Duration;
 
 const MEM_A: u64 = 2 << 30;
 const MEM_B: u64 = 3 << 30;
@@ -90,6 +91,7 @@ fn smi_lists_the_devices_in_cuda_order() {
     assert_eq!(mem, vec![MEM_A, MEM_B, MEM_B], "server order, then device order");
     let used: Vec<u64> = gpus.iter().map(|g| g["memory_used"].as_u64().expect("memory use known")).collect();
     assert_eq!(used, vec![0, 0, 0], "nothing allocated yet");
+    assert!(gpus.iter().all(|g| g["processes"].as_array().is_some_and(|p| p.is_empty())), "no process yet");
     for (i, g) in gpus.iter().enumerate() {
         assert_eq!(g["index"].as_u64(), Some(i as u64));
         let uuid = g["uuid"].as_str().unwrap();
@@ -97,4 +99,18 @@ fn smi_lists_the_devices_in_cuda_order() {
     }
     let uuids: std::collections::BTreeSet<&str> = gpus.iter().map(|g| g["uuid"].as_str().unwrap()).collect();
     assert_eq!(uuids.len(), 3, "distinct devices have distinct UUIDs");
+
+    // A program holding 1 MiB on the first server's device is listed there, and only there.
+    let holder = spawn_rgpu(&a.addr_string(), &build("rt_killed", Variant::Cudart13Shared), &[]);
+    assert!(holder.wait_for_line("looping", Duration::from_secs(60)), "rt_killed did not start");
+    let out = std::process::Command::new(&binaries().rgpu)
+        .args(["smi", "--json", "--plaintext", "--server", &servers])
+        .output()
+        .expect("rgpu smi runs");
+    let gpus: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    let procs: Vec<&Vec<serde_json::Value>> = gpus.as_array().unwrap().iter().map(|g| g["processes"].as_array().unwrap()).collect();
+    assert_eq!(procs.iter().map(|p| p.len()).collect::<Vec<_>>(), vec![1, 0, 0], "{gpus}");
+    assert!(procs[0][0]["pid"].as_u64().is_some_and(|p| p > 0), "{gpus}");
+    assert!(procs[0][0]["memory_used"].as_u64().is_some_and(|m| m >= 1 << 20), "{gpus}");
+    holder.wait(Duration::from_millis(1));
 }

@@ -423,20 +423,122 @@ pub struct NvmlMemoryV2 {
 pub const NVML_MEMORY_V2: c_uint = std::mem::size_of::<NvmlMemoryV2>() as c_uint | (2 << 24);
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 
-/// (total, used) of device `i` now, from its server. The lock is not held while the server is
-/// asked.
-fn memory_now(dev: NvmlDevice) -> Result<(u64, u64), NvmlReturn> {
+/// What device `dev`'s server says of it now (memory, processes). The lock is not held while
+/// the server is asked.
+fn status_now(dev: NvmlDevice) -> Result<rgpu_control_client::DeviceStatus, NvmlReturn> {
     let (addr, ordinal) = {
         let st = state();
         with_state_device(&st, dev, |i, d| Ok((st.servers.get(i).cloned().ok_or(NVML_ERROR_UNKNOWN)?, d.ordinal)))?
     };
     let security = security().map_err(|_| NVML_ERROR_DRIVER_NOT_LOADED)?;
     let status = rgpu_control_client::device_status(&addr, &client_name(), &security).map_err(|e| {
-        eprintln!("rgpu NVML: memory info: {e}");
+        eprintln!("rgpu NVML: device status: {e}");
         NVML_ERROR_UNKNOWN
     })?;
-    let s = status.iter().find(|s| s.ordinal == ordinal).ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+    status.into_iter().find(|s| s.ordinal == ordinal).ok_or(NVML_ERROR_NOT_SUPPORTED)
+}
+
+/// (total, used) of device `dev` now.
+fn memory_now(dev: NvmlDevice) -> Result<(u64, u64), NvmlReturn> {
+    let s = status_now(dev)?;
     Ok((s.total_mem, s.used_mem.min(s.total_mem)))
+}
+
+/// `nvmlProcessInfo_v1_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+}
+
+/// `nvmlProcessInfo_t` (v2, and v3's functions take it too).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvmlProcessInfo {
+    pub pid: c_uint,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: c_uint,
+    pub compute_instance_id: c_uint,
+}
+
+/// A GPU instance or compute instance id where MIG is off (NVML's `0xFFFFFFFF`).
+const NO_INSTANCE: c_uint = c_uint::MAX;
+
+/// NVML's sizing protocol for lists: `*count` in is the room in `infos` (which may be null
+/// when it is 0); out, how many there are. Too little room: `NVML_ERROR_INSUFFICIENT_SIZE`.
+unsafe fn fill_list<T>(procs: &[(u32, u64)], count: *mut c_uint, infos: *mut T, make: impl Fn(u32, u64) -> T) -> Result<(), NvmlReturn> {
+    let count = out(count)?;
+    let room = *count as usize;
+    *count = procs.len() as c_uint;
+    if procs.len() > room {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    if procs.is_empty() {
+        return Ok(());
+    }
+    if infos.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    for (i, &(pid, used)) in procs.iter().enumerate() {
+        infos.add(i).write(make(pid, used));
+    }
+    Ok(())
+}
+
+/// The client processes holding memory on the device (of this process's lease, where it has one),
+/// as its server counts them.
+fn compute_processes(dev: NvmlDevice) -> Result<Vec<(u32, u64)>, NvmlReturn> {
+    Ok(status_now(dev)?.processes)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(dev: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfo) -> NvmlReturn {
+    entry(|| {
+        let procs = compute_processes(dev)?;
+        fill_list(&procs, count, infos, |pid, used| NvmlProcessInfo {
+            pid,
+            used_gpu_memory: used,
+            gpu_instance_id: NO_INSTANCE,
+            compute_instance_id: NO_INSTANCE,
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(dev: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfo) -> NvmlReturn {
+    nvmlDeviceGetComputeRunningProcesses_v3(dev, count, infos)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses(dev: NvmlDevice, count: *mut c_uint, infos: *mut NvmlProcessInfoV1) -> NvmlReturn {
+    entry(|| {
+        let procs = compute_processes(dev)?;
+        fill_list(&procs, count, infos, |pid, used| NvmlProcessInfoV1 { pid, used_gpu_memory: used })
+    })
+}
+
+/// No graphics work reaches a device through rgpu, nor MPS clients: their lists are empty
+/// (`*count` 0, whatever room there was).
+macro_rules! no_processes {
+    ($($name:ident;)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(dev: NvmlDevice, count: *mut c_uint, _infos: *mut u8) -> NvmlReturn {
+            entry(|| with_device(dev, |_, _| {
+                *out(count)? = 0;
+                Ok(())
+            }))
+        }
+    )*};
+}
+
+no_processes! {
+    nvmlDeviceGetGraphicsRunningProcesses;
+    nvmlDeviceGetGraphicsRunningProcesses_v2;
+    nvmlDeviceGetGraphicsRunningProcesses_v3;
+    nvmlDeviceGetMPSComputeRunningProcesses;
+    nvmlDeviceGetMPSComputeRunningProcesses_v2;
+    nvmlDeviceGetMPSComputeRunningProcesses_v3;
 }
 
 #[no_mangle]
@@ -468,9 +570,6 @@ not_supported! {
     nvmlDeviceGetTemperature(sensor: c_uint, temp: *mut c_uint);
     nvmlDeviceGetPowerUsage(power: *mut c_uint);
     nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
-    nvmlDeviceGetComputeRunningProcesses(count: *mut c_uint, infos: *mut u8);
-    nvmlDeviceGetComputeRunningProcesses_v2(count: *mut c_uint, infos: *mut u8);
-    nvmlDeviceGetComputeRunningProcesses_v3(count: *mut c_uint, infos: *mut u8);
     // No NVLink or NVSwitch fabric joins the devices of a lease as the client sees them (their
     // memory is reached through rgpu, not peer to peer): what NVML says of a GPU without links.
     nvmlDeviceGetNvLinkState(link: c_uint, active: *mut c_uint);
@@ -492,5 +591,28 @@ mod tests {
         let mut name = [0 as c_char; 64];
         assert_eq!(unsafe { nvmlDeviceGetName(handle(0), name.as_mut_ptr(), 64) }, NVML_ERROR_UNINITIALIZED);
         assert_eq!(unsafe { CStr::from_ptr(nvmlErrorString(NVML_ERROR_NOT_SUPPORTED)) }.to_str().unwrap(), "Not Supported");
+    }
+
+    /// NVML's list protocol: ask with no room, get the count and INSUFFICIENT_SIZE; ask with
+    /// room, get the entries and the count; nothing to list is success at once.
+    #[test]
+    fn process_lists_follow_nvmls_sizing_protocol() {
+        let procs = [(11, 100), (12, 200)];
+        let v1 = |pid, used| NvmlProcessInfoV1 { pid, used_gpu_memory: used };
+        let mut n = 0;
+        let r = unsafe { fill_list(&procs, &mut n, std::ptr::null_mut(), v1) };
+        assert_eq!((r, n), (Err(NVML_ERROR_INSUFFICIENT_SIZE), 2));
+        let mut room = [NvmlProcessInfoV1 { pid: 0, used_gpu_memory: 0 }; 5];
+        let mut n = 5;
+        let r = unsafe { fill_list(&procs, &mut n, room.as_mut_ptr(), v1) };
+        assert_eq!((r, n), (Ok(()), 2));
+        assert_eq!(room[..2], [v1(11, 100), v1(12, 200)]);
+        assert_eq!(room[2], v1(0, 0), "nothing written past the count");
+        let mut n = 0;
+        assert_eq!(unsafe { fill_list(&[], &mut n, std::ptr::null_mut(), v1) }, Ok(()));
+        assert_eq!(n, 0);
+        let mut n = 1;
+        assert_eq!(unsafe { fill_list(&procs[..1], &mut n, std::ptr::null_mut(), v1) }, Err(NVML_ERROR_INVALID_ARGUMENT));
+        assert_eq!(unsafe { fill_list(&procs, std::ptr::null_mut(), room.as_mut_ptr(), v1) }, Err(NVML_ERROR_INVALID_ARGUMENT));
     }
 }

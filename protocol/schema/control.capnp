@@ -96,6 +96,14 @@ struct DeviceStatus {
   ordinal @0 :UInt32;
   totalMem @1 :UInt64;        # the lease's limit where it has one
   usedMem @2 :UInt64;         # client allocations now
+  # The client processes holding memory on the device now (of the lease,
+  # where there is one), as NVML lists a GPU's processes.
+  processes @3 :List(DeviceProcess);
+}
+
+struct DeviceProcess {
+  pid @0 :UInt32;             # on its client host, as the client named itself at openSession
+  usedMem @1 :UInt64;
 }
 
 struct DeviceInfo {

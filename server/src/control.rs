@@ -188,12 +188,32 @@ impl gpu_server::Server for GpuServer {
                     .collect()
             }
         };
+        // A device's processes: the sessions holding memory on it (of the lease), by the
+        // pid their clients named.
+        let lease = admission.as_ref().map(|a| a.lease);
+        let pids = self.service.sessions.pids();
+        let meters: Vec<_> = self
+            .service
+            .meters
+            .live_by_session()
+            .into_iter()
+            .filter(|(_, m)| lease.is_none() || m.lease == lease)
+            .filter_map(|(id, m)| Some((*pids.get(&id)?, m)))
+            .collect();
         let mut list = results.get().init_devices(shown.len() as u32);
         for (i, (ordinal, total, used)) in shown.into_iter().enumerate() {
             let mut b = list.reborrow().get(i as u32);
             b.set_ordinal(ordinal);
             b.set_total_mem(total);
             b.set_used_mem(used);
+            let procs: Vec<(u32, u64)> =
+                meters.iter().map(|(pid, m)| (*pid, m.memory_on(ordinal))).filter(|&(_, used)| used > 0).collect();
+            let mut pl = b.init_processes(procs.len() as u32);
+            for (j, (pid, used)) in procs.into_iter().enumerate() {
+                let mut p = pl.reborrow().get(j as u32);
+                p.set_pid(pid);
+                p.set_used_mem(used);
+            }
         }
         Ok(())
     }

@@ -237,6 +237,11 @@ impl Meters {
         self.lock().live.values().cloned().collect()
     }
 
+    /// Every live meter with its session's id.
+    pub fn live_by_session(&self) -> Vec<(u64, Arc<SessionMeter>)> {
+        self.lock().live.iter().map(|(&id, m)| (id, m.clone())).collect()
+    }
+
     /// Each lease's use on this server so far, ended sessions included.
     pub fn by_lease(&self) -> HashMap<u64, Usage> {
         let inner = self.lock();

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{control_with_token, device_status, list_devices, DataClient, TestServer};
+use common::{control_named, control_with_token, device_processes, device_status, list_devices, DataClient, TestServer};
 use rgpu_protocol::token::{sign_bytes, Claims};
 use rgpu_server::config::PoolConfig;
 
@@ -161,6 +161,36 @@ fn device_status_shows_a_lease_its_own_memory_only() {
     let mut forged = mine.clone();
     *forged.last_mut().unwrap() ^= 1;
     assert!(device_status(&addr, &forged).is_err(), "a forged token sees nothing");
+}
+
+/// A lease sees its own client processes on a device, by the pid each named, with what each
+/// holds; another lease's processes on the same GPU, and sessions whose client gave no pid,
+/// are not shown.
+#[test]
+fn device_status_lists_a_lease_its_own_processes() {
+    let pool = PoolConfig { broker_key: Some(KEY.to_vec()), ..Default::default() };
+    let srv = TestServer::start_pool(1, 256 * MIB, Duration::from_secs(30), pool);
+    let addr = srv.addr.to_string();
+    let gpu: [u8; 16] = list_devices(&addr)[0].uuid.clone().try_into().unwrap();
+    let (mine, theirs) = (token(31, 64 * MIB, gpu), token(32, 0, gpu));
+    let named = |tok: &[u8], name: &str| {
+        let h = control_named(&addr, tok, name).expect("token admitted");
+        DataClient::attach(&addr, h.session_id, &h.key).expect("attach")
+    };
+    let mut a = named(&mine, "python3 (pid 4242)");
+    let mut b = named(&mine, "train (pid 17)");
+    let _idle = named(&mine, "idle (pid 5)");
+    let mut anonymous = session(&addr, &mine);
+    let mut other = named(&theirs, "secret (pid 999)");
+    assert_eq!(device_processes(&addr, &mine).unwrap(), vec![(0, vec![])]);
+    a.alloc_ok(8 * MIB);
+    b.alloc_ok(4 * MIB);
+    anonymous.alloc_ok(MIB);
+    other.alloc_ok(16 * MIB);
+    let mut shown = device_processes(&addr, &mine).unwrap();
+    shown[0].1.sort();
+    assert_eq!(shown, vec![(0, vec![(17, 4 * MIB), (4242, 8 * MIB)])], "the lease's processes holding memory");
+    assert_eq!(device_processes(&addr, &theirs).unwrap(), vec![(0, vec![(999, 16 * MIB)])]);
 }
 
 /// A server that admits sessions without tokens shows whole devices.

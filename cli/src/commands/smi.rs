@@ -34,6 +34,16 @@ struct Gpu {
     compute_capability: String,
     server: String,
     backend: String,
+    /// The client processes holding memory on it (the lease's, with a token).
+    processes: Vec<Process>,
+}
+
+#[derive(Serialize)]
+struct Process {
+    /// On its client host.
+    pid: u32,
+    /// Bytes.
+    memory_used: u64,
 }
 
 pub fn exec(a: Args) -> Result<i32> {
@@ -52,7 +62,11 @@ pub fn exec(a: Args) -> Result<i32> {
             }
         };
         for d in inv.devices {
-            let memory_used = status.iter().find(|s| s.ordinal == d.ordinal).map(|s| s.used_mem);
+            let st = status.iter().find(|s| s.ordinal == d.ordinal);
+            let memory_used = st.map(|s| s.used_mem);
+            let processes = st
+                .map(|s| s.processes.iter().map(|&(pid, memory_used)| Process { pid, memory_used }).collect())
+                .unwrap_or_default();
             let attr = |x: A| d.attributes.iter().find(|(id, _)| *id == x.0).map_or(0, |&(_, v)| v);
             gpus.push(Gpu {
                 index: gpus.len(),
@@ -68,6 +82,7 @@ pub fn exec(a: Args) -> Result<i32> {
                 name: d.name,
                 server: addr.clone(),
                 backend: inv.backend.clone(),
+                processes,
             });
         }
     }
@@ -93,5 +108,15 @@ pub fn exec(a: Args) -> Result<i32> {
         })
         .collect();
     crate::table::print(["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "CC", "SERVER"], &rows);
+    let procs: Vec<[String; 3]> = gpus
+        .iter()
+        .flat_map(|g| g.processes.iter().map(move |p| [g.index.to_string(), p.pid.to_string(), format!("{} MiB", p.memory_used >> 20)]))
+        .collect();
+    println!();
+    if procs.is_empty() {
+        println!("No processes hold GPU memory.");
+    } else {
+        crate::table::print(["GPU", "PID", "MEMORY USED"], &procs);
+    }
     Ok(0)
 }

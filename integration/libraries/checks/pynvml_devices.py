@@ -1,7 +1,9 @@
 # pynvml through rgpu's libnvidia-ml.so.1: the leased devices, named and
 # identified as CUDA (here CuPy) sees them; what rgpu cannot know is
 # NVML_ERROR_NOT_SUPPORTED, never a made-up number. Memory info is asked of
-# the server each time: an allocation shows in it.
+# the server each time: an allocation shows in it, and so does this process
+# in the device's process list.
+import os
 import sys
 import pynvml
 import cupy as cp
@@ -40,6 +42,10 @@ cp.cuda.runtime.deviceSynchronize()
 m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
 assert m1.used >= m0.used + (32 << 20), (m0.used, m1.used)
 assert m1.free + m1.used == m1.total == m0.total
+procs = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+assert procs.get(os.getpid(), 0) >= 32 << 20, ("this process holds 32 MiB", os.getpid(), procs)
+assert sum(procs.values()) <= m1.used, (procs, m1.used)
+assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(h) == []
 m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
 assert (m2.total, m2.reserved, m2.used) == (m1.total, 0, m1.used), (m2.total, m2.reserved, m2.used, m1.used)
 del held
@@ -50,4 +56,5 @@ except pynvml.NVMLError_NotSupported:
     pass
 pynvml.nvmlShutdown()
 print(f"ok: pynvml lists {n} device: {name} {uuid} {bus}, compute capability {cc}, "
-      f"memory used {m0.used >> 20} -> {m1.used >> 20} MiB of {m1.total >> 20} MiB")
+      f"memory used {m0.used >> 20} -> {m1.used >> 20} MiB of {m1.total >> 20} MiB, "
+      f"processes {sorted(procs)} (this one {os.getpid()})")

@@ -261,6 +261,11 @@ impl Registry {
         inner.moved.insert(id, Moved { key, to: to.to_string(), until: now + FORWARD_FOR });
     }
 
+    /// Every active session's client process id, where its client named one.
+    pub fn pids(&self) -> HashMap<u64, u32> {
+        self.lock().active.iter().filter_map(|(&id, a)| Some((id, client_pid(&a.client_name)?))).collect()
+    }
+
     /// Every active session's id and client name, by id.
     pub fn active(&self) -> Vec<(u64, String)> {
         let mut v: Vec<(u64, String)> = self.lock().active.iter().map(|(&id, a)| (id, a.client_name.clone())).collect();
@@ -449,5 +454,29 @@ mod tests {
             r.forward(id, [1; SESSION_KEY_LEN], "gpu2:7767");
         }
         assert_eq!(r.lock().moved.len(), MAX_FORWARDS);
+    }
+}
+
+/// The process id in a client name as rgpu's clients give it at openSession
+/// (`python3 (pid 4242)`: the shim's and the NVML library's `client_name`).
+/// Only reported back (NVML's process list), never trusted for anything.
+pub fn client_pid(name: &str) -> Option<u32> {
+    let inner = name.strip_suffix(')')?;
+    let at = inner.rfind("(pid ")?;
+    inner[at + 5..].parse().ok()
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::client_pid;
+
+    #[test]
+    fn pids_come_from_the_clients_own_names() {
+        assert_eq!(client_pid("python3 (pid 4242)"), Some(4242));
+        assert_eq!(client_pid("a (pid 1) (pid 77)"), Some(77));
+        assert_eq!(client_pid("python3"), None);
+        assert_eq!(client_pid("x (pid -3)"), None);
+        assert_eq!(client_pid("x (pid 99999999999)"), None);
+        assert_eq!(client_pid(""), None);
     }
 }

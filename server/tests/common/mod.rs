@@ -225,30 +225,36 @@ pub fn control(addr: &str) -> Hello {
 }
 
 pub fn control_with_version(addr: &str, version: u32) -> Result<Hello, capnp::Error> {
-    control_with(addr, version, Some(&[]))
+    control_with(addr, version, Some(&[]), "test")
 }
 
 /// hello + listDevices + openSession presenting a lease token.
 pub fn control_with_token(addr: &str, token: &[u8]) -> Result<Hello, capnp::Error> {
-    control_with(addr, PROTOCOL_VERSION, Some(token))
+    control_with(addr, PROTOCOL_VERSION, Some(token), "test")
 }
 
 /// hello + listDevices only (no session).
 pub fn list_devices(addr: &str) -> Vec<Device> {
-    control_with(addr, PROTOCOL_VERSION, None).expect("control plane").devices
+    control_with(addr, PROTOCOL_VERSION, None, "test").expect("control plane").devices
 }
 
-fn control_with(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello, capnp::Error> {
+/// As [`control_with_token`], the session opened under `client_name` (as the shim names
+/// itself: `exe (pid N)`).
+pub fn control_named(addr: &str, token: &[u8], client_name: &str) -> Result<Hello, capnp::Error> {
+    control_with(addr, PROTOCOL_VERSION, Some(token), client_name)
+}
+
+fn control_with(addr: &str, version: u32, token: Option<&[u8]>, client_name: &str) -> Result<Hello, capnp::Error> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
-        tokio::time::timeout(IO_TIMEOUT, control_async(addr, version, token))
+        tokio::time::timeout(IO_TIMEOUT, control_async(addr, version, token, client_name))
             .await
             .expect("control plane timed out")
     })
 }
 
-async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result<Hello, capnp::Error> {
+async fn control_async(addr: &str, version: u32, token: Option<&[u8]>, client_name: &str) -> Result<Hello, capnp::Error> {
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream.write_all(CONTROL_PREAMBLE).await.unwrap();
     let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
@@ -280,7 +286,7 @@ async fn control_async(addr: &str, version: u32, token: Option<&[u8]>) -> Result
         };
         let mut req = server.open_session_request();
         req.get().set_token(token);
-        req.get().set_client_name("test");
+        req.get().set_client_name(client_name);
         let reply = req.send().promise.await?;
         let s = reply.get()?;
         Ok(Hello {
@@ -312,6 +318,28 @@ pub fn device_status(addr: &str, token: &[u8]) -> Result<Vec<(u32, u64, u64)>, c
         let reply = tokio::time::timeout(IO_TIMEOUT, req.send().promise).await.expect("control plane timed out")?;
         let list = reply.get()?.get_devices()?;
         let out = list.iter().map(|d| (d.get_ordinal(), d.get_total_mem(), d.get_used_mem())).collect();
+        drop(conn);
+        Ok(out)
+    })
+}
+
+/// Each device `deviceStatus` shows with `token`: (ordinal, its processes as (pid, bytes)).
+pub fn device_processes(addr: &str, token: &[u8]) -> Result<Vec<(u32, Vec<(u32, u64)>)>, capnp::Error> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(CONTROL_PREAMBLE).await.unwrap();
+        let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
+        let server = conn.client();
+        let mut req = server.device_status_request();
+        req.get().set_token(token);
+        let reply = tokio::time::timeout(IO_TIMEOUT, req.send().promise).await.expect("control plane timed out")?;
+        let mut out = Vec::new();
+        for d in reply.get()?.get_devices()? {
+            let procs = d.get_processes()?.iter().map(|p| (p.get_pid(), p.get_used_mem())).collect();
+            out.push((d.get_ordinal(), procs));
+        }
         drop(conn);
         Ok(out)
     })
