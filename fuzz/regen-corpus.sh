@@ -36,7 +36,7 @@ rm -rf "$C" && mkdir -p "$C"/{frame,session,module,ptx,capnp_msg,token,snapshot}
 # frame and session: what the server tests send (each request frame, and
 # each whole session of at most 32 KiB with its bulk).
 RGPU_FUZZ_RECORD="$ROOT/$C/frame" cargo test --release -p rgpu-server \
-    --test data_plane --test module_image -- --test-threads=1 >/dev/null
+    --test data_plane --test module_image --test ipc -- --test-threads=1 >/dev/null
 
 # module: nvcc's images.
 for f in server/tests/fixtures/*.fatbin server/tests/fixtures/*.cubin server/tests/fixtures/*.ptx; do
