@@ -127,10 +127,6 @@ pub(crate) unsafe fn open_mem_handle_v2(dptr: &mut CUdeviceptr, handle: CUipcMem
     Ok(())
 }
 
-pub(crate) unsafe fn open_mem_handle(dptr: &mut CUdeviceptr, handle: CUipcMemHandle, flags: u32) -> CuResult<()> {
-    open_mem_handle_v2(dptr, handle, flags)
-}
-
 pub(crate) unsafe fn close_mem_handle(dptr: CUdeviceptr) -> CuResult<()> {
     let rt = runtime::get()?;
     let a = {

@@ -304,27 +304,11 @@ async fn control_async(addr: &str, version: u32, token: Option<&[u8]>, client_na
     result
 }
 
-/// deviceStatus presenting `token` (empty: none): (ordinal, total, used) per device.
-pub fn device_status(addr: &str, token: &[u8]) -> Result<Vec<(u32, u64, u64)>, capnp::Error> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let local = tokio::task::LocalSet::new();
-    local.block_on(&rt, async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        stream.write_all(CONTROL_PREAMBLE).await.unwrap();
-        let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
-        let server = conn.client();
-        let mut req = server.device_status_request();
-        req.get().set_token(token);
-        let reply = tokio::time::timeout(IO_TIMEOUT, req.send().promise).await.expect("control plane timed out")?;
-        let list = reply.get()?.get_devices()?;
-        let out = list.iter().map(|d| (d.get_ordinal(), d.get_total_mem(), d.get_used_mem())).collect();
-        drop(conn);
-        Ok(out)
-    })
-}
+/// One device as `deviceStatus` shows it: ordinal, total, used, processes as (pid, bytes).
+type StatusRow = (u32, u64, u64, Vec<(u32, u64)>);
 
-/// Each device `deviceStatus` shows with `token`: (ordinal, its processes as (pid, bytes)).
-pub fn device_processes(addr: &str, token: &[u8]) -> Result<Vec<(u32, Vec<(u32, u64)>)>, capnp::Error> {
+/// deviceStatus presenting `token` (empty: none), every field of every device.
+fn device_status_rows(addr: &str, token: &[u8]) -> Result<Vec<StatusRow>, capnp::Error> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let local = tokio::task::LocalSet::new();
     local.block_on(&rt, async {
@@ -338,11 +322,21 @@ pub fn device_processes(addr: &str, token: &[u8]) -> Result<Vec<(u32, Vec<(u32, 
         let mut out = Vec::new();
         for d in reply.get()?.get_devices()? {
             let procs = d.get_processes()?.iter().map(|p| (p.get_pid(), p.get_used_mem())).collect();
-            out.push((d.get_ordinal(), procs));
+            out.push((d.get_ordinal(), d.get_total_mem(), d.get_used_mem(), procs));
         }
         drop(conn);
         Ok(out)
     })
+}
+
+/// deviceStatus presenting `token` (empty: none): (ordinal, total, used) per device.
+pub fn device_status(addr: &str, token: &[u8]) -> Result<Vec<(u32, u64, u64)>, capnp::Error> {
+    Ok(device_status_rows(addr, token)?.into_iter().map(|(o, t, u, _)| (o, t, u)).collect())
+}
+
+/// Each device `deviceStatus` shows with `token`: (ordinal, its processes as (pid, bytes)).
+pub fn device_processes(addr: &str, token: &[u8]) -> Result<Vec<(u32, Vec<(u32, u64)>)>, capnp::Error> {
+    Ok(device_status_rows(addr, token)?.into_iter().map(|(o, _, _, p)| (o, p)).collect())
 }
 
 #[derive(Debug, Clone, PartialEq)]
