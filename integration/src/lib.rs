@@ -643,8 +643,14 @@ impl Server {
     /// server goes client -> this server (cuda backend) -> `upstream`.
     /// That runs the cuda backend on a machine without a GPU.
     pub fn start_chain(upstream: &Server) -> Server {
-        let args: Vec<String> =
+        Server::start_chain_with(upstream, &[])
+    }
+
+    /// As [`Server::start_chain`], with `extra` server flags (e.g. a broker's).
+    pub fn start_chain_with(upstream: &Server, extra: &[String]) -> Server {
+        let mut args: Vec<String> =
             ["--listen", "127.0.0.1:0", "--backend", "cuda", "--plaintext"].iter().map(|s| s.to_string()).collect();
+        args.extend_from_slice(extra);
         let dir = shim_driver_dir();
         let envs = [
             ("LD_LIBRARY_PATH".to_string(), dir.display().to_string()),

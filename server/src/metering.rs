@@ -8,11 +8,11 @@
 //!
 //! Kernel time is each kernel's execution time as the backend reports it
 //! when the kernel ends ([`crate::backend::BackendSession::time_kernels`]:
-//! the sim's executor, from its worker threads). Where the backend cannot
-//! ([`crate::backend::Backend::kernel_times_known`] false: the cuda backend
-//! queues launches and nothing times them yet), kernels are counted as they
-//! are launched and their time is reported as unknown, never as the time a
-//! launch took to queue.
+//! the sim's executor, from its worker threads; the cuda backend's
+//! per-device watcher, from the kernel's timing events). Where a backend
+//! cannot ([`crate::backend::Backend::kernel_times_known`] false), kernels
+//! are counted as they are launched and their time is reported as unknown,
+//! never as the time a launch took to queue.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

@@ -91,7 +91,7 @@ impl ServerMetrics {
         let busy = Family::<DeviceLabel, Counter<f64>>::default();
         r.register_with_unit(
             "device_busy",
-            "Time the device ran this server's kernels (on backends that time each kernel: the sim; \
+            "Time the device ran this server's kernels (on backends that time each kernel: the sim, cuda; \
              rate() of it is the utilisation)",
             Unit::Seconds,
             busy.clone(),

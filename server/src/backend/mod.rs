@@ -24,6 +24,7 @@
 //! again).
 
 pub mod cuda;
+pub mod fair;
 pub mod graph;
 pub mod launch_limits;
 pub mod sim;

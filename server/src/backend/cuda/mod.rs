@@ -24,6 +24,10 @@
 //!   while the copy engine moves one chunk, the connection fills or drains
 //!   the other.
 //!
+//! - Every kernel is timed by a pair of events ([`watch`]): metering counts
+//!   its device time, and the kernels of fractional leases sharing a device
+//!   take turns by that time ([`share`]).
+//!
 //! Every driver call goes through [`driver::cu`], which turns its `CUresult`
 //! into a [`CuResult`]; the driver library is checked by
 //! [`driver::preflight`] before cudarc's first call, so cudarc never panics.
@@ -31,12 +35,14 @@
 pub mod driver;
 pub mod health;
 pub mod library;
+pub(crate) mod share;
 pub mod vmm;
+pub(crate) mod watch;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_void, CString};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys;
@@ -44,9 +50,11 @@ use tracing::{debug, info, warn};
 
 use self::driver::{cu, CudaInitError, DriverLibrary};
 use self::library::{Library, LibraryCache};
+use self::share::Who;
+use self::watch::{DeviceWatch, Entry, Pair, Spare};
 use super::{
     Backend, BackendSession, DeviceInfo, EventToken, GlobalInfo, LaunchDims, LoadedModule, MemoryAccount,
-    MemoryBudget, MemsetOp,
+    KernelTimer, MemoryBudget, MemsetOp,
     ModuleToken, PhysicalToken, StreamRef, StreamToken, TransferError,
 };
 use rgpu_cuda_types::{CuError, CuResult};
@@ -64,7 +72,7 @@ const EVENT_DISABLE_TIMING: u32 = 0x2;
 /// A raw driver handle or pinned pointer, usable from any thread (the
 /// driver's handles are; who may use an object is the session's business).
 #[derive(Debug, Clone, Copy)]
-struct Raw<T>(T);
+pub(crate) struct Raw<T>(pub(crate) T);
 // SAFETY: see the type's comment; nothing here is dereferenced except pinned
 // buffers, which only their owning session touches.
 unsafe impl<T> Send for Raw<T> {}
@@ -87,6 +95,8 @@ struct Shared {
     scrub_on_alloc: Vec<AtomicBool>,
     /// The devices' health, as NVML reports it.
     health: health::NvmlHealth,
+    /// Per device: its kernels in flight and its sharing groups' turns.
+    watch: Vec<Arc<DeviceWatch>>,
 }
 
 impl Shared {
@@ -155,6 +165,7 @@ impl CudaBackend {
                 libraries: Mutex::new(LibraryCache::default()),
                 scrub_on_alloc: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 health: health::NvmlHealth::open(&uuids),
+                watch: (0..n as u32).map(DeviceWatch::new).collect(),
             }),
         })
     }
@@ -178,11 +189,17 @@ impl Backend for CudaBackend {
         self.shared.health.health()
     }
 
+    fn kernel_times_known(&self) -> bool {
+        true
+    }
+
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
         // Nothing touches the driver here: contexts are created on the
         // session's own thread, on first use of each device.
+        static SESSIONS: AtomicU64 = AtomicU64::new(1);
         let n = self.shared.devices.len();
         Ok(Box::new(CudaSession {
+            id: SESSIONS.fetch_add(1, Ordering::Relaxed),
             shared: self.shared.clone(),
             account: MemoryAccount::new(budget),
             ctxs: (0..n).map(|_| None).collect(),
@@ -195,6 +212,9 @@ impl Backend for CudaBackend {
             staging: Vec::new(),
             next_token: 1,
             vmm: vmm::CudaVmm::default(),
+            gate: None,
+            timer: None,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         }))
     }
 }
@@ -204,6 +224,8 @@ impl Backend for CudaBackend {
 struct DevCtx {
     ctx: sys::CUcontext,
     staging_events: [sys::CUevent; 2],
+    /// Timing events of kernels that have ended, for the next launches.
+    spare: Spare,
 }
 
 struct Staging {
@@ -223,6 +245,8 @@ struct ModuleEntry {
 }
 
 struct CudaSession {
+    /// Names the session's kernels in the devices' watches.
+    id: u64,
     shared: Arc<Shared>,
     /// Bytes the client allocated and has not freed, and its modules'
     /// globals, counted against its lease (if any); given back to the lease
@@ -243,6 +267,13 @@ struct CudaSession {
     next_token: u64,
     /// Reservations, physical allocations and maps (cuMemCreate, cuMemMap, ...).
     vmm: vmm::CudaVmm,
+    /// The sharing group its kernels take turns in: a fractional lease's.
+    /// Whole leases own their GPU and sessions without a lease share as
+    /// processes do, so neither waits for a turn.
+    gate: Option<Who>,
+    timer: Option<KernelTimer>,
+    /// Its kernels launched and not yet seen to end.
+    in_flight: Arc<AtomicUsize>,
 }
 
 // SAFETY: the raw handles are driver objects usable from any thread; the
@@ -272,7 +303,7 @@ impl CudaSession {
                 }
             }
             debug!(device, "session context created");
-            self.ctxs[device as usize] = Some(DevCtx { ctx, staging_events: evs });
+            self.ctxs[device as usize] = Some(DevCtx { ctx, staging_events: evs, spare: Spare::default() });
             self.current = Some(device);
             return Ok(());
         }
@@ -645,6 +676,7 @@ impl BackendSession for CudaSession {
             // What this context freed may not have been zeroed.
             self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
         }
+        self.unwatch(Some(device));
         let Some(old) = self.ctxs[device as usize].take() else { return Ok(late) };
         self.current = None;
         for s in &mut self.staging {
@@ -723,20 +755,128 @@ impl BackendSession for CudaSession {
             // SAFETY: in bounds of `params` (checked); the driver only reads.
             ptrs.push(unsafe { params.as_ptr().add(o as usize) } as *mut c_void);
         }
+        let device = self.stream_device(stream)?;
         let s = self.stream(stream)?;
+        let watch = self.shared.watch[device as usize].clone();
+        watch.wait_room(&self.in_flight);
+        let pair = self.timing_pair(device);
+        if let Some(who) = self.gate {
+            watch.take_turn(who);
+        }
         let kp = if ptrs.is_empty() { std::ptr::null_mut() } else { ptrs.as_mut_ptr() };
         let [gx, gy, gz] = dims.grid;
         let [bx, by, bz] = dims.block;
-        if dims.cooperative {
-            // The driver checks the grid against the device's occupancy
-            // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) and provides the grid barrier.
-            return cu!(sys::cuLaunchCooperativeKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp));
+        let launched = pair.map_or(Ok(()), |p| cu!(sys::cuEventRecord(p[0].0, s))).and_then(|()| {
+            if dims.cooperative {
+                // The driver checks the grid against the device's occupancy
+                // (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) and provides the grid barrier.
+                cu!(sys::cuLaunchCooperativeKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp))
+            } else {
+                cu!(sys::cuLaunchKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp, std::ptr::null_mut()))
+            }
+        });
+        let watched = launched.and_then(|()| pair.ok_or(CuError::UNKNOWN)).and_then(|p| cu!(sys::cuEventRecord(p[1].0, s)));
+        let dc = self.ctxs[device as usize].as_ref().ok_or(CuError::INVALID_CONTEXT)?;
+        match (launched, watched, pair) {
+            (Ok(()), Ok(()), Some(events)) => {
+                watch.push(Entry {
+                    owner: self.id,
+                    who: self.gate,
+                    ctx: Raw(dc.ctx),
+                    stream: Raw(s),
+                    events,
+                    timer: self.timer.clone(),
+                    spare: dc.spare.clone(),
+                    in_flight: self.in_flight.clone(),
+                });
+                Ok(())
+            }
+            (result, _, pair) => {
+                // Not launched, or launched with no end to watch: the turn
+                // goes back, and a kernel that runs is counted untimed.
+                if let Some(p) = pair {
+                    lock(&dc.spare).push(p);
+                }
+                if let Some(who) = self.gate {
+                    watch.release_turn(who);
+                }
+                if let (Ok(()), Some(timer)) = (result, &self.timer) {
+                    timer(device, std::time::Duration::ZERO);
+                }
+                result
+            }
         }
-        cu!(sys::cuLaunchKernel(func, gx, gy, gz, bx, by, bz, dims.shared_mem_bytes, s, kp, std::ptr::null_mut()))
+    }
+
+    fn time_kernels(&mut self, timer: KernelTimer) -> bool {
+        self.timer = Some(timer);
+        true
+    }
+
+    fn share_compute(&mut self, lease: u64, milli: u16) -> bool {
+        if let Some(old) = self.gate.take() {
+            for w in &self.shared.watch {
+                w.leave(old);
+            }
+        }
+        if milli > 0 && milli < share::WHOLE {
+            let who = Who::Lease(lease);
+            for w in &self.shared.watch {
+                w.join(who, milli);
+            }
+            self.gate = Some(who);
+        }
+        true
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 impl CudaSession {
+    /// A start and end event for timing a kernel on `device` (its context
+    /// current): a spare pair, else a new one; None if the driver has no
+    /// more events to give (the kernel then runs untimed).
+    fn timing_pair(&mut self, device: u32) -> Option<Pair> {
+        let dc = self.ctxs.get(device as usize)?.as_ref()?;
+        if let Some(p) = lock(&dc.spare).pop() {
+            return Some(p);
+        }
+        let mut evs: [sys::CUevent; 2] = [std::ptr::null_mut(); 2];
+        for i in 0..2 {
+            if let Err(e) = cu!(sys::cuEventCreate(&mut evs[i], 0)) {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| warn!(device, "cannot create timing events ({e}): kernels run untimed while it lasts"));
+                for &made in &evs[..i] {
+                    let _ = cu!(sys::cuEventDestroy_v2(made));
+                }
+                return None;
+            }
+        }
+        Some([Raw(evs[0]), Raw(evs[1])])
+    }
+
+    /// Takes the session's kernels on `device` (every device: None) out of
+    /// the watch, charged, and destroys their timing events: called with
+    /// the device idle, before its context goes.
+    fn unwatch(&mut self, device: Option<u32>) {
+        for d in 0..self.ctxs.len() {
+            if device.is_some_and(|x| x as usize != d) {
+                continue;
+            }
+            let Some(dc) = self.ctxs[d].as_ref() else { continue };
+            self.shared.watch[d].purge(self.id, Some(Raw(dc.ctx)));
+            // The purge may have made another context current.
+            self.current = None;
+            for p in std::mem::take(&mut *lock(&dc.spare)) {
+                for e in p {
+                    let _ = cu!(sys::cuEventDestroy_v2(e.0));
+                }
+            }
+        }
+    }
+
     /// The session-side half of a load: functions in this context, their
     /// layouts, the globals (re-initialised when this context had them before).
     #[allow(clippy::type_complexity)]
@@ -787,6 +927,13 @@ impl Drop for CudaSession {
             let ok = self.bind(d).and_then(|()| cu!(sys::cuCtxSynchronize()));
             if ok.is_err() {
                 self.shared.scrub_on_alloc[d as usize].store(true, Ordering::Relaxed);
+            }
+        }
+        // Its kernels are over: charged, and their events gone with them.
+        self.unwatch(None);
+        if let Some(who) = self.gate.take() {
+            for w in &self.shared.watch {
+                w.leave(who);
             }
         }
         let allocs: Vec<(u64, (u32, u64))> = self.allocs.iter().map(|(&p, &a)| (p, a)).collect();

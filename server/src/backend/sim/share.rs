@@ -49,24 +49,11 @@ thread_local! {
     static ENTERED: Cell<Option<Entered>> = const { Cell::new(None) };
 }
 
-/// A whole GPU's share, in thousandths: the weight of sessions without one.
-pub const WHOLE: u16 = 1000;
-
-/// How long a group may be idle and keep what the others owe it.
-pub const FORGET_AFTER: Duration = Duration::from_millis(100);
+pub use crate::backend::fair::{Who, FORGET_AFTER, WHOLE};
 
 /// How long a waiting block sleeps before it looks again at whether its
 /// launch was stopped (a cancel raised elsewhere does not notify).
 const RECHECK: Duration = Duration::from_millis(20);
-
-/// Whose time a block counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Who {
-    /// Every session of a lease on this server, together.
-    Lease(u64),
-    /// A session without a lease (no broker), on its own.
-    Session(u64),
-}
 
 #[derive(Debug)]
 struct Group {

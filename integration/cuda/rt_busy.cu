@@ -1,0 +1,57 @@
+// Keeps the device busy with equal kernels for a window of wall time and
+// counts how many ended in it: the compute-share tests run two of these on
+// two leases of one GPU and compare the counts.
+//   --from-ms T   unix time (ms) to start at (default: now)
+//   --until-ms T  unix time (ms) to stop at (default: 3 s after the start)
+//   --iters N     loop length of each thread (default 9000: about a
+//                 millisecond a block on the sim)
+// Prints "ok: kernels N" and checks every kernel's result.
+#include <cuda_runtime.h>
+#include <chrono>
+#include <thread>
+#include "check.h"
+
+__global__ void busy(unsigned *out, unsigned iters) {
+    unsigned x = blockIdx.x * blockDim.x + threadIdx.x;
+    for (unsigned i = 0; i < iters; i++) x = x * 1664525u + 1013904223u;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x;
+}
+
+static long long now_ms() {
+    using namespace std::chrono;
+    return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+int main(int argc, char **argv) {
+    test_begin("rt_busy");
+    const unsigned blocks = 64, threads = 64, n = blocks * threads;
+    unsigned iters = (unsigned)arg_ll(argc, argv, "--iters", 9000);
+    unsigned *d = nullptr;
+    CHECK(cudaMalloc(&d, n * sizeof(unsigned)));
+    // The host's own answer for thread 5, to check the device's.
+    unsigned want = 5;
+    for (unsigned i = 0; i < iters; i++) want = want * 1664525u + 1013904223u;
+    busy<<<blocks, threads>>>(d, iters);
+    CHECK(cudaDeviceSynchronize());
+    unsigned got = 0;
+    CHECK(cudaMemcpy(&got, d + 5, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got == want, "thread 5 computed %u, the host %u", got, want);
+    ok("warm-up kernel computed the right values");
+
+    long long from = arg_ll(argc, argv, "--from-ms", now_ms());
+    long long until = arg_ll(argc, argv, "--until-ms", from + 3000);
+    long long late = now_ms() - from;
+    if (late > 0) note("started %lld ms late", late);
+    while (now_ms() < from) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    long long kernels = 0;
+    while (now_ms() < until) {
+        busy<<<blocks, threads>>>(d, iters);
+        CHECK(cudaDeviceSynchronize());
+        kernels++;
+    }
+    got = 0;
+    CHECK(cudaMemcpy(&got, d + 5, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got == want, "after %lld kernels thread 5 holds %u, not %u", kernels, got, want);
+    ok("kernels %lld", kernels);
+    return test_end();
+}
