@@ -3,6 +3,8 @@
 // two leases of one GPU and compare the counts.
 //   --from-ms T   unix time (ms) to start at (default: now)
 //   --until-ms T  unix time (ms) to stop at (default: 3 s after the start)
+//   --phase-ms T  also count the kernels launched from unix time T on
+//                 ("ok: kernels from phase N")
 //   --iters N     loop length of each thread (default 9000: about a
 //                 millisecond a block on the sim)
 // Prints "ok: kernels N" and checks every kernel's result.
@@ -43,15 +45,19 @@ int main(int argc, char **argv) {
     long long late = now_ms() - from;
     if (late > 0) note("started %lld ms late", late);
     while (now_ms() < from) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    long long kernels = 0;
+    long long phase = arg_ll(argc, argv, "--phase-ms", until);
+    long long kernels = 0, in_phase = 0;
     while (now_ms() < until) {
+        bool counted = now_ms() >= phase;
         busy<<<blocks, threads>>>(d, iters);
         CHECK(cudaDeviceSynchronize());
         kernels++;
+        in_phase += counted;
     }
     got = 0;
     CHECK(cudaMemcpy(&got, d + 5, sizeof got, cudaMemcpyDeviceToHost));
     EXPECT(got == want, "after %lld kernels thread 5 holds %u, not %u", kernels, got, want);
     ok("kernels %lld", kernels);
+    if (phase < until) ok("kernels from phase %lld", in_phase);
     return test_end();
 }
