@@ -35,6 +35,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_cooperative",
     "rt_checkpoint",
     "rt_ipc",
+    "rt_busy",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).
