@@ -18,7 +18,11 @@ fn snapshot(data: &[u8]) {
     let sim = crate::session::backend();
     let sizes: Vec<u64> = sim.devices().iter().map(|d| d.total_mem).collect();
     let staged = if mode & 1 == 1 {
-        let mut open = || sim.open_session(None).map_err(|e| SnapshotError::Device(e, "opening a session"));
+        // As the intake does: a leased stream's ranges are charged to a budget of its limit.
+        let mut open = |whose: Option<precopy::Whose>| {
+            let budget = whose.and_then(|w| w.memory_limit).map(|l| std::sync::Arc::new(rgpu_server::backend::MemoryBudget::new(l)));
+            sim.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))
+        };
         match precopy::receive(&mut r, &sizes, &mut open) {
             Ok(s) => s,
             Err(_) => return,
@@ -33,6 +37,9 @@ fn snapshot(data: &[u8]) {
     }
     let backend = match staged {
         Some(s) => {
+            if s.check_lease(opened.meta.admission.as_ref()).is_err() {
+                return;
+            }
             opened = opened.with_staged(s.ranges);
             s.backend
         }

@@ -318,7 +318,7 @@ fn regenerate_the_snapshot_seeds() {
         let mut bytes = vec![migrate as u8];
         let sent = if migrate {
             let peek = s.backend.memory_peek().unwrap();
-            let sent = precopy::send(&*peek, &precopy::client_allocs(&s), &mut bytes).unwrap();
+            let sent = precopy::send(&*peek, &precopy::client_allocs(&s), None, &mut bytes).unwrap();
             // One allocation changed since, so a delta carries a run.
             if let Some((&p, a)) = s.allocs.iter().next() {
                 let (p, device) = (p, a.device);

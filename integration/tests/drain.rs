@@ -102,5 +102,13 @@ fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     // The run kept renewing the lease on B and released it at the end.
     assert!(done.stderr.contains("released"), "{report}");
     let migrated = a.log().lines().find(|l| l.contains("session migrated")).unwrap_or("").to_string();
+    // A leased session is pre-copied too: its 16 MiB went while it ran,
+    // charged on B to its lease as they arrived.
+    let precopied: u64 = migrated
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("precopied="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no precopied= in {migrated:?}\n{report}"));
+    assert!(precopied >= 16 << 20, "pre-copied {precopied} bytes of the lease's 16 MiB\n{report}");
     eprintln!("rgpu drain --migrate: {} moved in {took:?}\n{}\nsource: {}", lease_id, err.trim(), migrated.trim());
 }

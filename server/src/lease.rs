@@ -167,15 +167,21 @@ impl Leases {
     /// session of that lease on this server; None when the lease has no
     /// memory limit. The first session of a lease sets the limit.
     pub fn budget(&self, a: &Admission) -> Option<Arc<MemoryBudget>> {
-        let limit = a.memory_limit?;
+        self.budget_of(a.lease, a.memory_limit)
+    }
+
+    /// As [`Self::budget`], for a lease known by its id and limit only (a
+    /// migration's pre-copy, before the snapshot's admission arrives).
+    pub fn budget_of(&self, lease: u64, memory_limit: Option<u64>) -> Option<Arc<MemoryBudget>> {
+        let limit = memory_limit?;
         let mut inner = self.lock();
-        if let Some(b) = inner.budgets.get(&a.lease).and_then(Weak::upgrade) {
+        if let Some(b) = inner.budgets.get(&lease).and_then(Weak::upgrade) {
             return Some(b);
         }
         // Leases whose sessions all ended leave dead entries: drop them.
         inner.budgets.retain(|_, w| w.strong_count() > 0);
         let b = Arc::new(MemoryBudget::new(limit));
-        inner.budgets.insert(a.lease, Arc::downgrade(&b));
+        inner.budgets.insert(lease, Arc::downgrade(&b));
         Some(b)
     }
 

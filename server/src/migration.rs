@@ -300,17 +300,18 @@ async fn migrate_to(service: &Arc<Service>, id: u64, target: &str, quiesce: Dura
     let t = tokio::task::spawn_blocking(move || dial(&to, &security, &admin_key))
         .await
         .map_err(|_| OpError::ShuttingDown)??;
-    // Pre-copy while the program runs (not for leased sessions: the
-    // target sets a lease's budget when it opens the session, before the
-    // snapshot says whose it is).
-    let plan = if admission.is_none() && service.precopy { precopy_plan(service, id).await? } else { None };
+    // Pre-copy while the program runs; a leased session's stream says
+    // first whose memory it is, for the target to charge it to that
+    // lease's budget as it arrives.
+    let plan = if service.precopy { precopy_plan(service, id).await? } else { None };
+    let whose = admission.as_ref().map(|a| precopy::Whose { lease: a.lease, memory_limit: a.memory_limit });
     let to = target.to_string();
     let precopy_started = Instant::now();
     let (mut t, precopied) = tokio::task::spawn_blocking(move || {
         let mut t = t;
         let mut w = ChunkWriter::new(&mut t);
         let sent = match plan {
-            Some((allocs, peek)) => precopy::send(&*peek, &allocs, &mut w),
+            Some((allocs, peek)) => precopy::send(&*peek, &allocs, whose, &mut w),
             None => w.write_all(&[0]).map(|()| Precopied::new()),
         };
         let sent = sent.and_then(|s| w.flush().map(|()| s));
@@ -446,7 +447,10 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
     let started = Instant::now();
     let mut r = ChunkReader::new(&mut t);
     let sizes: Vec<u64> = service.backend.devices().iter().map(|d| d.total_mem).collect();
-    let mut open = || service.backend.open_session(None).map_err(|e| SnapshotError::Device(e, "opening a session"));
+    let mut open = |whose: Option<precopy::Whose>| {
+        let budget = whose.and_then(|w| service.leases.budget_of(w.lease, w.memory_limit));
+        service.backend.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))
+    };
     let rebuilt = precopy::receive(&mut r, &sizes, &mut open)
         .map_err(OpError::from)
         .and_then(|staged| crate::relocate::serve_rebuilt(service, &mut r, false, staged));

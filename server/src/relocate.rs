@@ -220,12 +220,8 @@ pub(crate) fn serve_rebuilt(
     let meta = opened.meta.clone();
     let id = meta.id;
     let backend = match staged {
-        // A lease's budget is set when its backend session opens, before
-        // the snapshot says whose it is: leased sessions are not pre-copied.
-        Some(_) if meta.admission.is_some() => {
-            return Err(SnapshotError::Malformed("a leased session's memory was pre-copied".into()).into())
-        }
         Some(s) => {
+            s.check_lease(meta.admission.as_ref())?;
             opened = opened.with_staged(s.ranges);
             s.backend
         }

@@ -15,10 +15,13 @@
 //! backend session the rebuild will use ([`Staged`]), so the rebuild only
 //! applies the runs.
 //!
-//! Stream, inside the migration's chunks: items `1, ptr u64, device u32,
-//! size u64, size bytes`, ended by `0`; then, once the session is held
-//! still, the ranges that are no longer what was sent (freed, or
-//! reallocated at another size): `u32 n, n x ptr u64`; then the snapshot.
+//! Stream, inside the migration's chunks: for a leased session first
+//! `2, lease u64, limit u64` (`u64::MAX`: no memory limit), so that the
+//! target charges the staged ranges to that lease's memory budget from the
+//! first byte; then items `1, ptr u64, device u32, size u64, size bytes`,
+//! ended by `0`; then, once the session is held still, the ranges that are
+//! no longer what was sent (freed, or reallocated at another size): `u32 n,
+//! n x ptr u64`; then the snapshot, whose lease must be the one announced.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -48,6 +51,16 @@ pub struct Sent {
 /// Pre-copied allocations by address.
 pub type Precopied = HashMap<u64, Sent>;
 
+/// Whose memory a pre-copy stages: a broker lease and its memory limit
+/// (None: whole GPUs), as the session's admission says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Whose {
+    pub lease: u64,
+    pub memory_limit: Option<u64>,
+}
+
+const NO_LIMIT: u64 = u64::MAX;
+
 fn digest(b: &[u8]) -> u128 {
     twox_hash::XxHash3_128::oneshot(b)
 }
@@ -60,11 +73,18 @@ pub fn client_allocs(state: &SessionState) -> Vec<(u64, u32, u64)> {
     v
 }
 
-/// Sends `allocs` through `peek` to `w` while their session runs; returns
-/// what was sent. The end marker is written too. Reading and digesting run
-/// on one thread, writing on the caller's, so the copy goes at the rate of
-/// the slower of the two rather than of both added.
-pub fn send(peek: &dyn MemoryPeek, allocs: &[(u64, u32, u64)], w: &mut dyn Write) -> io::Result<Precopied> {
+/// Sends `allocs` through `peek` to `w` while their session runs, as
+/// `whose` memory; returns what was sent. The end marker is written too.
+/// Reading and digesting run on one thread, writing on the caller's, so the
+/// copy goes at the rate of the slower of the two rather than of both added.
+pub fn send(peek: &dyn MemoryPeek, allocs: &[(u64, u32, u64)], whose: Option<Whose>, w: &mut dyn Write) -> io::Result<Precopied> {
+    if let Some(l) = whose {
+        let mut b = [0u8; 17];
+        b[0] = 2;
+        b[1..9].copy_from_slice(&l.lease.to_le_bytes());
+        b[9..].copy_from_slice(&l.memory_limit.unwrap_or(NO_LIMIT).to_le_bytes());
+        w.write_all(&b)?;
+    }
     // Buffers in flight between the reader and the writer, and back.
     const DEPTH: usize = 4;
     let (full_tx, full_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(DEPTH);
@@ -247,6 +267,25 @@ pub struct Staged {
     pub backend: Box<dyn BackendSession>,
     /// ptr -> (device, size)
     pub ranges: HashMap<u64, (u32, u64)>,
+    /// The lease the stream announced, whose budget `backend` charges.
+    pub whose: Option<Whose>,
+}
+
+impl Staged {
+    /// The staged ranges were charged to the lease the pre-copy announced:
+    /// the snapshot must be of that lease (`admission`), or they would
+    /// count against another lease's budget, or none.
+    pub fn check_lease(&self, admission: Option<&crate::lease::Admission>) -> Result<(), SnapshotError> {
+        let snapshot = admission.map(|a| Whose { lease: a.lease, memory_limit: a.memory_limit });
+        if self.whose == snapshot {
+            return Ok(());
+        }
+        Err(SnapshotError::Malformed(format!(
+            "the pre-copy staged memory for lease {:?}, the snapshot is of lease {:?}",
+            self.whose.map(|w| w.lease),
+            snapshot.map(|w| w.lease)
+        )))
+    }
 }
 
 fn read_u<const N: usize>(r: &mut dyn Read) -> Result<[u8; N], SnapshotError> {
@@ -255,23 +294,36 @@ fn read_u<const N: usize>(r: &mut dyn Read) -> Result<[u8; N], SnapshotError> {
     Ok(b)
 }
 
-/// Reads the pre-copied ranges from `r` into a session `open` gives (called
-/// at the first range only: an empty pre-copy opens nothing), each device
-/// at most `device_memory[d]` bytes in all; then the stale list, whose
-/// ranges are freed. None: nothing was pre-copied.
+/// Reads the pre-copied ranges from `r` into a session `open` gives for the
+/// lease the stream announces (called at the first range only: an empty
+/// pre-copy opens nothing), each device at most `device_memory[d]` bytes in
+/// all; then the stale list, whose ranges are freed. None: nothing was
+/// pre-copied.
 pub fn receive(
     r: &mut dyn Read,
     device_memory: &[u64],
-    open: &mut dyn FnMut() -> Result<Box<dyn BackendSession>, SnapshotError>,
+    open: &mut dyn FnMut(Option<Whose>) -> Result<Box<dyn BackendSession>, SnapshotError>,
 ) -> Result<Option<Staged>, SnapshotError> {
     let mut staged: Option<Staged> = None;
     let mut used = vec![0u64; device_memory.len()];
+    let mut whose: Option<Whose> = None;
+    let mut first = true;
     loop {
         match read_u::<1>(r)?[0] {
             0 => break,
             1 => {}
+            // Only before any range: a range already staged was charged to
+            // no lease or another one.
+            2 if first => {
+                let lease = u64::from_le_bytes(read_u::<8>(r)?);
+                let limit = u64::from_le_bytes(read_u::<8>(r)?);
+                whose = Some(Whose { lease, memory_limit: (limit != NO_LIMIT).then_some(limit) });
+                first = false;
+                continue;
+            }
             b => return Err(SnapshotError::Malformed(format!("pre-copy item tag {b}"))),
         }
+        first = false;
         let ptr = u64::from_le_bytes(read_u::<8>(r)?);
         let device = u32::from_le_bytes(read_u::<4>(r)?);
         let size = u64::from_le_bytes(read_u::<8>(r)?);
@@ -281,7 +333,7 @@ pub fn receive(
             return Err(SnapshotError::TooLarge { what: "pre-copied memory", len: used[device as usize], max: total });
         }
         if staged.is_none() {
-            staged = Some(Staged { backend: open()?, ranges: HashMap::new() });
+            staged = Some(Staged { backend: open(whose)?, ranges: HashMap::new(), whose });
         }
         let s = staged.as_mut().ok_or(SnapshotError::Malformed("no staging session".into()))?;
         if s.ranges.len() >= MAX_RANGES || s.ranges.contains_key(&ptr) {

@@ -302,7 +302,7 @@ fn a_precopied_session_sends_only_what_changed_since_and_rebuilds_the_same() {
 
     let peek = orig.backend.memory_peek().expect("the sim can be read while it runs");
     let mut wire = Vec::new();
-    let sent = precopy::send(&*peek, &precopy::client_allocs(&orig), &mut wire).unwrap();
+    let sent = precopy::send(&*peek, &precopy::client_allocs(&orig), None, &mut wire).unwrap();
     assert_eq!(sent.len(), 4);
     // The program goes on meanwhile.
     scale(&mut orig, data);
@@ -319,7 +319,7 @@ fn a_precopied_session_sends_only_what_changed_since_and_rebuilds_the_same() {
     assert_eq!(c.memory_sent, N as u64 * 4 + CHUNK + 4, "{c:?}");
 
     let mut r = &wire[..];
-    let mut open_b = || -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(b.open_session(None).unwrap()) };
+    let mut open_b = |_| -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(b.open_session(None).unwrap()) };
     let staged = precopy::receive(&mut r, &[64 << 20], &mut open_b).unwrap().expect("ranges were staged");
     assert_eq!(staged.ranges.len(), 3, "the freed range was dropped");
     let opened = open(&mut r).unwrap().with_staged(staged.ranges);
@@ -334,7 +334,7 @@ fn a_precopied_session_sends_only_what_changed_since_and_rebuilds_the_same() {
     // The same stream read as a file snapshot (no staging): refused.
     let c = backend("c");
     let mut r = &wire[..];
-    let mut open_c = || -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(c.open_session(None).unwrap()) };
+    let mut open_c = |_| -> Result<Box<dyn crate::backend::BackendSession>, SnapshotError> { Ok(c.open_session(None).unwrap()) };
     let staged = precopy::receive(&mut r, &[64 << 20], &mut open_c).unwrap().unwrap();
     let Err(e) = open(&mut r).unwrap().rebuild(&mut SessionState::new(staged.backend, 1).with_devices(c.devices())) else {
         panic!("a delta record rebuilt without a pre-copy")
@@ -360,7 +360,81 @@ fn a_precopy_chunk_it_could_not_read_is_sent_again() {
             false
         }
     }
-    let sent = precopy::send(&Blind, &precopy::client_allocs(&s), &mut Vec::new()).unwrap();
+    let sent = precopy::send(&Blind, &precopy::client_allocs(&s), None, &mut Vec::new()).unwrap();
     let runs = precopy::dirty_runs(&mut s, p, &sent[&p]).unwrap();
     assert_eq!(runs, vec![(0, CHUNK)], "the unread first chunk, and only it");
+}
+
+/// A leased session's pre-copy says first whose memory it is: the target
+/// stages it against that lease's budget (too little budget refuses the
+/// stream, with nothing left charged), and the snapshot that follows must
+/// be of the same lease.
+#[test]
+fn a_leased_precopy_is_charged_to_its_lease_and_must_match_the_snapshot() {
+    use super::precopy::{self, Whose, CHUNK};
+    use crate::backend::{BackendSession, MemoryBudget};
+    use std::sync::Arc;
+    let (a, b) = (backend("a"), backend("b"));
+    let mut orig = fresh(&a);
+    let size = 8 * CHUNK;
+    let p = orig.backend.mem_alloc(0, size).unwrap();
+    orig.allocs.insert(p, crate::state::Alloc { device: 0, size, owner: crate::state::Owner::Client });
+    let peek = orig.backend.memory_peek().unwrap();
+    let whose = Whose { lease: 77, memory_limit: Some(4 << 20) };
+    let mut wire = Vec::new();
+    precopy::send(&*peek, &precopy::client_allocs(&orig), Some(whose), &mut wire).unwrap();
+    precopy::send_stale(&[], &mut wire).unwrap();
+
+    // Enough budget: the staged range is charged to it as it arrives.
+    let budget = Arc::new(MemoryBudget::new(4 << 20));
+    let mut seen = None;
+    let mut open = |w: Option<Whose>| -> Result<Box<dyn BackendSession>, SnapshotError> {
+        seen = w;
+        Ok(b.open_session(Some(budget.clone())).unwrap())
+    };
+    let staged = precopy::receive(&mut &wire[..], &[64 << 20], &mut open).unwrap().expect("staged");
+    assert_eq!(seen, Some(whose), "the target opens the staging session for the announced lease");
+    assert_eq!(staged.whose, Some(whose));
+    assert_eq!(budget.used(), size, "the staged range counts against the lease's budget");
+    let lease = |lease, memory_limit| crate::lease::Admission {
+        lease,
+        generation: 1,
+        memory_limit,
+        deadline_ms: 0,
+        devices: vec![0],
+        pkey: None,
+        compute_milli: 0,
+    };
+    staged.check_lease(Some(&lease(77, Some(4 << 20)))).expect("the same lease");
+    for (other, why) in [(Some(lease(78, Some(4 << 20))), "another lease"), (Some(lease(77, None)), "another limit"), (None, "no lease")] {
+        let e = staged.check_lease(other.as_ref()).expect_err(why);
+        assert!(e.to_string().contains("pre-copy staged memory for lease"), "{why}: {e}");
+    }
+    drop(staged);
+    assert_eq!(budget.used(), 0, "a refused stream leaves nothing charged");
+
+    // Too little budget: refused at the range, nothing charged.
+    let small = Arc::new(MemoryBudget::new(size / 2));
+    let mut open = |_| -> Result<Box<dyn BackendSession>, SnapshotError> { Ok(b.open_session(Some(small.clone())).unwrap()) };
+    let Err(e) = precopy::receive(&mut &wire[..], &[64 << 20], &mut open) else { panic!("staged past the lease's budget") };
+    assert!(e.to_string().contains("pre-copied"), "{e}");
+    assert_eq!(small.used(), 0);
+
+    // An unleased stream stays as it was; an announcement after a range, or twice, is malformed.
+    let mut unleased = Vec::new();
+    precopy::send(&*peek, &precopy::client_allocs(&orig), None, &mut unleased).unwrap();
+    precopy::send_stale(&[], &mut unleased).unwrap();
+    let mut open = |w: Option<Whose>| -> Result<Box<dyn BackendSession>, SnapshotError> {
+        assert_eq!(w, None);
+        Ok(b.open_session(None).unwrap())
+    };
+    let staged = precopy::receive(&mut &unleased[..], &[64 << 20], &mut open).unwrap().unwrap();
+    staged.check_lease(None).expect("no lease on either side");
+    drop(staged);
+    let header = &wire[..17];
+    for bad in [[&unleased[..unleased.len() - 5], header].concat(), [header, header, &unleased[..]].concat()] {
+        let mut open = |_| -> Result<Box<dyn BackendSession>, SnapshotError> { Ok(b.open_session(None).unwrap()) };
+        let Err(e) = precopy::receive(&mut &bad[..], &[64 << 20], &mut open) else { panic!("a misplaced announcement was taken") };
+        assert!(e.to_string().contains("tag 2"), "{e}");
+    }
 }
