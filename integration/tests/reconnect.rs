@@ -47,6 +47,25 @@ fn run_through(proxy: &Proxy, exe: &std::path::Path, cut: bool, tls_ca: Option<&
     (run.wait(Duration::from_secs(10)), cuts)
 }
 
+/// A duration as the shim's log writes it (Rust's `Debug`: `812.5µs`,
+/// `84.43ms`, `1.135s`), in milliseconds.
+fn resume_ms(d: &str) -> Option<f64> {
+    let (n, scale) = [("ns", 1e-6), ("µs", 1e-3), ("ms", 1.0), ("s", 1e3)].iter().find_map(|(u, k)| Some((d.strip_suffix(u)?, *k)))?;
+    n.parse::<f64>().ok().map(|v| v * scale)
+}
+
+#[test]
+fn resumes_are_read_in_every_unit_the_log_writes() {
+    // A resume over a second under CI's load read as none (the test then
+    // counted 8 resumes for 9 cuts).
+    let near = |d: &str, ms: f64| resume_ms(d).is_some_and(|v| (v - ms).abs() < 1e-9);
+    assert!(near("1.5s", 1500.0));
+    assert!(near("84.5ms", 84.5));
+    assert!(near("812.5µs", 0.8125));
+    assert!(near("500ns", 0.0005));
+    assert_eq!(resume_ms("soon"), None);
+}
+
 #[test]
 fn a_cut_connection_costs_the_program_nothing_but_time() {
     let exe = build("rt_reconnect", Variant::Cudart13Shared);
@@ -69,10 +88,7 @@ fn a_cut_connection_costs_the_program_nothing_but_time() {
         .stderr
         .lines()
         .filter_map(|l| l.split("session resumed on ").nth(1)?.split(" after ").nth(1)?.split(' ').next().map(str::to_string))
-        .filter_map(|d| match d.strip_suffix("ms") {
-            Some(ms) => ms.parse::<f64>().ok(),
-            None => d.strip_suffix("µs").and_then(|us| us.parse::<f64>().ok()).map(|us| us / 1e3),
-        })
+        .filter_map(|d| resume_ms(&d))
         .collect();
     assert!(took.len() >= cuts, "the shim logged {} resumes for {cuts} cuts\n{report}", took.len());
     let max = took.iter().cloned().fold(0.0, f64::max);
