@@ -72,7 +72,6 @@ const NOT_PROVIDED: &[(CUdevice_attribute, &str)] = {
         (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED, "virtual memory management"),
         (A::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, "GPUDirect RDMA to the program's host"),
         (A::CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES, "exportable memory pools"),
-        (A::CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED, "IPC (cuIpcGetEventHandle)"),
         (A::CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
         (A::CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED, "CUDA arrays"),
         (A::CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED, "external semaphores"),
@@ -318,7 +317,6 @@ mod tests {
             "cuMemHostGetDevicePointer_v2",
             "cuLaunchCooperativeKernelMultiDevice",
             "cuStreamWaitValue32_v2",
-            "cuIpcGetEventHandle",
             "cuMemExportToShareableHandle",
         ] {
             let addr = crate::symbol_address(name).unwrap_or_else(|| panic!("{name} is exported"));

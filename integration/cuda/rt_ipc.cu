@@ -7,6 +7,8 @@
 // nothing more. Forged, foreign and misused handles get errors, never memory.
 // With RGPU_IPC_FOREIGN_TOKEN set (another lease's token on the same GPU), a
 // child run on that token must be refused the handle: IPC stays in one lease.
+// Part 3, events: an interprocess event recorded in one process orders the
+// other's stream (cudaStreamWaitEvent) and cudaEventSynchronize, both ways.
 #include <cuda_runtime.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -24,13 +26,25 @@ __global__ void invert(unsigned char *p, size_t n) {
 
 static const size_t N = 1 << 20;
 
-static void to_hex(const cudaIpcMemHandle_t &h, char *out) {
+// Spins long enough (tens of milliseconds on the sim) that a wait which does
+// not wait would be seen, then writes v.
+__global__ void spin_then_set(int *p, int v, unsigned iters) {
+    volatile unsigned x = 0;
+    for (unsigned i = 0; i < iters; i++) x = x + i;
+    *p = v + (int)(x & 0);
+}
+
+__global__ void copy_int(const int *from, int *to) { *to = *from; }
+
+static const unsigned SPIN = 200000;
+
+template <typename H> static void to_hex(const H &h, char *out) {
     const unsigned char *b = (const unsigned char *)&h;
     for (size_t i = 0; i < sizeof h; i++) sprintf(out + 2 * i, "%02x", b[i]);
 }
 
-static cudaIpcMemHandle_t from_hex(const char *s) {
-    cudaIpcMemHandle_t h;
+template <typename H = cudaIpcMemHandle_t> static H from_hex(const char *s) {
+    H h;
     unsigned char *b = (unsigned char *)&h;
     EXPECT(strlen(s) == 2 * sizeof h, "a handle of %zu hex digits", strlen(s));
     for (size_t i = 0; i < sizeof h; i++) sscanf(s + 2 * i, "%2hhx", &b[i]);
@@ -144,6 +158,39 @@ static int child_foreign(const char *hex) {
     return test_end();
 }
 
+// The child of part 3: opens the event and the memory; its kernel's end,
+// recorded in the event, must order the parent's stream; then it waits in
+// cudaEventSynchronize for the parent's record.
+static int child_event(const char *evhex, const char *memhex, int to_parent, int from_parent) {
+    cudaEvent_t ev;
+    CHECK(cudaIpcOpenEventHandle(&ev, from_hex<cudaIpcEventHandle_t>(evhex)));
+    int *p = nullptr;
+    CHECK(cudaIpcOpenMemHandle((void **)&p, from_hex(memhex), cudaIpcMemLazyEnablePeerAccess));
+    ok("child: opened the event and the memory");
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    spin_then_set<<<1, 1, 0, s>>>(p, 42, SPIN);
+    CHECK(cudaGetLastError());
+    CHECK(cudaEventRecord(ev, s));
+    char c = 'r';
+    EXPECT(write(to_parent, &c, 1) == 1, "told the parent");
+    EXPECT(read(from_parent, &c, 1) == 1 && c == 'q', "the parent recorded the event");
+    CHECK(cudaEventSynchronize(ev));
+    CHECK(cudaEventQuery(ev));
+    int got[2] = {0, 0};
+    CHECK(cudaMemcpy(got, p, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got[1] == 43, "after the parent's record the parent's kernel had written 43, read %d", got[1]);
+    ok("child: cudaEventSynchronize waited for the parent's record");
+    float ms = 0;
+    cudaError_t e = cudaEventElapsedTime(&ms, ev, ev);
+    EXPECT(e != cudaSuccess, "an interprocess event is not timed");
+    cudaGetLastError();
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaIpcCloseMemHandle(p));
+    return test_end();
+}
+
 // This process's environment with RGPU_TOKEN replaced by `token`.
 static std::vector<char *> env_with_token(const char *token, std::string &slot) {
     std::vector<char *> env;
@@ -163,6 +210,11 @@ int main(int argc, char **argv) {
     if (const char *hex = arg_str(argc, argv, "--child")) {
         test_begin("rt_ipc child");
         return child_open(hex);
+    }
+    if (const char *hex = arg_str(argc, argv, "--event")) {
+        test_begin("rt_ipc event child");
+        return child_event(hex, arg_str(argc, argv, "--memory"), (int)arg_ll(argc, argv, "--to", -1),
+                           (int)arg_ll(argc, argv, "--from", -1));
     }
     if (const char *hex = arg_str(argc, argv, "--hold")) {
         test_begin("rt_ipc holder");
@@ -235,6 +287,61 @@ int main(int argc, char **argv) {
     wait_ok(holder, "holder");
     ok("freed while held: the holder kept its bytes");
     for (auto f : fresh) CHECK(cudaFree(f));
+
+    // Part 3: an interprocess event.
+    cudaEvent_t ev, timed, wrong;
+    e = cudaEventCreateWithFlags(&wrong, cudaEventInterprocess);
+    EXPECT(e == cudaErrorInvalidValue, "an interprocess event must not be timed (%s)", cudaGetErrorName(e));
+    cudaGetLastError();
+    CHECK(cudaEventCreate(&timed));
+    cudaIpcEventHandle_t eh, eh2;
+    e = cudaIpcGetEventHandle(&eh, timed);
+    EXPECT(e != cudaSuccess, "an event not made interprocess was exported");
+    cudaGetLastError();
+    CHECK(cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming));
+    CHECK(cudaIpcGetEventHandle(&eh, ev));
+    CHECK(cudaIpcGetEventHandle(&eh2, ev));
+    EXPECT(memcmp(&eh, &eh2, sizeof eh) == 0, "the same event handle each time");
+    cudaEvent_t own;
+    e = cudaIpcOpenEventHandle(&own, eh);
+    EXPECT(e != cudaSuccess, "the exporting process cannot open its own event handle");
+    cudaGetLastError();
+    ok("exported an interprocess event (misuse refused: %s)", cudaGetErrorName(e));
+    int *flag = nullptr, *out = nullptr;
+    CHECK(cudaMalloc(&flag, 2 * sizeof(int)));
+    CHECK(cudaMalloc(&out, sizeof(int)));
+    CHECK(cudaMemset(flag, 0, 2 * sizeof(int)));
+    cudaIpcMemHandle_t fh;
+    CHECK(cudaIpcGetMemHandle(&fh, flag));
+    char evhex[2 * sizeof(cudaIpcEventHandle_t) + 1];
+    to_hex(eh, evhex);
+    to_hex(fh, hex);
+    EXPECT(pipe(up) == 0 && pipe(down) == 0, "pipes");
+    snprintf(to, sizeof to, "%d", up[1]);
+    snprintf(from, sizeof from, "%d", down[0]);
+    pid_t waiter = spawn(argv, {"--event", evhex, "--memory", hex, "--to", to, "--from", from});
+    EXPECT(read(up[0], &c, 1) == 1 && c == 'r', "the child recorded the event");
+    cudaStream_t ps;
+    CHECK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
+    CHECK(cudaStreamWaitEvent(ps, ev, 0));
+    copy_int<<<1, 1, 0, ps>>>(flag, out);
+    CHECK(cudaGetLastError());
+    CHECK(cudaStreamSynchronize(ps));
+    int got = 0;
+    CHECK(cudaMemcpy(&got, out, sizeof got, cudaMemcpyDeviceToHost));
+    EXPECT(got == 42, "this stream waited for the child's record: read %d, not 42", got);
+    ok("cudaStreamWaitEvent waited for the other process's record");
+    spin_then_set<<<1, 1, 0, ps>>>(flag + 1, 43, SPIN);
+    CHECK(cudaGetLastError());
+    CHECK(cudaEventRecord(ev, ps));
+    c = 'q';
+    EXPECT(write(down[1], &c, 1) == 1, "told the child");
+    wait_ok(waiter, "event child");
+    CHECK(cudaEventDestroy(ev));
+    CHECK(cudaEventDestroy(timed));
+    CHECK(cudaStreamDestroy(ps));
+    CHECK(cudaFree(out));
+    CHECK(cudaFree(flag));
     CHECK(cudaFree(d));
     return test_end();
 }

@@ -62,6 +62,11 @@ struct Request {
     ipcExport @34 :MemFree;        # reply: ipcHandle
     ipcOpen @35 :IpcOpen;          # reply: ipcOpened, the allocation's start and size
     ipcClose @36 :MemFree;
+    # IPC of events (cuIpcGetEventHandle, cuIpcOpenEventHandle): an
+    # interprocess event exported, and opened under the opener's new handle
+    # as the same event (a record in either session is seen by both).
+    ipcEventExport @37 :Handle;    # reply: ipcHandle
+    ipcEventOpen @38 :IpcEventOpen;
   }
 }
 
@@ -213,6 +218,11 @@ struct IpcHandle {
 struct IpcOpen {
   id @0 :UInt64;
   secret @1 :Data;
+}
+struct IpcEventOpen {
+  handle @0 :UInt64;               # the opener's new event handle
+  id @1 :UInt64;
+  secret @2 :Data;
 }
 
 struct MemRange {

@@ -1,6 +1,7 @@
-//! Device memory shared between sessions: CUDA IPC (`cuIpcGetMemHandle` in one
-//! process, `cuIpcOpenMemHandle` in another process of the same client host,
-//! each with its own session on this server).
+//! Device memory and events shared between sessions: CUDA IPC
+//! (`cuIpcGetMemHandle` or `cuIpcGetEventHandle` in one process,
+//! `cuIpcOpenMemHandle` or `cuIpcOpenEventHandle` in another process of the
+//! same client host, each with its own session on this server).
 //!
 //! [`Exports`] is the server's table of exported allocations; each session's
 //! [`IpcScope`] is its part in it: what it exported and what it opened. Three
@@ -18,6 +19,9 @@
 //!   here the importer keeps working memory until it closes it);
 //! - the exported bytes stay charged to the lease that allocated them until
 //!   the last holder lets go.
+//!
+//! An exported event is held the same way ([`SharedEvent`]): the backend's
+//! record of it, which each session holding it records into and reads.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -29,8 +33,20 @@ use rgpu_cuda_types::{CuError, CuResult};
 /// A backend's hold on exported device memory; the last clone dropped frees it.
 pub type SharedMemory = Arc<dyn Any + Send + Sync>;
 
+/// A backend's shared record of an interprocess event.
+pub type SharedEvent = Arc<dyn Any + Send + Sync>;
+
+/// What an export holds: memory, or an event (whose `ptr` is the exporting
+/// session's event handle and `size` its flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Memory,
+    Event,
+}
+
 /// What an export's handle names.
 pub struct Export {
+    kind: Kind,
     /// The exporting session's lease; None on a server without leases.
     lease: Option<u64>,
     /// The exporting session ([`IpcScope::session`]).
@@ -76,18 +92,30 @@ pub struct IpcScope {
     /// Allocations this session opened, by start: how many opens are not closed yet
     /// (CUDA counts a context's opens of one handle and unmaps at the last close).
     opened: HashMap<u64, u32>,
+    /// This session's exported events by event handle: (id, secret).
+    exported_events: HashMap<u64, (u64, [u8; 16])>,
+    /// Event handles this session opened from others' exports.
+    opened_events: std::collections::HashSet<u64>,
 }
 
 impl IpcScope {
     /// A session's part in `exports`, for a session of `lease` (None: no lease).
     pub fn new(exports: Arc<Exports>, lease: Option<u64>) -> Self {
         let session = exports.next_session.fetch_add(1, Ordering::Relaxed);
-        IpcScope { exports, lease, session, exported: HashMap::new(), opened: HashMap::new() }
+        IpcScope {
+            exports,
+            lease,
+            session,
+            exported: HashMap::new(),
+            opened: HashMap::new(),
+            exported_events: HashMap::new(),
+            opened_events: Default::default(),
+        }
     }
 
     /// Whether the session takes part in IPC at all (a snapshot cannot carry it).
     pub fn is_active(&self) -> bool {
-        !self.exported.is_empty() || !self.opened.is_empty()
+        !self.exported.is_empty() || !self.opened.is_empty() || !self.exported_events.is_empty() || !self.opened_events.is_empty()
     }
 
     /// The handle of this session's allocation at `ptr` if it was exported already
@@ -101,10 +129,55 @@ impl IpcScope {
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|_| CuError::OPERATING_SYSTEM)?;
         let id = self.exports.next_id.fetch_add(1, Ordering::Relaxed) + 1;
-        let e = Export { lease: self.lease, session: self.session, secret, device, ptr, size, memory };
+        let e = Export { kind: Kind::Memory, lease: self.lease, session: self.session, secret, device, ptr, size, memory };
         self.exports.lock().insert(id, e);
         self.exported.insert(ptr, (id, secret));
         Ok((id, secret))
+    }
+
+    /// Publishes the session's event `handle` of `device` (created with
+    /// `flags`), whose record `shared` holds; the same handle if it was
+    /// exported already.
+    pub fn export_event(&mut self, device: u32, handle: u64, flags: u32, shared: SharedEvent) -> CuResult<(u64, [u8; 16])> {
+        if let Some(&h) = self.exported_events.get(&handle) {
+            return Ok(h);
+        }
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|_| CuError::OPERATING_SYSTEM)?;
+        let id = self.exports.next_id.fetch_add(1, Ordering::Relaxed) + 1;
+        let e = Export {
+            kind: Kind::Event,
+            lease: self.lease,
+            session: self.session,
+            secret,
+            device,
+            ptr: handle,
+            size: flags as u64,
+            memory: shared,
+        };
+        self.exports.lock().insert(id, e);
+        self.exported_events.insert(handle, (id, secret));
+        Ok((id, secret))
+    }
+
+    /// The event export `id`, as [`Self::find`] finds memory: `(device, flags, shared)`.
+    pub fn find_event(&self, id: u64, secret: &[u8]) -> CuResult<(u32, u32, SharedEvent)> {
+        let (device, _, flags, shared) = self.check(id, secret, Kind::Event)?;
+        Ok((device, flags as u32, shared))
+    }
+
+    /// Counts an event handle opened from an export.
+    pub fn opened_event(&mut self, handle: u64) {
+        self.opened_events.insert(handle);
+    }
+
+    /// The session destroyed event `handle`: its export, if any, is
+    /// withdrawn (those who opened it keep theirs).
+    pub fn event_gone(&mut self, handle: u64) {
+        self.opened_events.remove(&handle);
+        if let Some((id, _)) = self.exported_events.remove(&handle) {
+            self.exports.lock().remove(&id);
+        }
     }
 
     /// Takes the export of the allocation at `ptr` off the table (it is being freed): no
@@ -119,9 +192,13 @@ impl IpcScope {
     /// `(device, ptr, size, memory)`. Opening one's own export is refused as
     /// CUDA refuses it in the exporting process.
     pub fn find(&self, id: u64, secret: &[u8]) -> CuResult<(u32, u64, u64, SharedMemory)> {
+        self.check(id, secret, Kind::Memory)
+    }
+
+    fn check(&self, id: u64, secret: &[u8], kind: Kind) -> CuResult<(u32, u64, u64, SharedMemory)> {
         let table = self.exports.lock();
         let e = table.get(&id).ok_or(CuError::INVALID_VALUE)?;
-        if !same_secret(&e.secret, secret) || e.lease != self.lease {
+        if !same_secret(&e.secret, secret) || e.lease != self.lease || e.kind != kind {
             return Err(CuError::INVALID_VALUE);
         }
         if e.session == self.session {
@@ -164,7 +241,7 @@ impl Default for IpcScope {
 impl Drop for IpcScope {
     /// A session that ends withdraws its exports (what others opened stays theirs).
     fn drop(&mut self) {
-        let ids: Vec<u64> = self.exported.values().map(|&(id, _)| id).collect();
+        let ids: Vec<u64> = self.exported.values().chain(self.exported_events.values()).map(|&(id, _)| id).collect();
         let mut table = self.exports.lock();
         for id in ids {
             table.remove(&id);

@@ -12,8 +12,14 @@ use crate::runtime::{self, cu_err};
 
 pub(crate) unsafe fn create(ph: &mut CUevent, flags: u32) -> CuResult<()> {
     let rt = runtime::get()?;
+    let (interprocess, no_timing) = (CUevent_flags::CU_EVENT_INTERPROCESS.0, CUevent_flags::CU_EVENT_DISABLE_TIMING.0);
+    // As the driver: an interprocess event must not be timed.
+    if flags & interprocess != 0 && flags & no_timing == 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
     let (ctx, c) = context::current()?;
-    let (h, _) = objects().events.insert(Event { ctx, device: c.device, recorded: AtomicBool::new(false) });
+    let ev = Event { ctx, device: c.device, recorded: AtomicBool::new(false), interprocess: flags & interprocess != 0 };
+    let (h, _) = objects().events.insert(ev);
     let remote_dev = rt.device(c.device)?.remote.ordinal;
     let sent = rt.conn(c.device)?.post(
         |r| {
@@ -55,16 +61,19 @@ unsafe fn record_as(e: CUevent, s: CUstream, external: bool) -> CuResult<()> {
     if capture::record_event(sh, h, dev, external)? {
         return Ok(());
     }
-    rt.conn(dev)?
-        .post(
-            |r| {
-                let mut m = r.init_event_record();
-                m.set_event(h);
-                m.set_stream(sh);
-            },
-            &[],
-        )
-        .map_err(cu_err)?;
+    let record = |r: rgpu_protocol::data_capnp::request::Builder<'_>| {
+        let mut m = r.init_event_record();
+        m.set_event(h);
+        m.set_stream(sh);
+    };
+    if ev.interprocess {
+        // Another process may wait on this record as soon as this one tells it (a pipe, shared
+        // memory): on a GPU the record is in the device's queue when the call returns, so here
+        // it must be in the server's before this returns, not still on the wire.
+        rt.conn(dev)?.call(record, &[], Sink::None, |_| Ok(())).map_err(cu_err)?;
+    } else {
+        rt.conn(dev)?.post(record, &[]).map_err(cu_err)?;
+    }
     ev.recorded.store(true, Ordering::Release);
     Ok(())
 }

@@ -6,21 +6,29 @@
 //!
 //! The handle carries no address: a tag, the device's UUID (so the opener finds the device
 //! among its own, whatever its ordinal there), and the server's export id and 128-bit secret.
-//! Event handles (cuIpcGetEventHandle) are not offered: `CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED`
-//! reads 0.
+//!
+//! Event handles (cuIpcGetEventHandle, cuIpcOpenEventHandle) are made the same way, with their
+//! own tag: the opener gets an event of its own that the server keeps as the same event, so a
+//! record in either process is what the other's query, synchronize and stream wait see. Where
+//! the server's backend cannot share events (the cuda backend), the device says so
+//! (`CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED` 0) and the export fails.
+
+use std::sync::atomic::AtomicBool;
 
 use crate::client::connection::Sink;
 use crate::client::ClientError;
 use crate::cuda::types::*;
 use crate::objects::memory::Alloc;
+use crate::objects::event::{self as events, Event};
 use crate::objects::{context, graph_mem, objects};
 use crate::runtime::{self, cu_err, Runtime};
 use rgpu_protocol::data_capnp::reply;
 
 const TAG: &[u8; 8] = b"rgpuIPC1";
+const EVENT_TAG: &[u8; 8] = b"rgpuIPE1";
 
 /// What a handle holds, in its 64 bytes: tag, device UUID, export id, secret, zeros.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Handle {
     uuid: [u8; 16],
     id: u64,
@@ -29,20 +37,28 @@ struct Handle {
 
 impl Handle {
     fn write(&self, out: &mut CUipcMemHandle) {
+        self.write_tagged(TAG, &mut out.reserved)
+    }
+
+    fn write_tagged(&self, tag: &[u8; 8], out: &mut [std::os::raw::c_char; 64]) {
         let mut b = [0u8; 64];
-        b[..8].copy_from_slice(TAG);
+        b[..8].copy_from_slice(tag);
         b[8..24].copy_from_slice(&self.uuid);
         b[24..32].copy_from_slice(&self.id.to_le_bytes());
         b[32..48].copy_from_slice(&self.secret);
-        for (dst, src) in out.reserved.iter_mut().zip(b) {
+        for (dst, src) in out.iter_mut().zip(b) {
             *dst = src as std::os::raw::c_char;
         }
     }
 
     /// None for bytes that are no rgpu handle (garbage, or a real driver's).
     fn read(h: &CUipcMemHandle) -> Option<Handle> {
-        let b: Vec<u8> = h.reserved.iter().map(|&c| c as u8).collect();
-        if &b[..8] != TAG || b[48..].iter().any(|&x| x != 0) {
+        Self::read_tagged(TAG, &h.reserved)
+    }
+
+    fn read_tagged(tag: &[u8; 8], raw: &[std::os::raw::c_char; 64]) -> Option<Handle> {
+        let b: Vec<u8> = raw.iter().map(|&c| c as u8).collect();
+        if &b[..8] != tag || b[48..].iter().any(|&x| x != 0) {
             return None;
         }
         Some(Handle {
@@ -146,6 +162,56 @@ pub(crate) unsafe fn close_mem_handle(dptr: CUdeviceptr) -> CuResult<()> {
     rt.conn(a.device)?.post(|r| r.init_ipc_close().set_ptr(Runtime::to_remote(dptr)), &[]).map_err(cu_err)
 }
 
+pub(crate) unsafe fn get_event_handle(handle: &mut CUipcEventHandle, e: CUevent) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (h, ev) = events::get(e)?;
+    let (id, secret) = rt
+        .conn(ev.device)?
+        .call(
+            |r| r.init_ipc_event_export().set_handle(h),
+            &[],
+            Sink::None,
+            |r| match r.which() {
+                Ok(reply::IpcHandle(Ok(x))) => {
+                    let secret: [u8; 16] = x.get_secret().ok().and_then(|s| s.try_into().ok()).ok_or(bad_reply())?;
+                    Ok((x.get_id(), secret))
+                }
+                _ => Err(bad_reply()),
+            },
+        )
+        .map_err(cu_err)?;
+    Handle { uuid: rt.device(ev.device)?.remote.uuid, id, secret }.write_tagged(EVENT_TAG, &mut handle.reserved);
+    Ok(())
+}
+
+pub(crate) unsafe fn open_event_handle(ph: &mut CUevent, handle: CUipcEventHandle) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (ctx, _) = context::current()?;
+    let x = Handle::read_tagged(EVENT_TAG, &handle.reserved).ok_or(CuError::INVALID_VALUE)?;
+    let dev = (0..rt.devices.len() as CUdevice)
+        .find(|&d| rt.device(d).is_ok_and(|v| v.remote.uuid == x.uuid))
+        .ok_or(CuError::INVALID_DEVICE)?;
+    let (h, _) = objects().events.insert(Event { ctx, device: dev, recorded: AtomicBool::new(false), interprocess: true });
+    // Answered at once: a handle that opens nothing must fail here, not at the event's first use.
+    let opened = rt.conn(dev)?.call(
+        |r| {
+            let mut o = r.init_ipc_event_open();
+            o.set_handle(h);
+            o.set_id(x.id);
+            o.set_secret(&x.secret);
+        },
+        &[],
+        Sink::None,
+        |_| Ok(()),
+    );
+    if let Err(e) = opened {
+        objects().events.remove(h);
+        return Err(cu_err(e));
+    }
+    *ph = h as usize as CUevent;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,5 +229,10 @@ mod tests {
         tail.reserved[63] = 1;
         assert_eq!(Handle::read(&tail), None, "bytes past the secret");
         assert_eq!(Handle::read(&CUipcMemHandle { reserved: [0; 64] }), None);
+        let mut ev = CUipcEventHandle { reserved: [0; 64] };
+        h.write_tagged(EVENT_TAG, &mut ev.reserved);
+        assert_eq!(Handle::read_tagged(EVENT_TAG, &ev.reserved), Some(h));
+        assert_eq!(Handle::read_tagged(EVENT_TAG, &raw.reserved), None, "a memory handle is no event handle");
+        assert_eq!(Handle::read(&CUipcMemHandle { reserved: ev.reserved }), None, "nor the reverse");
     }
 }

@@ -14,6 +14,9 @@ pub struct Event {
     pub ctx: u64,
     pub device: CUdevice,
     pub recorded: AtomicBool,
+    /// CU_EVENT_INTERPROCESS (created so, or opened from another process's handle): other
+    /// processes see its records, so each record reaches the server before it returns.
+    pub interprocess: bool,
 }
 
 pub fn get(e: CUevent) -> CuResult<(u64, Arc<Event>)> {

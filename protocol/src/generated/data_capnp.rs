@@ -6,7 +6,7 @@
 
 
 pub mod request {
-    pub use self::Which::{MemAlloc,MemFree,MemGetInfo,MemcpyHtoD,MemcpyDtoH,MemcpyDtoD,Memset,StreamCreate,StreamDestroy,StreamSynchronize,StreamQuery,StreamWaitEvent,EventCreate,EventDestroy,EventRecord,EventSynchronize,EventQuery,EventElapsedTime,CtxSynchronize,ModuleLoad,ModuleUnload,LaunchKernel,Ping,MemCreate,MemRelease,MemAddressReserve,MemAddressFree,MemMap,MemUnmap,MemSetAccess,GraphExecCreate,GraphExecDestroy,GraphLaunch,CtxReset,IpcExport,IpcOpen,IpcClose};
+    pub use self::Which::{MemAlloc,MemFree,MemGetInfo,MemcpyHtoD,MemcpyDtoH,MemcpyDtoD,Memset,StreamCreate,StreamDestroy,StreamSynchronize,StreamQuery,StreamWaitEvent,EventCreate,EventDestroy,EventRecord,EventSynchronize,EventQuery,EventElapsedTime,CtxSynchronize,ModuleLoad,ModuleUnload,LaunchKernel,Ping,MemCreate,MemRelease,MemAddressReserve,MemAddressFree,MemMap,MemUnmap,MemSetAccess,GraphExecCreate,GraphExecDestroy,GraphLaunch,CtxReset,IpcExport,IpcOpen,IpcClose,IpcEventExport,IpcEventOpen};
 
     #[derive(Copy, Clone)]
     pub struct Owned(());
@@ -249,6 +249,16 @@ pub mod request {
             !self.reader.get_pointer_field(0).is_null()
         }
         #[inline]
+        pub fn has_ipc_event_export(&self) -> bool {
+            if self.reader.get_data_field::<u16>(0) != 37 { return false; }
+            !self.reader.get_pointer_field(0).is_null()
+        }
+        #[inline]
+        pub fn has_ipc_event_open(&self) -> bool {
+            if self.reader.get_data_field::<u16>(0) != 38 { return false; }
+            !self.reader.get_pointer_field(0).is_null()
+        }
+        #[inline]
         pub fn which(self) -> ::core::result::Result<WhichReader<'a,>, ::capnp::NotInSchema> {
             match self.reader.get_data_field::<u16>(0) {
                 0 => {
@@ -433,6 +443,16 @@ pub mod request {
                 }
                 36 => {
                     ::core::result::Result::Ok(IpcClose(
+                        ::capnp::traits::FromPointerReader::get_from_pointer(&self.reader.get_pointer_field(0), ::core::option::Option::None)
+                    ))
+                }
+                37 => {
+                    ::core::result::Result::Ok(IpcEventExport(
+                        ::capnp::traits::FromPointerReader::get_from_pointer(&self.reader.get_pointer_field(0), ::core::option::Option::None)
+                    ))
+                }
+                38 => {
+                    ::core::result::Result::Ok(IpcEventOpen(
                         ::capnp::traits::FromPointerReader::get_from_pointer(&self.reader.get_pointer_field(0), ::core::option::Option::None)
                     ))
                 }
@@ -1038,6 +1058,36 @@ pub mod request {
             !self.builder.is_pointer_field_null(0)
         }
         #[inline]
+        pub fn set_ipc_event_export(&mut self, value: crate::data_capnp::handle::Reader<'_>) -> ::capnp::Result<()> {
+            self.builder.set_data_field::<u16>(0, 37);
+            ::capnp::traits::SetterInput::set_pointer_builder(self.builder.reborrow().get_pointer_field(0), value, false)
+        }
+        #[inline]
+        pub fn init_ipc_event_export(self, ) -> crate::data_capnp::handle::Builder<'a> {
+            self.builder.set_data_field::<u16>(0, 37);
+            ::capnp::traits::FromPointerBuilder::init_pointer(self.builder.get_pointer_field(0), 0)
+        }
+        #[inline]
+        pub fn has_ipc_event_export(&self) -> bool {
+            if self.builder.get_data_field::<u16>(0) != 37 { return false; }
+            !self.builder.is_pointer_field_null(0)
+        }
+        #[inline]
+        pub fn set_ipc_event_open(&mut self, value: crate::data_capnp::ipc_event_open::Reader<'_>) -> ::capnp::Result<()> {
+            self.builder.set_data_field::<u16>(0, 38);
+            ::capnp::traits::SetterInput::set_pointer_builder(self.builder.reborrow().get_pointer_field(0), value, false)
+        }
+        #[inline]
+        pub fn init_ipc_event_open(self, ) -> crate::data_capnp::ipc_event_open::Builder<'a> {
+            self.builder.set_data_field::<u16>(0, 38);
+            ::capnp::traits::FromPointerBuilder::init_pointer(self.builder.get_pointer_field(0), 0)
+        }
+        #[inline]
+        pub fn has_ipc_event_open(&self) -> bool {
+            if self.builder.get_data_field::<u16>(0) != 38 { return false; }
+            !self.builder.is_pointer_field_null(0)
+        }
+        #[inline]
         pub fn which(self) -> ::core::result::Result<WhichBuilder<'a,>, ::capnp::NotInSchema> {
             match self.builder.get_data_field::<u16>(0) {
                 0 => {
@@ -1225,6 +1275,16 @@ pub mod request {
                         ::capnp::traits::FromPointerBuilder::get_from_pointer(self.builder.get_pointer_field(0), ::core::option::Option::None)
                     ))
                 }
+                37 => {
+                    ::core::result::Result::Ok(IpcEventExport(
+                        ::capnp::traits::FromPointerBuilder::get_from_pointer(self.builder.get_pointer_field(0), ::core::option::Option::None)
+                    ))
+                }
+                38 => {
+                    ::core::result::Result::Ok(IpcEventOpen(
+                        ::capnp::traits::FromPointerBuilder::get_from_pointer(self.builder.get_pointer_field(0), ::core::option::Option::None)
+                    ))
+                }
                 x => ::core::result::Result::Err(::capnp::NotInSchema(x))
             }
         }
@@ -1239,283 +1299,297 @@ pub mod request {
     impl Pipeline  {
     }
     mod _private {
-        pub(crate) static ENCODED_NODE: [::capnp::Word; 609] = [
+        pub(crate) static ENCODED_NODE: [::capnp::Word; 641] = [
             ::capnp::word(0, 0, 0, 0, 5, 0, 6, 0),
             ::capnp::word(158, 35, 22, 152, 197, 172, 47, 166),
             ::capnp::word(11, 0, 0, 0, 1, 0, 1, 0),
             ::capnp::word(53, 158, 240, 193, 180, 168, 226, 215),
-            ::capnp::word(1, 0, 7, 0, 0, 0, 37, 0),
+            ::capnp::word(1, 0, 7, 0, 0, 0, 39, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(21, 0, 0, 0, 154, 0, 0, 0),
             ::capnp::word(29, 0, 0, 0, 7, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(25, 0, 0, 0, 31, 8, 0, 0),
+            ::capnp::word(25, 0, 0, 0, 143, 8, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(100, 97, 116, 97, 46, 99, 97, 112),
             ::capnp::word(110, 112, 58, 82, 101, 113, 117, 101),
             ::capnp::word(115, 116, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 1, 0, 1, 0),
-            ::capnp::word(148, 0, 0, 0, 3, 0, 4, 0),
+            ::capnp::word(156, 0, 0, 0, 3, 0, 4, 0),
             ::capnp::word(0, 0, 255, 255, 0, 0, 0, 0),
             ::capnp::word(0, 0, 1, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(253, 3, 0, 0, 74, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(252, 3, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(8, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(1, 0, 254, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 1, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(5, 4, 0, 0, 66, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(0, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(12, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(2, 0, 253, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 2, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(9, 4, 0, 0, 90, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(8, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(20, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(3, 0, 252, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 3, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(17, 4, 0, 0, 90, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(16, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(28, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(4, 0, 251, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 4, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(25, 4, 0, 0, 90, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(24, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(36, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(5, 0, 250, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 5, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(33, 4, 0, 0, 90, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(32, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(44, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(6, 0, 249, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 6, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(41, 4, 0, 0, 58, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(36, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(48, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(7, 0, 248, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 7, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(45, 4, 0, 0, 106, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(44, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(56, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(8, 0, 247, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 8, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(53, 4, 0, 0, 114, 0, 0, 0),
+            ::capnp::word(53, 4, 0, 0, 74, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(52, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(64, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(9, 0, 246, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 9, 0, 0, 0),
+            ::capnp::word(1, 0, 254, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 1, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(61, 4, 0, 0, 146, 0, 0, 0),
+            ::capnp::word(61, 4, 0, 0, 66, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(56, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(68, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(2, 0, 253, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 2, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(65, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(64, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(76, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(10, 0, 245, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 10, 0, 0, 0),
+            ::capnp::word(3, 0, 252, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 3, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(73, 4, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(73, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(72, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(84, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(11, 0, 244, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 11, 0, 0, 0),
+            ::capnp::word(4, 0, 251, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 4, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(81, 4, 0, 0, 130, 0, 0, 0),
+            ::capnp::word(81, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(80, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(92, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(12, 0, 243, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 12, 0, 0, 0),
+            ::capnp::word(5, 0, 250, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 5, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(89, 4, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(89, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(88, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(100, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(13, 0, 242, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 13, 0, 0, 0),
+            ::capnp::word(6, 0, 249, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 6, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(97, 4, 0, 0, 106, 0, 0, 0),
+            ::capnp::word(97, 4, 0, 0, 58, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(96, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(108, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(14, 0, 241, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 14, 0, 0, 0),
+            ::capnp::word(92, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(104, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(7, 0, 248, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 7, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(105, 4, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(101, 4, 0, 0, 106, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(104, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(116, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(15, 0, 240, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 15, 0, 0, 0),
+            ::capnp::word(100, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(112, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(8, 0, 247, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 8, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(113, 4, 0, 0, 138, 0, 0, 0),
+            ::capnp::word(109, 4, 0, 0, 114, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(116, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(128, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(16, 0, 239, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 16, 0, 0, 0),
+            ::capnp::word(108, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(120, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(9, 0, 246, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 9, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(125, 4, 0, 0, 90, 0, 0, 0),
+            ::capnp::word(117, 4, 0, 0, 146, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(124, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(136, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(17, 0, 238, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 17, 0, 0, 0),
+            ::capnp::word(120, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(132, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(10, 0, 245, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 10, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(133, 4, 0, 0, 138, 0, 0, 0),
+            ::capnp::word(129, 4, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(128, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(140, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(11, 0, 244, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 11, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(137, 4, 0, 0, 130, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(136, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(148, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(18, 0, 237, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 18, 0, 0, 0),
+            ::capnp::word(12, 0, 243, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 12, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(145, 4, 0, 0, 122, 0, 0, 0),
+            ::capnp::word(145, 4, 0, 0, 98, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(144, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(156, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(19, 0, 236, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 19, 0, 0, 0),
+            ::capnp::word(13, 0, 242, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 13, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(153, 4, 0, 0, 90, 0, 0, 0),
+            ::capnp::word(153, 4, 0, 0, 106, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(152, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(164, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(20, 0, 235, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 20, 0, 0, 0),
+            ::capnp::word(14, 0, 241, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 14, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(161, 4, 0, 0, 106, 0, 0, 0),
+            ::capnp::word(161, 4, 0, 0, 98, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(160, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(172, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(21, 0, 234, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 21, 0, 0, 0),
+            ::capnp::word(15, 0, 240, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 15, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(169, 4, 0, 0, 106, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(168, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(180, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(22, 0, 233, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 22, 0, 0, 0),
-            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(177, 4, 0, 0, 42, 0, 0, 0),
+            ::capnp::word(169, 4, 0, 0, 138, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(172, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(184, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(23, 0, 232, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 23, 0, 0, 0),
+            ::capnp::word(16, 0, 239, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 16, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(181, 4, 0, 0, 82, 0, 0, 0),
+            ::capnp::word(181, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(180, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(192, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(24, 0, 231, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 24, 0, 0, 0),
+            ::capnp::word(17, 0, 238, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 17, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(189, 4, 0, 0, 90, 0, 0, 0),
+            ::capnp::word(189, 4, 0, 0, 138, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(188, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(200, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(25, 0, 230, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 25, 0, 0, 0),
+            ::capnp::word(192, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(204, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(18, 0, 237, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 18, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(197, 4, 0, 0, 146, 0, 0, 0),
+            ::capnp::word(201, 4, 0, 0, 122, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(200, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(212, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(26, 0, 229, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 26, 0, 0, 0),
+            ::capnp::word(19, 0, 236, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 19, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(209, 4, 0, 0, 122, 0, 0, 0),
+            ::capnp::word(209, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(208, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(220, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(27, 0, 228, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 27, 0, 0, 0),
+            ::capnp::word(20, 0, 235, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 20, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(217, 4, 0, 0, 58, 0, 0, 0),
+            ::capnp::word(217, 4, 0, 0, 106, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(212, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(224, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(28, 0, 227, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 28, 0, 0, 0),
+            ::capnp::word(216, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(228, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(21, 0, 234, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 21, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(221, 4, 0, 0, 74, 0, 0, 0),
+            ::capnp::word(225, 4, 0, 0, 106, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(220, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(232, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(29, 0, 226, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 29, 0, 0, 0),
+            ::capnp::word(224, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(236, 4, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(22, 0, 233, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 22, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(229, 4, 0, 0, 106, 0, 0, 0),
+            ::capnp::word(233, 4, 0, 0, 42, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(228, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(240, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(30, 0, 225, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 30, 0, 0, 0),
+            ::capnp::word(23, 0, 232, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 23, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(237, 4, 0, 0, 130, 0, 0, 0),
+            ::capnp::word(237, 4, 0, 0, 82, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(236, 4, 0, 0, 3, 0, 1, 0),
             ::capnp::word(248, 4, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(31, 0, 224, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 31, 0, 0, 0),
+            ::capnp::word(24, 0, 231, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 24, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(245, 4, 0, 0, 138, 0, 0, 0),
+            ::capnp::word(245, 4, 0, 0, 90, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(248, 4, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(4, 5, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(32, 0, 223, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 32, 0, 0, 0),
+            ::capnp::word(244, 4, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(0, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(25, 0, 230, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 25, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(1, 5, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(253, 4, 0, 0, 146, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 5, 0, 0, 3, 0, 1, 0),
             ::capnp::word(12, 5, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(33, 0, 222, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 33, 0, 0, 0),
+            ::capnp::word(26, 0, 229, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 26, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(9, 5, 0, 0, 74, 0, 0, 0),
+            ::capnp::word(9, 5, 0, 0, 122, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(8, 5, 0, 0, 3, 0, 1, 0),
             ::capnp::word(20, 5, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(34, 0, 221, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 34, 0, 0, 0),
+            ::capnp::word(27, 0, 228, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 27, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(17, 5, 0, 0, 82, 0, 0, 0),
+            ::capnp::word(17, 5, 0, 0, 58, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(16, 5, 0, 0, 3, 0, 1, 0),
-            ::capnp::word(28, 5, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(35, 0, 220, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 35, 0, 0, 0),
+            ::capnp::word(12, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(24, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(28, 0, 227, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 28, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(25, 5, 0, 0, 66, 0, 0, 0),
+            ::capnp::word(21, 5, 0, 0, 74, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(20, 5, 0, 0, 3, 0, 1, 0),
             ::capnp::word(32, 5, 0, 0, 2, 0, 1, 0),
-            ::capnp::word(36, 0, 219, 255, 0, 0, 0, 0),
-            ::capnp::word(0, 0, 1, 0, 36, 0, 0, 0),
+            ::capnp::word(29, 0, 226, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 29, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
-            ::capnp::word(29, 5, 0, 0, 74, 0, 0, 0),
+            ::capnp::word(29, 5, 0, 0, 106, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(28, 5, 0, 0, 3, 0, 1, 0),
             ::capnp::word(40, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(30, 0, 225, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 30, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(37, 5, 0, 0, 130, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(36, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(48, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(31, 0, 224, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 31, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(45, 5, 0, 0, 138, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(48, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(60, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(32, 0, 223, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 32, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(57, 5, 0, 0, 98, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(56, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(68, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(33, 0, 222, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 33, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(65, 5, 0, 0, 74, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(64, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(76, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(34, 0, 221, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 34, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(73, 5, 0, 0, 82, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(72, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(84, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(35, 0, 220, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 35, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(81, 5, 0, 0, 66, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(76, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(88, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(36, 0, 219, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 36, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(85, 5, 0, 0, 74, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(84, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(96, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(37, 0, 218, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 37, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(93, 5, 0, 0, 122, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(92, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(104, 5, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(38, 0, 217, 255, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 38, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(101, 5, 0, 0, 106, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(100, 5, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(112, 5, 0, 0, 2, 0, 1, 0),
             ::capnp::word(109, 101, 109, 65, 108, 108, 111, 99),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
@@ -1849,6 +1923,24 @@ pub mod request {
             ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
             ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(105, 112, 99, 69, 118, 101, 110, 116),
+            ::capnp::word(69, 120, 112, 111, 114, 116, 0, 0),
+            ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(143, 123, 33, 173, 243, 133, 220, 207),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(105, 112, 99, 69, 118, 101, 110, 116),
+            ::capnp::word(79, 112, 101, 110, 0, 0, 0, 0),
+            ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(153, 39, 129, 54, 94, 34, 240, 143),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(16, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
         ];
         pub(crate) fn get_field_types(index: u16) -> ::capnp::introspect::Type {
             match index {
@@ -1889,6 +1981,8 @@ pub mod request {
                 34 => <crate::data_capnp::mem_free::Owned as ::capnp::introspect::Introspect>::introspect(),
                 35 => <crate::data_capnp::ipc_open::Owned as ::capnp::introspect::Introspect>::introspect(),
                 36 => <crate::data_capnp::mem_free::Owned as ::capnp::introspect::Introspect>::introspect(),
+                37 => <crate::data_capnp::handle::Owned as ::capnp::introspect::Introspect>::introspect(),
+                38 => <crate::data_capnp::ipc_event_open::Owned as ::capnp::introspect::Introspect>::introspect(),
                 _ => ::capnp::introspect::panic_invalid_field_index(index),
             }
         }
@@ -1903,11 +1997,11 @@ pub mod request {
             MEMBERS_BY_NAME
         );
         pub(crate) static NONUNION_MEMBERS : &[u16] = &[];
-        pub(crate) static MEMBERS_BY_DISCRIMINANT : &[u16] = &[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36];
-        pub(crate) static MEMBERS_BY_NAME : &[u16] = &[33,18,12,13,17,16,14,15,30,31,32,36,34,35,21,26,25,0,23,1,2,27,24,29,28,5,4,3,6,19,20,22,7,8,10,9,11];
+        pub(crate) static MEMBERS_BY_DISCRIMINANT : &[u16] = &[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23,24,25,26,27,28,29,30,31,32,33,34,35,36,37,38];
+        pub(crate) static MEMBERS_BY_NAME : &[u16] = &[33,18,12,13,17,16,14,15,30,31,32,36,37,38,34,35,21,26,25,0,23,1,2,27,24,29,28,5,4,3,6,19,20,22,7,8,10,9,11];
         pub(crate) const TYPE_ID: u64 = 0xa62f_acc5_9816_239e;
     }
-    pub enum Which<A0,A1,A2,A3,A4,A5,A6,A7,A8,A9,A10,A11,A12,A13,A14,A15,A16,A17,A18,A19,A20,A21,A22,A23,A24,A25,A26,A27,A28,A29,A30,A31,A32,A33,A34,A35> {
+    pub enum Which<A0,A1,A2,A3,A4,A5,A6,A7,A8,A9,A10,A11,A12,A13,A14,A15,A16,A17,A18,A19,A20,A21,A22,A23,A24,A25,A26,A27,A28,A29,A30,A31,A32,A33,A34,A35,A36,A37> {
         MemAlloc(A0),
         MemFree(A1),
         MemGetInfo(A2),
@@ -1945,9 +2039,11 @@ pub mod request {
         IpcExport(A33),
         IpcOpen(A34),
         IpcClose(A35),
+        IpcEventExport(A36),
+        IpcEventOpen(A37),
     }
-    pub type WhichReader<'a,> = Which<::capnp::Result<crate::data_capnp::mem_alloc::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_hto_d::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_h::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_d::Reader<'a>>,::capnp::Result<crate::data_capnp::memset::Reader<'a>>,::capnp::Result<crate::data_capnp::stream_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::stream_wait_event::Reader<'a>>,::capnp::Result<crate::data_capnp::event_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::event_record::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::event_pair::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::module_load::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::launch_kernel::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_address_reserve::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_range::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_map::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_range::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_set_access::Reader<'a>>,::capnp::Result<crate::data_capnp::graph_exec_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::graph_launch::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>,::capnp::Result<crate::data_capnp::ipc_open::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>>;
-    pub type WhichBuilder<'a,> = Which<::capnp::Result<crate::data_capnp::mem_alloc::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_hto_d::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_h::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_d::Builder<'a>>,::capnp::Result<crate::data_capnp::memset::Builder<'a>>,::capnp::Result<crate::data_capnp::stream_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::stream_wait_event::Builder<'a>>,::capnp::Result<crate::data_capnp::event_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::event_record::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::event_pair::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::module_load::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::launch_kernel::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_address_reserve::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_range::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_map::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_range::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_set_access::Builder<'a>>,::capnp::Result<crate::data_capnp::graph_exec_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::graph_launch::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>,::capnp::Result<crate::data_capnp::ipc_open::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>>;
+    pub type WhichReader<'a,> = Which<::capnp::Result<crate::data_capnp::mem_alloc::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_hto_d::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_h::Reader<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_d::Reader<'a>>,::capnp::Result<crate::data_capnp::memset::Reader<'a>>,::capnp::Result<crate::data_capnp::stream_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::stream_wait_event::Reader<'a>>,::capnp::Result<crate::data_capnp::event_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::event_record::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::event_pair::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::module_load::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::launch_kernel::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_address_reserve::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_range::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_map::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_range::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_set_access::Reader<'a>>,::capnp::Result<crate::data_capnp::graph_exec_create::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::graph_launch::Reader<'a>>,::capnp::Result<crate::data_capnp::device::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>,::capnp::Result<crate::data_capnp::ipc_open::Reader<'a>>,::capnp::Result<crate::data_capnp::mem_free::Reader<'a>>,::capnp::Result<crate::data_capnp::handle::Reader<'a>>,::capnp::Result<crate::data_capnp::ipc_event_open::Reader<'a>>>;
+    pub type WhichBuilder<'a,> = Which<::capnp::Result<crate::data_capnp::mem_alloc::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_hto_d::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_h::Builder<'a>>,::capnp::Result<crate::data_capnp::memcpy_dto_d::Builder<'a>>,::capnp::Result<crate::data_capnp::memset::Builder<'a>>,::capnp::Result<crate::data_capnp::stream_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::stream_wait_event::Builder<'a>>,::capnp::Result<crate::data_capnp::event_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::event_record::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::event_pair::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::module_load::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::launch_kernel::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_address_reserve::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_range::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_map::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_range::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_set_access::Builder<'a>>,::capnp::Result<crate::data_capnp::graph_exec_create::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::graph_launch::Builder<'a>>,::capnp::Result<crate::data_capnp::device::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>,::capnp::Result<crate::data_capnp::ipc_open::Builder<'a>>,::capnp::Result<crate::data_capnp::mem_free::Builder<'a>>,::capnp::Result<crate::data_capnp::handle::Builder<'a>>,::capnp::Result<crate::data_capnp::ipc_event_open::Builder<'a>>>;
 }
 
 pub mod reply {
@@ -8849,6 +8945,269 @@ pub mod ipc_open {
         pub(crate) static MEMBERS_BY_DISCRIMINANT : &[u16] = &[];
         pub(crate) static MEMBERS_BY_NAME : &[u16] = &[0,1];
         pub(crate) const TYPE_ID: u64 = 0xac11_f960_c280_7093;
+    }
+}
+
+pub mod ipc_event_open {
+    #[derive(Copy, Clone)]
+    pub struct Owned(());
+    impl ::capnp::introspect::Introspect for Owned { fn introspect() -> ::capnp::introspect::Type { ::capnp::introspect::TypeVariant::Struct(::capnp::introspect::RawBrandedStructSchema { generic: &_private::RAW_SCHEMA, field_types: _private::get_field_types, annotation_types: _private::get_annotation_types, type_id: ::core::any::TypeId::of::<Owned>() }).into() } }
+    impl ::capnp::traits::Owned for Owned { type Reader<'a> = Reader<'a>; type Builder<'a> = Builder<'a>; }
+    impl ::capnp::traits::OwnedStruct for Owned { type Reader<'a> = Reader<'a>; type Builder<'a> = Builder<'a>; }
+    impl ::capnp::traits::Pipelined for Owned { type Pipeline = Pipeline; }
+
+    pub struct Reader<'a> { reader: ::capnp::private::layout::StructReader<'a> }
+    impl <> ::core::marker::Copy for Reader<'_,>  {}
+    impl <> ::core::clone::Clone for Reader<'_,>  {
+        fn clone(&self) -> Self { *self }
+    }
+
+    impl <> ::capnp::traits::HasTypeId for Reader<'_,>  {
+        const TYPE_ID: u64 = _private::TYPE_ID;
+    }
+    impl <'a,> ::core::convert::From<::capnp::private::layout::StructReader<'a>> for Reader<'a,>  {
+        fn from(reader: ::capnp::private::layout::StructReader<'a>) -> Self {
+            Self { reader,  }
+        }
+    }
+
+    impl <'a,> ::core::convert::From<Reader<'a,>> for ::capnp::dynamic_value::Reader<'a>  {
+        fn from(reader: Reader<'a,>) -> Self {
+            Self::Struct(::capnp::dynamic_struct::Reader::new(reader.reader, ::capnp::schema::StructSchema::new(::capnp::introspect::RawBrandedStructSchema { generic: &_private::RAW_SCHEMA, field_types: _private::get_field_types::<>, annotation_types: _private::get_annotation_types::<>, type_id: ::core::any::TypeId::of::<Owned<>>()})))
+        }
+    }
+
+    impl <> ::core::fmt::Debug for Reader<'_,>  {
+        fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::result::Result<(), ::core::fmt::Error> {
+            core::fmt::Debug::fmt(&::core::convert::Into::<::capnp::dynamic_value::Reader<'_>>::into(*self), f)
+        }
+    }
+
+    impl <'a,> ::capnp::traits::FromPointerReader<'a> for Reader<'a,>  {
+        fn get_from_pointer(reader: &::capnp::private::layout::PointerReader<'a>, default: ::core::option::Option<&'a [::capnp::Word]>) -> ::capnp::Result<Self> {
+            ::core::result::Result::Ok(reader.get_struct(default)?.into())
+        }
+    }
+
+    impl <'a,> ::capnp::traits::IntoInternalStructReader<'a> for Reader<'a,>  {
+        fn into_internal_struct_reader(self) -> ::capnp::private::layout::StructReader<'a> {
+            self.reader
+        }
+    }
+
+    impl <'a,> ::capnp::traits::Imbue<'a> for Reader<'a,>  {
+        fn imbue(&mut self, cap_table: &'a ::capnp::private::layout::CapTable) {
+            self.reader.imbue(::capnp::private::layout::CapTableReader::from_ref(cap_table))
+        }
+    }
+
+    impl <'a,> Reader<'a,>  {
+        pub fn reborrow(&self) -> Reader<'_,> {
+            Self { .. *self }
+        }
+
+        pub fn total_size(&self) -> ::capnp::Result<::capnp::MessageSize> {
+            self.reader.total_size()
+        }
+        #[inline]
+        pub fn get_handle(self) -> u64 {
+            self.reader.get_data_field::<u64>(0)
+        }
+        #[inline]
+        pub fn get_id(self) -> u64 {
+            self.reader.get_data_field::<u64>(1)
+        }
+        #[inline]
+        pub fn get_secret(self) -> ::capnp::Result<::capnp::data::Reader<'a>> {
+            ::capnp::traits::FromPointerReader::get_from_pointer(&self.reader.get_pointer_field(0), ::core::option::Option::None)
+        }
+        #[inline]
+        pub fn has_secret(&self) -> bool {
+            !self.reader.get_pointer_field(0).is_null()
+        }
+    }
+
+    pub struct Builder<'a> { builder: ::capnp::private::layout::StructBuilder<'a> }
+    impl <> ::capnp::traits::HasStructSize for Builder<'_,>  {
+        const STRUCT_SIZE: ::capnp::private::layout::StructSize = ::capnp::private::layout::StructSize { data: 2, pointers: 1 };
+    }
+    impl <> ::capnp::traits::HasTypeId for Builder<'_,>  {
+        const TYPE_ID: u64 = _private::TYPE_ID;
+    }
+    impl <'a,> ::core::convert::From<::capnp::private::layout::StructBuilder<'a>> for Builder<'a,>  {
+        fn from(builder: ::capnp::private::layout::StructBuilder<'a>) -> Self {
+            Self { builder,  }
+        }
+    }
+
+    impl <'a,> ::core::convert::From<Builder<'a,>> for ::capnp::dynamic_value::Builder<'a>  {
+        fn from(builder: Builder<'a,>) -> Self {
+            Self::Struct(::capnp::dynamic_struct::Builder::new(builder.builder, ::capnp::schema::StructSchema::new(::capnp::introspect::RawBrandedStructSchema { generic: &_private::RAW_SCHEMA, field_types: _private::get_field_types::<>, annotation_types: _private::get_annotation_types::<>, type_id: ::core::any::TypeId::of::<Owned<>>()})))
+        }
+    }
+
+    impl <'a,> ::capnp::traits::ImbueMut<'a> for Builder<'a,>  {
+        fn imbue_mut(&mut self, cap_table: &'a mut ::capnp::private::layout::CapTable) {
+            self.builder.imbue(::capnp::private::layout::CapTableBuilder::from_ref(cap_table))
+        }
+    }
+
+    impl <'a,> ::capnp::traits::FromPointerBuilder<'a> for Builder<'a,>  {
+        fn init_pointer(builder: ::capnp::private::layout::PointerBuilder<'a>, _size: u32) -> Self {
+            builder.init_struct(<Self as ::capnp::traits::HasStructSize>::STRUCT_SIZE).into()
+        }
+        fn get_from_pointer(builder: ::capnp::private::layout::PointerBuilder<'a>, default: ::core::option::Option<&'a [::capnp::Word]>) -> ::capnp::Result<Self> {
+            ::core::result::Result::Ok(builder.get_struct(<Self as ::capnp::traits::HasStructSize>::STRUCT_SIZE, default)?.into())
+        }
+    }
+
+    impl <> ::capnp::traits::SetterInput<Owned<>> for Reader<'_,>  {
+        fn set_pointer_builder(mut pointer: ::capnp::private::layout::PointerBuilder<'_>, value: Self, canonicalize: bool) -> ::capnp::Result<()> { pointer.set_struct(&value.reader, canonicalize) }
+    }
+
+    impl <'a,> Builder<'a,>  {
+        pub fn into_reader(self) -> Reader<'a,> {
+            self.builder.into_reader().into()
+        }
+        pub fn reborrow(&mut self) -> Builder<'_,> {
+            Builder { builder: self.builder.reborrow() }
+        }
+        pub fn reborrow_as_reader(&self) -> Reader<'_,> {
+            self.builder.as_reader().into()
+        }
+
+        pub fn total_size(&self) -> ::capnp::Result<::capnp::MessageSize> {
+            self.builder.as_reader().total_size()
+        }
+        #[inline]
+        pub fn get_handle(self) -> u64 {
+            self.builder.get_data_field::<u64>(0)
+        }
+        #[inline]
+        pub fn set_handle(&mut self, value: u64)  {
+            self.builder.set_data_field::<u64>(0, value);
+        }
+        #[inline]
+        pub fn get_id(self) -> u64 {
+            self.builder.get_data_field::<u64>(1)
+        }
+        #[inline]
+        pub fn set_id(&mut self, value: u64)  {
+            self.builder.set_data_field::<u64>(1, value);
+        }
+        #[inline]
+        pub fn get_secret(self) -> ::capnp::Result<::capnp::data::Builder<'a>> {
+            ::capnp::traits::FromPointerBuilder::get_from_pointer(self.builder.get_pointer_field(0), ::core::option::Option::None)
+        }
+        #[inline]
+        pub fn set_secret(&mut self, value: ::capnp::data::Reader<'_>)  {
+            self.builder.reborrow().get_pointer_field(0).set_data(value);
+        }
+        #[inline]
+        pub fn init_secret(self, size: u32) -> ::capnp::data::Builder<'a> {
+            self.builder.get_pointer_field(0).init_data(size)
+        }
+        #[inline]
+        pub fn has_secret(&self) -> bool {
+            !self.builder.is_pointer_field_null(0)
+        }
+    }
+
+    pub struct Pipeline { _typeless: ::capnp::any_pointer::Pipeline }
+    impl ::capnp::capability::FromTypelessPipeline for Pipeline {
+        fn new(typeless: ::capnp::any_pointer::Pipeline) -> Self {
+            Self { _typeless: typeless,  }
+        }
+    }
+    impl Pipeline  {
+    }
+    mod _private {
+        pub(crate) static ENCODED_NODE: [::capnp::Word; 62] = [
+            ::capnp::word(0, 0, 0, 0, 5, 0, 6, 0),
+            ::capnp::word(153, 39, 129, 54, 94, 34, 240, 143),
+            ::capnp::word(11, 0, 0, 0, 1, 0, 2, 0),
+            ::capnp::word(53, 158, 240, 193, 180, 168, 226, 215),
+            ::capnp::word(1, 0, 7, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(21, 0, 0, 0, 194, 0, 0, 0),
+            ::capnp::word(29, 0, 0, 0, 7, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(25, 0, 0, 0, 175, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(100, 97, 116, 97, 46, 99, 97, 112),
+            ::capnp::word(110, 112, 58, 73, 112, 99, 69, 118),
+            ::capnp::word(101, 110, 116, 79, 112, 101, 110, 0),
+            ::capnp::word(0, 0, 0, 0, 1, 0, 1, 0),
+            ::capnp::word(12, 0, 0, 0, 3, 0, 4, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(69, 0, 0, 0, 58, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(64, 0, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(76, 0, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(1, 0, 0, 0, 1, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 1, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(73, 0, 0, 0, 26, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(68, 0, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(80, 0, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(2, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 1, 0, 2, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(77, 0, 0, 0, 58, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(72, 0, 0, 0, 3, 0, 1, 0),
+            ::capnp::word(84, 0, 0, 0, 2, 0, 1, 0),
+            ::capnp::word(104, 97, 110, 100, 108, 101, 0, 0),
+            ::capnp::word(9, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(9, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(105, 100, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(9, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(9, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(115, 101, 99, 114, 101, 116, 0, 0),
+            ::capnp::word(13, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(13, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+            ::capnp::word(0, 0, 0, 0, 0, 0, 0, 0),
+        ];
+        pub(crate) fn get_field_types(index: u16) -> ::capnp::introspect::Type {
+            match index {
+                0 => <u64 as ::capnp::introspect::Introspect>::introspect(),
+                1 => <u64 as ::capnp::introspect::Introspect>::introspect(),
+                2 => <::capnp::data::Owned as ::capnp::introspect::Introspect>::introspect(),
+                _ => ::capnp::introspect::panic_invalid_field_index(index),
+            }
+        }
+        pub(crate) fn get_annotation_types(child_index: Option<u16>, index: u32) -> ::capnp::introspect::Type {
+            ::capnp::introspect::panic_invalid_annotation_indices(child_index, index)
+        }
+        pub(crate) static ARENA: ::capnp::private::arena::GeneratedCodeArena = ::capnp::private::arena::GeneratedCodeArena::new(&ENCODED_NODE);
+        pub(crate) static RAW_SCHEMA: ::capnp::introspect::RawStructSchema = ::capnp::introspect::RawStructSchema::new(
+            &ARENA,
+            NONUNION_MEMBERS,
+            MEMBERS_BY_DISCRIMINANT,
+            MEMBERS_BY_NAME
+        );
+        pub(crate) static NONUNION_MEMBERS : &[u16] = &[0,1,2];
+        pub(crate) static MEMBERS_BY_DISCRIMINANT : &[u16] = &[];
+        pub(crate) static MEMBERS_BY_NAME : &[u16] = &[0,1,2];
+        pub(crate) const TYPE_ID: u64 = 0x8ff0_225e_3681_2799;
     }
 }
 

@@ -399,6 +399,16 @@ pub trait BackendSession: Send {
     fn ipc_close(&mut self, _ptr: u64) -> CuResult {
         Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
     }
+    /// Shares the event's record with other sessions (an interprocess event):
+    /// the returned hold is what [`Self::ipc_import_event`] opens.
+    fn ipc_export_event(&mut self, _event: EventToken) -> CuResult<crate::ipc::SharedEvent> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
+    /// An event of this session on `device` that is another session's
+    /// exported event: a record in either is the event's last record in both.
+    fn ipc_import_event(&mut self, _device: u32, _shared: &crate::ipc::SharedEvent) -> CuResult<EventToken> {
+        Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
+    }
 
     // --- streams and events -------------------------------------------------
     fn stream_create(&mut self, device: u32, flags: u32, priority: i32) -> CuResult<StreamToken>;

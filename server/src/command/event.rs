@@ -51,6 +51,7 @@ impl Handler for EventDestroy {
         let ev = s.event(self.handle)?;
         s.backend.event_destroy(ev.token)?;
         s.events.remove(&self.handle);
+        s.ipc.event_gone(self.handle);
         Ok(())
     }
 }

@@ -1,13 +1,14 @@
 //! IPC commands: `ipcExport`, `ipcOpen` and `ipcClose` (cuIpcGetMemHandle,
-//! cuIpcOpenMemHandle, cuIpcCloseMemHandle). The rules of who may open what
-//! are [`crate::ipc`]'s; here each request is checked against the session's
-//! own objects first.
+//! cuIpcOpenMemHandle, cuIpcCloseMemHandle), `ipcEventExport` and
+//! `ipcEventOpen` (cuIpcGetEventHandle, cuIpcOpenEventHandle). The rules of
+//! who may open what are [`crate::ipc`]'s; here each request is checked
+//! against the session's own objects first.
 
-use rgpu_protocol::data_capnp::{ipc_open, mem_free, reply};
+use rgpu_protocol::data_capnp::{handle, ipc_event_open, ipc_open, mem_free, reply};
 use tracing::warn;
 
 use super::{EncodeReply, Fail, Handler};
-use crate::state::{Alloc, Owner, SessionState};
+use crate::state::{Alloc, Event, Owner, SessionState};
 use rgpu_cuda_types::CuError;
 
 /// Exports the client allocation holding `ptr` (any address inside it, as the
@@ -137,6 +138,73 @@ impl Handler for IpcClose {
         }
         s.allocs.remove(&self.ptr);
         s.backend.ipc_close(self.ptr)?;
+        Ok(())
+    }
+}
+
+/// `CU_EVENT_INTERPROCESS`, and `CU_EVENT_DISABLE_TIMING`, which CUDA
+/// requires beside it.
+const INTERPROCESS: u32 = 0x4;
+const DISABLE_TIMING: u32 = 0x2;
+
+/// Exports the session's event `handle`, created interprocess.
+#[derive(Debug)]
+pub struct IpcEventExport {
+    pub handle: u64,
+}
+
+impl IpcEventExport {
+    pub fn decode(r: handle::Reader<'_>) -> Self {
+        IpcEventExport { handle: r.get_handle() }
+    }
+}
+
+impl Handler for IpcEventExport {
+    type Reply = IpcHandleReply;
+    fn apply(self, s: &mut SessionState) -> Result<IpcHandleReply, Fail> {
+        let ev = s.event(self.handle)?;
+        // CUDA exports only events made for it (cuEventCreate refuses
+        // INTERPROCESS without DISABLE_TIMING).
+        if ev.flags & INTERPROCESS == 0 {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let shared = s.backend.ipc_export_event(ev.token).inspect_err(|e| {
+            if *e == CuError::NOT_SUPPORTED {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| warn!("cuIpcGetEventHandle refused: this backend cannot share an event with another session"));
+            }
+        })?;
+        let (id, secret) = s.ipc.export_event(ev.device, self.handle, ev.flags, shared)?;
+        Ok(IpcHandleReply { id, secret })
+    }
+}
+
+/// Opens another session's exported event as this session's event `handle`.
+#[derive(Debug)]
+pub struct IpcEventOpen {
+    pub handle: u64,
+    pub id: u64,
+    pub secret: Vec<u8>,
+}
+
+impl IpcEventOpen {
+    pub fn decode(r: ipc_event_open::Reader<'_>) -> Self {
+        let secret = r.get_secret().map(|s| s.to_vec()).unwrap_or_default();
+        IpcEventOpen { handle: r.get_handle(), id: r.get_id(), secret }
+    }
+}
+
+impl Handler for IpcEventOpen {
+    type Reply = ();
+    fn apply(self, s: &mut SessionState) -> Result<(), Fail> {
+        if self.handle == 0 || s.events.contains_key(&self.handle) {
+            return Err(CuError::INVALID_VALUE.into());
+        }
+        let (device, _, shared) = s.ipc.find_event(self.id, &self.secret)?;
+        s.check_device(device)?;
+        let token = s.backend.ipc_import_event(device, &shared)?;
+        s.events.insert(self.handle, Event { token, device, flags: INTERPROCESS | DISABLE_TIMING });
+        s.ipc.opened_event(self.handle);
         Ok(())
     }
 }
@@ -288,5 +356,55 @@ mod tests {
         drop(b);
         MemFree { ptr: p }.apply(&mut a).unwrap();
         assert_eq!(a.backend.mem_get_info(0).unwrap().0, total);
+    }
+
+    /// Events: only interprocess ones are exported; the same lease's other
+    /// session opens one under its own handle and both see each other's
+    /// records; kinds, leases and the exporter itself are told apart as
+    /// for memory; a destroyed export opens nothing more.
+    #[test]
+    fn an_interprocess_event_is_shared_by_the_sessions_of_one_lease() {
+        use crate::command::event::{EventCreate, EventDestroy, EventQuery, EventRecord, EventSynchronize};
+        let (sim, exports) = (sim(), Arc::new(Exports::default()));
+        let mut a = session(&sim, &exports, Some(1), None);
+        let mut b = session(&sim, &exports, Some(1), None);
+        let mut other = session(&sim, &exports, Some(2), None);
+        EventCreate { handle: 0x10, device: 0, flags: DISABLE_TIMING }.apply(&mut a).unwrap();
+        assert_eq!(cuda(IpcEventExport { handle: 0x10 }.apply(&mut a)), CuError::INVALID_VALUE, "not an interprocess event");
+        assert_eq!(cuda(IpcEventExport { handle: 0x99 }.apply(&mut a)), CuError::INVALID_HANDLE, "no such event");
+        EventCreate { handle: 0x11, device: 0, flags: INTERPROCESS | DISABLE_TIMING }.apply(&mut a).unwrap();
+        let h = IpcEventExport { handle: 0x11 }.apply(&mut a).unwrap();
+        let again = IpcEventExport { handle: 0x11 }.apply(&mut a).unwrap();
+        assert_eq!((h.id, h.secret), (again.id, again.secret), "one handle per event");
+        assert!(a.ipc.is_active(), "a session with an exported event takes part in IPC (no snapshot)");
+
+        let opener = |handle, h: &IpcHandleReply| IpcEventOpen { handle, id: h.id, secret: h.secret.to_vec() };
+        assert_eq!(cuda(opener(0x21, &h).apply(&mut other)), CuError::INVALID_VALUE, "another lease");
+        assert_eq!(cuda(opener(0x21, &h).apply(&mut a)), CuError::INVALID_CONTEXT, "the exporter itself");
+        let forged = IpcEventOpen { handle: 0x21, id: h.id, secret: vec![0; 16] };
+        assert_eq!(cuda(forged.apply(&mut b)), CuError::INVALID_VALUE, "a guessed secret");
+        assert_eq!(cuda(open(&mut b, &h)), CuError::INVALID_VALUE, "an event's handle opens no memory");
+        let p = alloc(&mut a, 4096);
+        let m = IpcExport { ptr: p }.apply(&mut a).unwrap();
+        assert_eq!(cuda(opener(0x21, &m).apply(&mut b)), CuError::INVALID_VALUE, "a memory handle opens no event");
+        assert_eq!(cuda(opener(0, &h).apply(&mut b)), CuError::INVALID_VALUE, "handle 0");
+        opener(0x21, &h).apply(&mut b).unwrap();
+        assert_eq!(cuda(opener(0x21, &h).apply(&mut b)), CuError::INVALID_VALUE, "a handle in use");
+
+        // A record in either session is the event's last record in both.
+        EventRecord { event: 0x21, stream: 0 }.apply(&mut b).unwrap();
+        EventSynchronize { handle: 0x11 }.apply(&mut a).unwrap();
+        EventQuery { handle: 0x11 }.apply(&mut a).unwrap();
+        EventRecord { event: 0x11, stream: 0 }.apply(&mut a).unwrap();
+        EventSynchronize { handle: 0x21 }.apply(&mut b).unwrap();
+        EventQuery { handle: 0x21 }.apply(&mut b).unwrap();
+
+        EventDestroy { handle: 0x11 }.apply(&mut a).unwrap();
+        let mut c = session(&sim, &exports, Some(1), None);
+        assert_eq!(cuda(opener(0x31, &h).apply(&mut c)), CuError::INVALID_VALUE, "a destroyed event's export is withdrawn");
+        EventRecord { event: 0x21, stream: 0 }.apply(&mut b).unwrap();
+        EventSynchronize { handle: 0x21 }.apply(&mut b).expect("the opener's event outlives the exporter's");
+        EventDestroy { handle: 0x21 }.apply(&mut b).unwrap();
+        assert!(!b.ipc.is_active());
     }
 }

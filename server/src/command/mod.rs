@@ -295,6 +295,10 @@ commands! {
     ipcOpen => ipc::IpcOpen;
     /// cuIpcCloseMemHandle; context teardown for the handles it opened
     ipcClose => ipc::IpcClose;
+    /// cuIpcGetEventHandle
+    ipcEventExport => ipc::IpcEventExport;
+    /// cuIpcOpenEventHandle
+    ipcEventOpen => ipc::IpcEventOpen;
 }
 
 impl Command {

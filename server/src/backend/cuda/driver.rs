@@ -225,6 +225,14 @@ pub fn init_and_list(lib: &DriverLibrary) -> Result<(Vec<DeviceInfo>, Vec<sys::C
                 attributes.push((a, v));
             }
         }
+        // This backend's sessions cannot share an event with each other
+        // (BackendSession::ipc_export_event): say so, whatever the driver can.
+        const IPC_EVENT_SUPPORTED: u32 = 125;
+        for (a, v) in attributes.iter_mut() {
+            if *a == IPC_EVENT_SUPPORTED {
+                *v = 0;
+            }
+        }
         let attr = |id: u32| attributes.iter().find(|&&(a, _)| a == id).map_or(0, |&(_, v)| v);
         let info = DeviceInfo {
             ordinal: ordinal as u32,

@@ -283,6 +283,8 @@ pub fn value(id: u32, p: &SimDeviceParams) -> i32 {
         102 => 1, // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
         106 => 32, // MAX_BLOCKS_PER_MULTIPROCESSOR
         111 => 1024, // RESERVED_SHARED_MEMORY_PER_BLOCK
+        // command/ipc.rs, ipc.rs: interprocess events shared between sessions.
+        125 => 1, // IPC_EVENT_SUPPORTED
         126 => 4, // MEM_SYNC_DOMAIN_COUNT
         129 => 1, // UNIFIED_FUNCTION_POINTERS
         131 => -1, // NUMA_ID

@@ -16,7 +16,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -57,7 +57,31 @@ pub enum Work {
     Record(Arc<Mutex<Option<Instant>>>),
     /// Nothing but its dependencies (a stream wait).
     Wait,
+    /// A stream wait on another session's item (an interprocess event
+    /// recorded there): done once that item is, or that session is gone.
+    Remote(ItemWatch, u64),
 }
+
+/// A look at one executor's items from outside it (another session's
+/// stream waiting on an interprocess event this one records). It does not
+/// keep the executor alive: the items of an executor that is gone are done.
+#[derive(Clone)]
+pub struct ItemWatch(Weak<Inner>);
+
+impl ItemWatch {
+    /// Whether item `id` is still queued or running there.
+    pub fn pending(&self, id: u64) -> bool {
+        self.0.upgrade().is_some_and(|i| i.lock().live.contains(&id))
+    }
+
+    /// Whether this watches `x`.
+    pub fn watches(&self, x: &Executor) -> bool {
+        std::ptr::eq(self.0.as_ptr(), Arc::as_ptr(&x.inner))
+    }
+}
+
+/// How often a wait on another executor's item looks again.
+const REMOTE_POLL: Duration = Duration::from_micros(200);
 
 struct Item {
     id: u64,
@@ -201,6 +225,24 @@ impl Executor {
         Ok(id)
     }
 
+    /// A watch on this executor's items, for other sessions.
+    pub fn watch(&self) -> ItemWatch {
+        ItemWatch(Arc::downgrade(&self.inner))
+    }
+
+    /// Waits until `watch`'s item `id` is done, this session ended, or
+    /// `timeout` passed: whether it is done.
+    pub fn wait_remote(&self, watch: &ItemWatch, id: u64, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        while watch.pending(id) {
+            if self.inner.cancel.load(Ordering::Relaxed) || Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(REMOTE_POLL);
+        }
+        true
+    }
+
     /// Whether item `id` is still queued or running.
     pub fn pending(&self, id: u64) -> bool {
         self.inner.lock().live.contains(&id)
@@ -316,6 +358,15 @@ fn work(inner: &Inner) {
                 // A record queued behind this one is stamped the same.
                 (Ok(()), Vec::new(), reached)
             }
+            Some(Work::Remote(watch, remote)) => {
+                // Off the lock: the other session's item may take long.
+                drop(s);
+                while watch.pending(remote) && !inner.cancel.load(Ordering::Relaxed) && !inner.lock().shutdown {
+                    std::thread::sleep(REMOTE_POLL);
+                }
+                s = inner.lock();
+                (Ok(()), Vec::new(), Instant::now())
+            }
             Some(Work::Wait) | None => (Ok(()), Vec::new(), Instant::now()),
         };
         if let Some((e, _)) = s.ends.get_mut(&id) {
@@ -420,6 +471,38 @@ mod tests {
         assert_eq!(x.take_error(), Some(CuError::ILLEGAL_ADDRESS));
         assert_eq!(x.take_error(), None);
         assert_eq!(x.take_output(), b"hi");
+    }
+
+    #[test]
+    fn a_stream_waits_for_another_executors_item_and_not_for_a_gone_one() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let mut a = Executor::new(Arc::new(AtomicBool::new(false)));
+        let mut b = Executor::new(Arc::new(AtomicBool::new(false)));
+        let lane = Lane::Created { token: 1, device: 0, blocking: false };
+        a.enqueue(lane, None, sleeper(150, log.clone(), 1)).unwrap();
+        let rec = a.enqueue(lane, None, Work::Record(Arc::new(Mutex::new(None)))).unwrap();
+        let w = a.watch();
+        assert!(w.watches(&a) && !w.watches(&b));
+        assert!(w.pending(rec));
+        b.enqueue(lane, None, Work::Remote(w.clone(), rec)).unwrap();
+        b.enqueue(lane, None, sleeper(1, log.clone(), 2)).unwrap();
+        assert!(!b.wait_remote(&w, rec, Duration::from_millis(10)), "not done yet");
+        b.wait_idle();
+        {
+            let l = log.lock().unwrap();
+            let get = |t| *l.iter().find(|e: &&(u32, Instant, Instant)| e.0 == t).unwrap();
+            assert!(get(2).1 >= get(1).2, "b's stream went on only once a's record was reached");
+        }
+        assert!(!w.pending(rec) && b.wait_remote(&w, rec, Duration::ZERO));
+        // An executor that is gone holds no one up.
+        a.enqueue(lane, None, sleeper(200, log.clone(), 3)).unwrap();
+        let rec = a.enqueue(lane, None, Work::Record(Arc::new(Mutex::new(None)))).unwrap();
+        let t = Instant::now();
+        drop(a);
+        assert!(!w.pending(rec));
+        b.enqueue(lane, None, Work::Remote(w, rec)).unwrap();
+        b.wait_idle();
+        assert!(t.elapsed() < Duration::from_secs(5));
     }
 
     #[test]

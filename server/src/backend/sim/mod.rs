@@ -39,6 +39,8 @@ pub const STREAM_NON_BLOCKING: u32 = 0x1;
 
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `CU_EVENT_INTERPROCESS`.
+pub const EVENT_INTERPROCESS: u32 = 0x4;
 
 /// How to build the sim's devices.
 #[derive(Debug, Clone)]
@@ -194,7 +196,27 @@ struct SimEvent {
     recorded: Arc<Mutex<Option<Instant>>>,
     /// The executor item of a record still queued.
     item: Option<u64>,
+    /// For an interprocess event (exported, or opened from another
+    /// session's export): the last record of all its holders.
+    shared: Option<Arc<IpcRecord>>,
 }
+
+/// An interprocess event's last record, whichever session made it: that
+/// session's executor and the record's item there.
+#[derive(Default)]
+struct IpcRecord {
+    last: Mutex<Option<(executor::ItemWatch, u64)>>,
+}
+
+impl IpcRecord {
+    fn get(&self) -> Option<(executor::ItemWatch, u64)> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// How long a session waits in cuEventSynchronize for another session's
+/// record before it looks whether its own session ended (it then waits on).
+const REMOTE_WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// How a session holds an allocation.
 enum Held {
@@ -310,6 +332,16 @@ impl SimSession {
 
     fn event(&mut self, e: EventToken) -> CuResult<&mut SimEvent> {
         self.events.get_mut(&e.0).ok_or(CuError::INVALID_HANDLE)
+    }
+
+    /// The event's last record: the executor that holds it (this session's,
+    /// or for an interprocess event maybe another's) and its item.
+    fn last_record(&self, e: EventToken) -> CuResult<Option<(executor::ItemWatch, u64)>> {
+        let ev = self.events.get(&e.0).ok_or(CuError::INVALID_HANDLE)?;
+        Ok(match &ev.shared {
+            Some(r) => r.get(),
+            None => ev.item.map(|id| (self.exec.watch(), id)),
+        })
     }
 
     fn alloc_owned(&mut self, device: u32, size: u64) -> CuResult<u64> {
@@ -575,6 +607,26 @@ impl BackendSession for SimSession {
         Ok(ptr)
     }
 
+    fn ipc_export_event(&mut self, event: EventToken) -> CuResult<crate::ipc::SharedEvent> {
+        let watch = self.exec.watch();
+        let ev = self.event(event)?;
+        let r = ev.shared.get_or_insert_with(|| {
+            let r = IpcRecord::default();
+            *r.last.lock().unwrap_or_else(|p| p.into_inner()) = ev.item.map(|id| (watch, id));
+            Arc::new(r)
+        });
+        Ok(r.clone())
+    }
+
+    fn ipc_import_event(&mut self, device: u32, shared: &crate::ipc::SharedEvent) -> CuResult<EventToken> {
+        self.shared.device(device)?;
+        let r = shared.clone().downcast::<IpcRecord>().map_err(|_| CuError::INVALID_VALUE)?;
+        let t = self.token();
+        let ev = SimEvent { flags: EVENT_DISABLE_TIMING | EVENT_INTERPROCESS, recorded: Arc::new(Mutex::new(None)), item: None, shared: Some(r) };
+        self.events.insert(t, ev);
+        Ok(EventToken(t))
+    }
+
     fn ipc_close(&mut self, ptr: u64) -> CuResult {
         if !matches!(self.allocs.get(&ptr), Some(Held::Imported(_))) {
             return Err(CuError::INVALID_VALUE);
@@ -765,9 +817,15 @@ impl BackendSession for SimSession {
 
     fn stream_wait_event(&mut self, stream: StreamRef, event: EventToken, _flags: u32) -> CuResult {
         let lane = self.lane(stream)?;
-        let item = self.event(event)?.item;
-        if let Some(id) = item.filter(|&id| self.exec.pending(id)) {
-            self.exec.enqueue(lane, Some(id), executor::Work::Wait)?;
+        match self.last_record(event)? {
+            Some((w, id)) if w.watches(&self.exec) && self.exec.pending(id) => {
+                self.exec.enqueue(lane, Some(id), executor::Work::Wait)?;
+            }
+            // Recorded by another session (an interprocess event).
+            Some((w, id)) if w.pending(id) => {
+                self.exec.enqueue(lane, None, executor::Work::Remote(w, id))?;
+            }
+            _ => {}
         }
         Ok(())
     }
@@ -775,7 +833,7 @@ impl BackendSession for SimSession {
     fn event_create(&mut self, device: u32, flags: u32) -> CuResult<EventToken> {
         self.shared.device(device)?;
         let t = self.token();
-        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(None)), item: None });
+        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(None)), item: None, shared: None });
         Ok(EventToken(t))
     }
 
@@ -791,21 +849,34 @@ impl BackendSession for SimSession {
         // Queued even on an idle stream: what it must follow depends on the
         // other streams too (the legacy default stream's rules).
         let item = Some(self.exec.enqueue(lane, None, executor::Work::Record(stamp.clone()))?);
+        let watch = self.exec.watch();
         let ev = self.event(event)?;
         ev.recorded = stamp;
         ev.item = item;
+        if let (Some(r), Some(id)) = (&ev.shared, item) {
+            *r.last.lock().unwrap_or_else(|p| p.into_inner()) = Some((watch, id));
+        }
         Ok(())
     }
 
     fn event_synchronize(&mut self, event: EventToken) -> CuResult {
-        self.event(event)?;
-        self.exec.wait_idle();
+        match self.last_record(event)? {
+            Some((w, id)) if !w.watches(&self.exec) => {
+                // Another session's record: wait for it, however long it
+                // takes (as on a GPU), but not past this session's end.
+                while !self.exec.wait_remote(&w, id, REMOTE_WAIT_SLICE) {
+                    if self.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Err(CuError::LAUNCH_FAILED);
+                    }
+                }
+            }
+            _ => self.exec.wait_idle(),
+        }
         Ok(())
     }
 
     fn event_query(&mut self, event: EventToken) -> CuResult {
-        let item = self.event(event)?.item;
-        if item.is_some_and(|id| self.exec.pending(id)) {
+        if self.last_record(event)?.is_some_and(|(w, id)| w.pending(id)) {
             return Err(CuError::NOT_READY);
         }
         Ok(())
@@ -912,7 +983,7 @@ impl BackendSession for SimSession {
         // becomes one at the earliest time this host can say.
         let at = recorded_ago.map(|ago| now.checked_sub(ago).unwrap_or(now));
         let t = self.token();
-        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(at)), item: None });
+        self.events.insert(t, SimEvent { flags, recorded: Arc::new(Mutex::new(at)), item: None, shared: None });
         Ok(EventToken(t))
     }
 
