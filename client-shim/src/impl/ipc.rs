@@ -84,17 +84,22 @@ pub(crate) unsafe fn get_mem_handle(handle: &mut CUipcMemHandle, dptr: CUdevicep
             |r| r.init_ipc_export().set_ptr(Runtime::to_remote(start)),
             &[],
             Sink::None,
-            |r| match r.which() {
-                Ok(reply::IpcHandle(Ok(h))) => {
-                    let secret: [u8; 16] = h.get_secret().ok().and_then(|s| s.try_into().ok()).ok_or(bad_reply())?;
-                    Ok((h.get_id(), secret))
-                }
-                _ => Err(bad_reply()),
-            },
+            export_reply,
         )
         .map_err(cu_err)?;
     Handle { uuid: rt.device(a.device)?.remote.uuid, id, secret }.write(handle);
     Ok(())
+}
+
+/// An export's id and secret, from its reply.
+fn export_reply(r: reply::Reader<'_>) -> Result<(u64, [u8; 16]), ClientError> {
+    match r.which() {
+        Ok(reply::IpcHandle(Ok(h))) => {
+            let secret: [u8; 16] = h.get_secret().ok().and_then(|s| s.try_into().ok()).ok_or(bad_reply())?;
+            Ok((h.get_id(), secret))
+        }
+        _ => Err(bad_reply()),
+    }
 }
 
 fn bad_reply() -> ClientError {
@@ -171,13 +176,7 @@ pub(crate) unsafe fn get_event_handle(handle: &mut CUipcEventHandle, e: CUevent)
             |r| r.init_ipc_event_export().set_handle(h),
             &[],
             Sink::None,
-            |r| match r.which() {
-                Ok(reply::IpcHandle(Ok(x))) => {
-                    let secret: [u8; 16] = x.get_secret().ok().and_then(|s| s.try_into().ok()).ok_or(bad_reply())?;
-                    Ok((x.get_id(), secret))
-                }
-                _ => Err(bad_reply()),
-            },
+            export_reply,
         )
         .map_err(cu_err)?;
     Handle { uuid: rt.device(ev.device)?.remote.uuid, id, secret }.write_tagged(EVENT_TAG, &mut handle.reserved);
