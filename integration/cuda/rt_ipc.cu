@@ -191,6 +191,15 @@ static int child_event(const char *evhex, const char *memhex, int to_parent, int
     return test_end();
 }
 
+// The child run on another lease's token, for part 3: the event handle must open nothing.
+static int child_foreign_event(const char *hex) {
+    cudaEvent_t ev;
+    cudaError_t e = cudaIpcOpenEventHandle(&ev, from_hex<cudaIpcEventHandle_t>(hex));
+    EXPECT(e != cudaSuccess, "another lease's process opened the event handle");
+    ok("foreign child: another lease's event handle is refused (%s)", cudaGetErrorName(e));
+    return test_end();
+}
+
 // This process's environment with RGPU_TOKEN replaced by `token`.
 static std::vector<char *> env_with_token(const char *token, std::string &slot) {
     std::vector<char *> env;
@@ -210,6 +219,10 @@ int main(int argc, char **argv) {
     if (const char *hex = arg_str(argc, argv, "--child")) {
         test_begin("rt_ipc child");
         return child_open(hex);
+    }
+    if (const char *hex = arg_str(argc, argv, "--foreign-event")) {
+        test_begin("rt_ipc foreign event");
+        return child_foreign_event(hex);
     }
     if (const char *hex = arg_str(argc, argv, "--event")) {
         test_begin("rt_ipc event child");
@@ -337,6 +350,12 @@ int main(int argc, char **argv) {
     c = 'q';
     EXPECT(write(down[1], &c, 1) == 1, "told the child");
     wait_ok(waiter, "event child");
+    if (const char *other = getenv("RGPU_IPC_FOREIGN_TOKEN")) {
+        std::string slot;
+        std::vector<char *> env = env_with_token(other, slot);
+        wait_ok(spawn(argv, {"--foreign-event", evhex}, env.data()), "foreign event opener");
+        ok("a process of another lease cannot open the event handle");
+    }
     CHECK(cudaEventDestroy(ev));
     CHECK(cudaEventDestroy(timed));
     CHECK(cudaStreamDestroy(ps));

@@ -1,7 +1,7 @@
 //! CUDA IPC stays inside one lease, end to end: two fractional leases on the
 //! same GPU; rt_ipc runs on the first lease's token, its children on the same
 //! token open its handle, and a child run on the second lease's token is
-//! refused it (the server's rule, `rgpu-server`'s `ipc.rs`).
+//! refused it and its event handle (the server's rule, `rgpu-server`'s `ipc.rs`).
 //! Needs rgpu-broker built beside rgpu and rgpu-server.
 
 mod pool;
@@ -37,9 +37,14 @@ fn another_lease_cannot_open_an_ipc_handle() {
     out.assert_pass("rt_ipc", &[&srv]);
     let lines = out.ok_lines();
     assert!(lines.contains(&"a process of another lease cannot open the handle"), "the foreign child did not run:\n{}", out.describe(&[&srv]));
+    assert!(
+        lines.contains(&"a process of another lease cannot open the event handle"),
+        "the foreign event child did not run:\n{}",
+        out.describe(&[&srv])
+    );
     // Refused by the server's lease rule (the device was found: both leases are on it).
     assert!(
-        lines.iter().any(|l| l.starts_with("foreign child") && l.contains("cudaErrorInvalidValue")),
+        lines.iter().filter(|l| l.starts_with("foreign child") && l.contains("cudaErrorInvalidValue")).count() == 2,
         "refused for another reason:\n{}",
         out.describe(&[&srv])
     );
