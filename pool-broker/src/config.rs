@@ -74,6 +74,14 @@ rgpu_config::settings! {
         /// unhealthy GPU takes no new lease either way [default: true].
         #[setting(flag = "evacuate-unhealthy", env = "RGPU_BROKER_EVACUATE_UNHEALTHY")]
         evacuate_unhealthy: bool = Limits::default().evacuate_unhealthy,
+        /// Preempt by checkpoint: a queued request that waited this long, in
+        /// ms, short of capacity suspends leases of lower priority on one
+        /// server to make room (their sessions are written to that server's
+        /// --checkpoint-dir and their programs wait), and they resume on
+        /// their GPUs once those are free again (docs/migration.md
+        /// "Preemption"). Unset: no lease is ever preempted [default: unset].
+        #[setting(flag = "preempt-after-ms", env = "RGPU_BROKER_PREEMPT_AFTER_MS", value_name = "MS")]
+        preempt_after_ms: Option<u64> = None,
         /// Threads serving RPC connections [default: 2].
         #[setting(flag = "threads", env = "RGPU_BROKER_THREADS", value_name = "N")]
         threads: usize = 2,
@@ -291,6 +299,7 @@ impl Config {
             default_max_gpus: s.default_max_gpus,
             default_max_rate: s.default_max_rate.max(1),
             evacuate_unhealthy: s.evacuate_unhealthy,
+            preempt_after_ms: s.preempt_after_ms,
             ..Limits::default()
         };
         let security = rgpu_tls::ServerSecurity::new(s.tls_cert.as_deref(), s.tls_key.as_deref(), s.plaintext)?;
@@ -356,6 +365,7 @@ mod tests {
         ("default-max-gpus", ["10", "20"]),
         ("default-max-rate", ["10", "20"]),
         ("evacuate-unhealthy", ["false", "true"]),
+        ("preempt-after-ms", ["10", "20"]),
         ("threads", ["3", "4"]),
         ("placement", ["simple", "fgd"]),
         ("store", ["etcd://a:1/p", "etcd://b:2,c:3"]),

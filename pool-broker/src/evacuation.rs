@@ -87,7 +87,9 @@ impl Evacuation {
                 continue;
             }
             still.insert(l.id);
-            if l.moving.is_some() {
+            // A suspended lease is not running: it resumes on its own GPUs
+            // only once they are healthy (`preemption`).
+            if l.moving.is_some() || l.suspension.is_some() {
                 continue;
             }
             match self.tries.get(&l.id) {

@@ -219,10 +219,7 @@ impl BrokerMetrics {
         // lease now must not linger at their old value.
         self.leases.clear();
         for l in st.leases() {
-            let state = match l.state {
-                LeaseState::Active => "active",
-                LeaseState::Lost => "lost",
-            };
+            let state = l.state_name();
             self.leases.get_or_create(&LeaseLabel { state, tenant: l.tenant.clone() }).inc();
         }
         self.queue.set(st.queued() as i64);

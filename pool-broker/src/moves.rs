@@ -25,6 +25,19 @@ pub const MAX_PLANNED: usize = 256;
 /// Longest failure reason kept from a server.
 pub const MAX_REASON: usize = 1024;
 
+/// `why` cut to at most [`MAX_REASON`] bytes (a server's text is not trusted
+/// to be short).
+pub fn cut_reason(mut why: String) -> String {
+    if why.len() > MAX_REASON {
+        let mut cut = MAX_REASON;
+        while !why.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        why.truncate(cut);
+    }
+    why
+}
+
 /// A lease on its way to another server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Move {

@@ -530,6 +530,19 @@ impl Service {
         r
     }
 
+    /// Server `from` reports a suspension (`resumed` false) or a resume of
+    /// `lease` (preemption) done or failed.
+    pub async fn suspension_reported(&self, from: &str, lease: u64, resumed: bool, result: Result<(), String>) -> Result<(), BrokerError> {
+        self.serving()?;
+        let (r, rx) = {
+            let mut st = self.lock();
+            let r = st.suspension_reported(from, lease, resumed, result, now_ms());
+            (r, self.commit(&mut st))
+        };
+        Self::durable(rx).await?;
+        r
+    }
+
     pub async fn undrain(&self, id: &str) -> Result<(), BrokerError> {
         let (r, rx) = {
             let mut st = self.lock();
@@ -697,6 +710,8 @@ mod tests {
             moving: None,
             move_error: String::new(),
             client_key: None,
+            suspension: None,
+            unpreemptible_until: 0,
         }
     }
 

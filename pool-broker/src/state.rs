@@ -9,7 +9,7 @@
 //! live and whose generation is at or below the floor is stale.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -19,6 +19,9 @@ use crate::fabric::{self, Fabric};
 use crate::inventory::{Drain, Millis, Server, ServerSpec};
 use crate::moves::{self, Move};
 use crate::placement::{self, Demand, NoPlace, Policy};
+
+mod preemption;
+pub use preemption::{Order, OrderKind, Phase, Suspension, PREEMPT_RETRY_MS};
 
 /// Every error names its kind in brackets first, so that clients (and
 /// tests) can tell kinds apart in a capnp error's text.
@@ -99,6 +102,12 @@ pub struct Lease {
     /// token signed for it, after a renewal or a move too, carries it.
     #[serde(default)]
     pub client_key: Option<[u8; 32]>,
+    /// Its preemption (see `preemption`), while it is suspended or on the way.
+    #[serde(default)]
+    pub suspension: Option<Suspension>,
+    /// Not preempted before this (a suspension of it failed).
+    #[serde(default)]
+    pub unpreemptible_until: Millis,
 }
 
 impl Lease {
@@ -187,6 +196,10 @@ pub struct Limits {
     /// Move leases off GPUs their servers report unhealthy (see
     /// `evacuation`); off, they stay until released or drained.
     pub evacuate_unhealthy: bool,
+    /// A queued request that waited this long short of capacity preempts
+    /// leases of lower priority by suspending them (see `preemption`);
+    /// None: never.
+    pub preempt_after_ms: Option<u64>,
 }
 
 /// A tenant's quotas in effect.
@@ -211,18 +224,19 @@ impl Default for Limits {
             default_max_gpus: 8,
             default_max_rate: 50,
             evacuate_unhealthy: true,
+            preempt_after_ms: None,
         }
     }
 }
 
 /// A heartbeat's answer: the leases live on the server as (id,
-/// generation, deadline), the generation floor, and the moves it is asked
-/// to make as (lease, generation at the target, target).
+/// generation, deadline), the generation floor, and the moves, suspensions
+/// and resumes it is asked to make.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Heartbeat {
     pub live: Vec<(u64, u64, u64)>,
     pub floor: u64,
-    pub orders: Vec<(u64, u64, String)>,
+    pub orders: Vec<Order>,
 }
 
 /// What to persist, in order.
@@ -254,6 +268,9 @@ pub enum EndReason {
     Released,
     Expired,
     Revoked,
+    /// Preempted, and its state could not be brought back (or its
+    /// suspension was not reported in time).
+    Unresumed,
 }
 
 impl EndReason {
@@ -262,6 +279,7 @@ impl EndReason {
             EndReason::Released => "released",
             EndReason::Expired => "expired",
             EndReason::Revoked => "revoked",
+            EndReason::Unresumed => "unresumed",
         }
     }
 
@@ -270,6 +288,7 @@ impl EndReason {
             EndReason::Released => "was released",
             EndReason::Expired => "expired (not renewed before its deadline)",
             EndReason::Revoked => "was revoked (its server's drain deadline passed)",
+            EndReason::Unresumed => "was preempted by a higher-priority lease and could not be resumed",
         }
     }
 }
@@ -320,6 +339,8 @@ pub struct State {
     fabric: Fabric,
     /// Leases being moved off unhealthy GPUs: their tries.
     evacuation: Evacuation,
+    /// Leases with a suspension (see `preemption`).
+    suspended: BTreeSet<u64>,
 }
 
 /// A GPU whose health a server reported changed: (ordinal, healthy, reason).
@@ -348,6 +369,7 @@ impl State {
             scores: placement::ScoreCache::new(),
             fabric: Fabric::default(),
             evacuation: Evacuation::default(),
+            suspended: BTreeSet::new(),
         }
     }
 
@@ -373,7 +395,18 @@ impl State {
         self.generation = generation;
         for l in leases {
             self.generation = self.generation.max(l.generation);
-            self.occupy(&l);
+            if l.holds_gpus() {
+                self.occupy(&l);
+            } else {
+                // Its tenant's quota stays held while it is suspended.
+                let u = self.usage.entry(l.tenant.clone()).or_default();
+                u.milli += l.gpu_milli();
+                u.memory += l.memory();
+                u.leases += 1;
+            }
+            if l.suspension.is_some() {
+                self.suspended.insert(l.id);
+            }
             if let Some(m) = &l.moving {
                 self.generation = self.generation.max(m.generation);
                 self.reserve(l.id, &m.gpus);
@@ -593,13 +626,29 @@ impl State {
         let mut hb = Heartbeat { live: Vec::new(), floor: self.generation, orders: Vec::new() };
         for l in self.leases.values().filter(|l| l.state == LeaseState::Active) {
             let here = l.gpus.iter().any(|g| g.server == id);
-            match &l.moving {
+            let room = hb.orders.len() < moves::MAX_ORDERS;
+            let order = |kind, generation, target: &str| Order { lease: l.id, generation, target: target.to_string(), kind };
+            match (&l.moving, l.phase()) {
                 // In flight: listed at both ends, so that neither ends it.
-                Some(m) if m.to == id => hb.live.push((l.id, m.generation, l.deadline)),
-                Some(m) if here => {
+                (Some(m), _) if m.to == id => hb.live.push((l.id, m.generation, l.deadline)),
+                (Some(m), _) if here => {
                     hb.live.push((l.id, l.generation, l.deadline));
-                    if hb.orders.len() < moves::MAX_ORDERS {
-                        hb.orders.push((l.id, m.generation, m.to.clone()));
+                    if room {
+                        hb.orders.push(order(OrderKind::Migrate, m.generation, &m.to));
+                    }
+                }
+                // A suspended lease stays listed: its server keeps its
+                // snapshot (and refuses it new sessions) until it resumes,
+                // and drops the snapshot once it is no longer listed.
+                (None, Some(phase)) if here => {
+                    hb.live.push((l.id, l.generation, l.deadline));
+                    let kind = match phase {
+                        Phase::Suspending => Some(OrderKind::Suspend),
+                        Phase::Resuming => Some(OrderKind::Resume),
+                        Phase::Suspended => None,
+                    };
+                    if let Some(kind) = kind.filter(|_| room) {
+                        hb.orders.push(order(kind, l.generation, ""));
                     }
                 }
                 _ if here => hb.live.push((l.id, l.generation, l.deadline)),
@@ -617,7 +666,7 @@ impl State {
         let mut ids: Vec<u64> = self
             .leases
             .values()
-            .filter(|l| l.state == LeaseState::Active && l.gpus.iter().any(|g| g.server == id))
+            .filter(|l| l.state == LeaseState::Active && l.suspension.is_none() && l.gpus.iter().any(|g| g.server == id))
             .map(|l| l.id)
             .collect();
         ids.sort_unstable();
@@ -678,14 +727,7 @@ impl State {
                 self.occupy(&l);
             }
             Err(why) => {
-                let mut why = why;
-                if why.len() > moves::MAX_REASON {
-                    let mut cut = moves::MAX_REASON;
-                    while !why.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    why.truncate(cut);
-                }
+                let why = moves::cut_reason(why);
                 l.move_error = if why.is_empty() { "the server gave no reason".into() } else { why };
             }
         }
@@ -985,6 +1027,8 @@ impl State {
             moving: None,
             move_error: String::new(),
             client_key: req.client_key,
+            suspension: None,
+            unpreemptible_until: 0,
         };
         self.occupy(&lease);
         if !lease.key.is_empty() {
@@ -1006,6 +1050,15 @@ impl State {
     }
 
     fn occupy(&mut self, l: &Lease) {
+        self.occupy_gpus(l);
+        let u = self.usage.entry(l.tenant.clone()).or_default();
+        u.milli += l.gpu_milli();
+        u.memory += l.memory();
+        u.leases += 1;
+    }
+
+    /// Takes `l`'s GPUs and links (not its tenant's quota: see `occupy`).
+    fn occupy_gpus(&mut self, l: &Lease) {
         for g in &l.gpus {
             if let Some(&si) = self.index.get(&g.server) {
                 let s = &mut self.servers[si];
@@ -1019,10 +1072,6 @@ impl State {
         }
         let on = self.servers_of(l);
         self.fabric.occupy(&on, l.bandwidth);
-        let u = self.usage.entry(l.tenant.clone()).or_default();
-        u.milli += l.gpu_milli();
-        u.memory += l.memory();
-        u.leases += 1;
     }
 
     /// The distinct servers (indices) `l` is on.
@@ -1034,6 +1083,20 @@ impl State {
     }
 
     fn vacate(&mut self, l: &Lease) {
+        self.vacate_gpus(l);
+        self.vacate_usage(l);
+    }
+
+    fn vacate_usage(&mut self, l: &Lease) {
+        if let Some(u) = self.usage.get_mut(&l.tenant) {
+            u.milli = u.milli.saturating_sub(l.gpu_milli());
+            u.memory = u.memory.saturating_sub(l.memory());
+            u.leases = u.leases.saturating_sub(1);
+        }
+    }
+
+    /// Frees `l`'s GPUs and links (not its tenant's quota: see `vacate`).
+    fn vacate_gpus(&mut self, l: &Lease) {
         for g in &l.gpus {
             if let Some(&si) = self.index.get(&g.server) {
                 let s = &mut self.servers[si];
@@ -1047,16 +1110,16 @@ impl State {
         }
         let on = self.servers_of(l);
         self.fabric.vacate(&on, l.bandwidth);
-        if let Some(u) = self.usage.get_mut(&l.tenant) {
-            u.milli = u.milli.saturating_sub(l.gpu_milli());
-            u.memory = u.memory.saturating_sub(l.memory());
-            u.leases = u.leases.saturating_sub(1);
-        }
     }
 
     fn end(&mut self, id: u64, why: EndReason) {
         if let Some(l) = self.leases.remove(&id) {
-            self.vacate(&l);
+            if l.holds_gpus() {
+                self.vacate(&l);
+            } else {
+                self.vacate_usage(&l);
+            }
+            self.suspended.remove(&id);
             if let Some(m) = &l.moving {
                 self.unreserve(id, &m.gpus);
             }
@@ -1181,6 +1244,9 @@ impl State {
             tracing::warn!(lease = format_args!("{id:#x}"), %from, "move abandoned: {why}");
             let _ = self.move_reported(&from, id, Err(format!("abandoned: {why}")), now);
         }
+        if !self.suspended.is_empty() {
+            self.stuck_suspensions(&gone, now);
+        }
         let expired: Vec<(Reverse<i32>, u64)> =
             self.queue.iter().filter(|(_, w)| w.until <= now).map(|(k, _)| *k).collect();
         for k in expired {
@@ -1190,6 +1256,9 @@ impl State {
         }
         if freed {
             self.try_queue(now);
+        } else {
+            // A request may have waited long enough to preempt by now.
+            self.preempt(now);
         }
         // Leases that could not leave an unhealthy GPU, tried again.
         if self.evacuation.pending() {
@@ -1202,6 +1271,12 @@ impl State {
     /// smaller ones behind it, until it has waited long enough to hold a
     /// reservation ([`State::reservation`]).
     fn try_queue(&mut self, now: Millis) {
+        self.resume_suspended(now);
+        self.grant_queued(now);
+        self.preempt(now);
+    }
+
+    fn grant_queued(&mut self, now: Millis) {
         if self.queue.is_empty() {
             return;
         }

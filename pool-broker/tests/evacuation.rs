@@ -48,7 +48,7 @@ fn pool(limits: Limits) -> (State, Lease, [Lease; 2], u32) {
 }
 
 fn ordered(s: &mut State, server: &str, now: u64) -> Vec<u64> {
-    let mut o: Vec<u64> = s.heartbeat(server, now).unwrap().orders.iter().map(|o| o.0).collect();
+    let mut o: Vec<u64> = s.heartbeat(server, now).unwrap().orders.iter().map(|o| o.lease).collect();
     o.sort_unstable();
     o
 }

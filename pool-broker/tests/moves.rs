@@ -12,7 +12,7 @@ use fixtures::{server as spec, G16};
 use rgpu_pool_broker::inventory::ServerSpec;
 use rgpu_pool_broker::moves::MOVE_TIMEOUT_MS;
 use rgpu_pool_broker::placement::{Demand, FragmentationAware};
-use rgpu_pool_broker::state::{Change, Lease, LeaseRequest, Limits, State};
+use rgpu_pool_broker::state::{Change, Lease, LeaseRequest, Limits, Order, OrderKind, State};
 
 fn lease(s: &mut State, gpus: u32, id: u64, now: u64) -> Lease {
     let req = LeaseRequest {
@@ -86,7 +86,7 @@ fn a_move_is_listed_at_both_ends_then_placed_on_the_target_and_fenced() {
 
     let a = s.heartbeat("a:7767", 20).unwrap();
     assert_eq!(a.live, vec![(l.id, l.generation, l.deadline)], "the source keeps its generation");
-    assert_eq!(a.orders, vec![(l.id, g2, "b:1".to_string())]);
+    assert_eq!(a.orders, vec![Order { lease: l.id, generation: g2, target: "b:1".into(), kind: OrderKind::Migrate }]);
     let b = s.heartbeat("b:1", 20).unwrap();
     assert_eq!(b.live, vec![(l.id, g2, l.deadline)], "the target lists it at the move's generation");
     assert!(b.orders.is_empty());
@@ -160,7 +160,7 @@ fn a_move_in_flight_survives_a_restore_and_ends_with_its_lease() {
     t.restore(servers, leases, l.generation, 20);
     let m = t.lease(l.id).unwrap().moving.clone().expect("the move is restored");
     assert!(t.generation() >= m.generation, "the floor covers the move's generation");
-    assert_eq!(t.heartbeat("a:7767", 30).unwrap().orders, vec![(l.id, m.generation, "b:1".to_string())]);
+    assert_eq!(t.heartbeat("a:7767", 30).unwrap().orders, vec![Order { lease: l.id, generation: m.generation, target: "b:1".into(), kind: OrderKind::Migrate }]);
     assert_eq!(t.server_use(t.server("b:1").unwrap()).1, 0, "the reservation is restored");
     assert!(t.release(l.id, 40));
     assert_eq!(t.server_use(t.server("b:1").unwrap()).1, 2, "released: the target's GPUs are free");

@@ -168,7 +168,7 @@ struct Lease {
   memoryLimit @4 :UInt64;     # 0: whole GPUs
   computeMilli @5 :UInt32;
   deadlineMs @6 :UInt64;      # unix ms
-  state @7 :Text;             # active | lost
+  state @7 :Text;             # active | lost | suspending | suspended | resuming (preemption)
   token @8 :Data;
   grantedMs @9 :UInt64;
   priority @10 :Int32;
@@ -219,18 +219,27 @@ struct LeaseRef {
   deadlineMs @2 :UInt64;
 }
 
-# A lease the broker asks its server to move (see `heartbeat`).
+# A lease the broker asks its server to move, suspend or resume (see
+# `heartbeat`).
 struct MoveOrder {
   lease @0 :UInt64;
-  generation @1 :UInt64;      # the lease's generation at the target
-  target @2 :Text;            # the target server's id (its address)
+  generation @1 :UInt64;      # the lease's generation at the target (migrate), or its generation
+  target @2 :Text;            # the target server's id (its address); empty unless migrate
+  kind @3 :OrderKind;
+}
+
+enum OrderKind {
+  migrate @0;                 # live-migrate every session of the lease to `target`
+  suspend @1;                 # preemption: checkpoint every session of the lease to this server's disk and end it here
+  resume @2;                  # restore the sessions a suspend wrote, and serve them again
 }
 
 # What a server did with a MoveOrder.
 struct MoveResult {
   lease @0 :UInt64;
-  ok @1 :Bool;                # every session of the lease runs at the target now
+  ok @1 :Bool;                # migrate: every session runs at the target now; suspend: every one is on disk; resume: every one is served again
   reason @2 :Text;            # why not (at most 1024 bytes kept)
+  kind @3 :OrderKind;         # the order this answers
 }
 
 # What a drain with migrate chose for one lease.

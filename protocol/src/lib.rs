@@ -64,6 +64,12 @@ pub const MIGRATE_PREAMBLE: &[u8; 8] = b"RGPUMIG1";
 /// and the client resumes there. Not a CUresult: a client that does not
 /// know it reads it as a refusal.
 pub const RESUME_MOVED: u32 = 0x4d4f_5645;
+/// A resume's status when the session's lease is suspended (preempted by a
+/// higher-priority lease, its state on the server's disk): the answer is
+/// these 8 bytes alone; the client waits and tries again, within its
+/// `RGPU_SUSPEND_TIMEOUT`, until the broker resumes the lease. Not a
+/// CUresult: a client that does not know it reads it as a refusal.
+pub const RESUME_SUSPENDED: u32 = 0x5355_5350;
 /// Longest address a redirect may carry.
 pub const MAX_REDIRECT_LEN: usize = 255;
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use capnp::capability::Rc;
-use rgpu_protocol::broker_capnp::server_agent;
+use rgpu_protocol::broker_capnp::{server_agent, OrderKind};
 
 use super::encode::write_server;
 use super::{audit, fail};
@@ -87,6 +87,25 @@ impl server_agent::Server for Agent {
                     Err(why.chars().take(crate::moves::MAX_REASON).collect())
                 };
                 let failed = result.clone().err();
+                let kind = m.get_kind().unwrap_or(OrderKind::Migrate);
+                if kind != OrderKind::Migrate {
+                    let resumed = kind == OrderKind::Resume;
+                    let r = self.service.suspension_reported(id, lease, resumed, result).await;
+                    let op = match (resumed, failed.is_none()) {
+                        (false, true) => "suspend",
+                        (false, false) => "suspend-failed",
+                        (true, true) => "resume",
+                        (true, false) => "resume-failed",
+                    };
+                    audit(&self.service, &format!("server:{id}"), &self.peer, op, &format!("{lease:016x}"), &r, |_| match &failed {
+                        None => format!("preemption on {id}"),
+                        Some(why) => format!("preemption on {id}: {why}"),
+                    });
+                    if let Err(e) = r {
+                        tracing::warn!(server = %id, lease = format_args!("{lease:#x}"), "suspension report refused: {e}");
+                    }
+                    continue;
+                }
                 let r = self.service.move_reported(id, lease, result).await;
                 let op = if failed.is_none() { "move" } else { "move-failed" };
                 audit(&self.service, &format!("server:{id}"), &self.peer, op, &format!("{lease:016x}"), &r, |to| match &failed {
@@ -112,11 +131,16 @@ impl server_agent::Server for Agent {
                     x.set_deadline_ms(*deadline);
                 }
                 let mut o = out.init_moves(hb.orders.len() as u32);
-                for (i, (lease, gen, to)) in hb.orders.iter().enumerate() {
+                for (i, order) in hb.orders.iter().enumerate() {
                     let mut x = o.reborrow().get(i as u32);
-                    x.set_lease(*lease);
-                    x.set_generation(*gen);
-                    x.set_target(to);
+                    x.set_lease(order.lease);
+                    x.set_generation(order.generation);
+                    x.set_target(&order.target);
+                    x.set_kind(match order.kind {
+                        crate::state::OrderKind::Migrate => OrderKind::Migrate,
+                        crate::state::OrderKind::Suspend => OrderKind::Suspend,
+                        crate::state::OrderKind::Resume => OrderKind::Resume,
+                    });
                 }
             }
         }

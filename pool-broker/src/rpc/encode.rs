@@ -5,7 +5,7 @@ use rgpu_protocol::broker_capnp::{audit_record, broker_status, lease as lease_p,
 use crate::audit::Record;
 use crate::inventory::Server;
 use crate::service::Service;
-use crate::state::{Lease, LeaseState, State};
+use crate::state::{Lease, State};
 
 pub fn write_lease(mut b: lease_p::Builder<'_>, l: &Lease, token: &[u8]) {
     b.set_id(l.id);
@@ -17,10 +17,7 @@ pub fn write_lease(mut b: lease_p::Builder<'_>, l: &Lease, token: &[u8]) {
     b.set_granted_ms(l.granted);
     b.set_priority(l.priority);
     b.set_bandwidth(l.bandwidth);
-    b.set_state(match l.state {
-        LeaseState::Active => "active",
-        LeaseState::Lost => "lost",
-    });
+    b.set_state(l.state_name());
     b.set_token(token);
     if let Some(m) = &l.moving {
         b.set_moving_to(&m.to);
