@@ -39,7 +39,7 @@ use std::time::Duration;
 use rgpu_broker_client::now_ms;
 use rgpu_broker_client::rpc::{self, CONNECT_TIMEOUT};
 use rgpu_protocol::auth::register_message;
-use rgpu_protocol::broker_capnp::{broker, server_agent};
+use rgpu_protocol::broker_capnp::{broker, server_agent, OrderKind};
 use rgpu_protocol::token::sign_bytes;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -75,19 +75,22 @@ pub struct Agent {
     health: RefCell<crate::health::Reported>,
 }
 
+/// What the agent did with one order: (lease, its kind, outcome).
+type Report = (u64, OrderKind, Result<(), String>);
+
 /// Move orders from the broker, as the agent carries them out.
 #[derive(Default)]
 struct Moves {
     running: Mutex<HashSet<u64>>,
-    /// (lease, outcome), oldest first.
-    done: Mutex<Vec<(u64, Result<(), String>)>>,
+    /// (lease, the order's kind, outcome), oldest first.
+    done: Mutex<Vec<Report>>,
 }
 
 impl Moves {
     fn running(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
-    fn done(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Result<(), String>)>> {
+    fn done(&self) -> std::sync::MutexGuard<'_, Vec<Report>> {
         self.done.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -273,13 +276,13 @@ impl Agent {
             }
             let mut req = agent.heartbeat_request();
             report_usage(service, req.get(), &mut self.link_rate.borrow_mut());
-            let reported: Vec<(u64, Result<(), String>)> =
-                self.moves.done().iter().take(MAX_MOVE_ORDERS).cloned().collect();
+            let reported: Vec<Report> = self.moves.done().iter().take(MAX_MOVE_ORDERS).cloned().collect();
             {
                 let mut list = req.get().init_moved(reported.len() as u32);
-                for (i, (lease, r)) in reported.iter().enumerate() {
+                for (i, (lease, kind, r)) in reported.iter().enumerate() {
                     let mut m = list.reborrow().get(i as u32);
                     m.set_lease(*lease);
+                    m.set_kind(*kind);
                     m.set_ok(r.is_ok());
                     if let Err(why) = r {
                         m.set_reason(why);
@@ -309,7 +312,7 @@ impl Agent {
             self.health.borrow_mut().sent(&health[..health.len().min(MAX_HEALTH_REPORTS)]);
             // Reported: the broker has placed those leases where they are.
             self.moves.done().drain(..reported.len());
-            for (lease, _) in &reported {
+            for (lease, _, _) in &reported {
                 self.moves.running().remove(lease);
                 service.leases.end_move(*lease);
             }
@@ -350,6 +353,16 @@ impl Agent {
             if self.moves.running().contains(&lease) {
                 continue;
             }
+            // Preemption's suspend and resume: the broker's side is built,
+            // this server's is not yet (docs/migration.md "Preemption").
+            // Refused at once, so the lease runs on where it is.
+            let kind = o.get_kind().unwrap_or(OrderKind::Migrate);
+            if kind != OrderKind::Migrate {
+                warn!(lease = format_args!("{lease:#x}"), ?kind, "preemption order refused: this server cannot suspend leases yet");
+                self.moves.running().insert(lease);
+                self.moves.done().push((lease, kind, Err("this server cannot suspend or resume leases (preemption is not built on GPU servers yet)".into())));
+                continue;
+            }
             let target = o.get_target().ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string();
             self.moves.running().insert(lease);
             let refused = if !crate::migration::valid_target(&target) {
@@ -363,7 +376,7 @@ impl Agent {
             };
             if let Some(why) = refused {
                 warn!(lease = format_args!("{lease:#x}"), %target, "move refused: {why}");
-                self.moves.done().push((lease, Err(why)));
+                self.moves.done().push((lease, OrderKind::Migrate, Err(why)));
                 continue;
             }
             info!(lease = format_args!("{lease:#x}"), %target, "the broker moves a lease: migrating its sessions");
@@ -374,7 +387,7 @@ impl Agent {
                     Ok(n) => info!(lease = format_args!("{lease:#x}"), %target, sessions = n, "lease moved"),
                     Err(e) => warn!(lease = format_args!("{lease:#x}"), %target, "lease not moved: {e}"),
                 }
-                moves.done().push((lease, r.map(|_| ())));
+                moves.done().push((lease, OrderKind::Migrate, r.map(|_| ())));
             });
         }
     }
