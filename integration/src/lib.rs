@@ -911,6 +911,11 @@ pub fn spawn_rgpu_run(run_args: &[&str], exe: &Path, args: &[&str], env: &[(&str
 }
 
 impl Running {
+    /// What the program has printed to stdout so far.
+    pub fn stdout_so_far(&self) -> String {
+        self.stdout.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     /// Waits for a stdout line containing `needle`; false on timeout or exit.
     pub fn wait_for_line(&self, needle: &str, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;

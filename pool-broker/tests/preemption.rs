@@ -1,10 +1,10 @@
-//! Preemption against a real GPU server: the broker's side of preemption
-//! by checkpoint is built (`state::preemption`), the GPU server's is not,
-//! so a server refuses the order and the lease must run on untouched: still
-//! active on its GPU, the refusal kept as its `move_error`, and the
-//! higher-priority request left waiting instead of getting a GPU that is
-//! still in use. Needs the workspace's binaries built (rgpu-server beside
-//! rgpu-broker).
+//! Preemption against a real GPU server that cannot suspend (it has no
+//! checkpoint directory): it refuses the order and the lease must run on
+//! untouched: still active on its GPU, the refusal kept as its
+//! `move_error`, and the higher-priority request left waiting instead of
+//! getting a GPU that is still in use. (A server that can suspend:
+//! integration/tests/preemption.rs.) Needs the workspace's binaries built
+//! (rgpu-server beside rgpu-broker).
 
 mod common;
 
@@ -30,7 +30,7 @@ fn broker(dir: &Path, addr: &str) -> Proc {
 }
 
 #[test]
-fn a_server_that_cannot_suspend_refuses_and_the_preempted_lease_runs_on() {
+fn a_server_without_a_checkpoint_dir_refuses_and_the_preempted_lease_runs_on() {
     let root = std::env::temp_dir().join(format!("rgpu-preemption-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).unwrap();
@@ -58,7 +58,7 @@ fn a_server_that_cannot_suspend_refuses_and_the_preempted_lease_runs_on() {
         carol.lease(&LeaseSpec { gpus: 1, priority: 5, ttl_ms: 60_000, wait_ms: 3_000, ..LeaseSpec::default() })
     });
     wait_for("the suspension refused", || {
-        bob.leases("bob").unwrap().iter().any(|l| l.id == low.id && l.move_error.contains("cannot suspend"))
+        bob.leases("bob").unwrap().iter().any(|l| l.id == low.id && l.move_error.contains("no --checkpoint-dir"))
     });
     let r = urgent.join().unwrap();
     assert!(r.is_err(), "the GPU was granted while the lease on it still ran: {r:?}");

@@ -19,7 +19,8 @@
 //! drain with `--migrate`); the agent migrates every session of such a
 //! lease there ([`crate::migration::migrate`], which takes a leased session
 //! only when its move was ordered) and reports each lease done or failed
-//! in a later heartbeat.
+//! in a later heartbeat. Preemption's suspend and resume orders come the
+//! same way and are reported with their kind ([`crate::preemption`]).
 //!
 //! Health: registration carries each device's health as the backend
 //! observes it ([`crate::health`]), and a heartbeat the devices whose
@@ -331,6 +332,10 @@ impl Agent {
             let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
             debug!(live = n, closing = closing.len(), "heartbeat");
             close(service, closing);
+            let ended = service.leases.suspended_unlisted();
+            if !ended.is_empty() {
+                crate::preemption::forget(service, ended);
+            }
             self.take_orders(service, r.get_moves().map_err(|e| e.to_string())?);
             if drain_asked && n == 0 {
                 self.stopping.drained.cancel();
@@ -353,14 +358,24 @@ impl Agent {
             if self.moves.running().contains(&lease) {
                 continue;
             }
-            // Preemption's suspend and resume: the broker's side is built,
-            // this server's is not yet (docs/migration.md "Preemption").
-            // Refused at once, so the lease runs on where it is.
             let kind = o.get_kind().unwrap_or(OrderKind::Migrate);
             if kind != OrderKind::Migrate {
-                warn!(lease = format_args!("{lease:#x}"), ?kind, "preemption order refused: this server cannot suspend leases yet");
                 self.moves.running().insert(lease);
-                self.moves.done().push((lease, kind, Err("this server cannot suspend or resume leases (preemption is not built on GPU servers yet)".into())));
+                let (service, moves) = (service.clone(), self.moves.clone());
+                tokio::task::spawn_local(async move {
+                    let resume = kind == OrderKind::Resume;
+                    let r = if resume {
+                        crate::preemption::resume_lease(&service, lease).await
+                    } else {
+                        info!(lease = format_args!("{lease:#x}"), "the broker preempts a lease: suspending its sessions to disk");
+                        crate::preemption::suspend_lease(&service, lease).await
+                    };
+                    if let Err(e) = &r {
+                        let what = if resume { "resumed" } else { "suspended" };
+                        warn!(lease = format_args!("{lease:#x}"), "lease not {what}: {e}");
+                    }
+                    moves.done().push((lease, kind, r.map(|_| ())));
+                });
                 continue;
             }
             let target = o.get_target().ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string();

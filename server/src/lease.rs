@@ -9,7 +9,7 @@
 //! above the floor (granted since the last heartbeat). A listed lease with
 //! another generation, or an unlisted one at or below the floor, is stale.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, Weak};
 
 use rgpu_protocol::token::{Claims, TokenError};
@@ -32,6 +32,8 @@ pub enum AdmitError {
     Ended(u64),
     #[error("the token is bound to client key {0}, and this client did not prove it holds that key (run the program where the lease was taken, or point RGPU_CLIENT_KEY at its key file)")]
     Unproven(String),
+    #[error("lease {0:016x} is suspended (preempted by a lease of higher priority): its sessions wait on this server's disk, and new ones are refused until the broker resumes it")]
+    Suspended(u64),
     #[error("this server admits only tokens bound to a client key (--require-bound-tokens); take the lease with `rgpu lease`, which binds it")]
     Bearer,
 }
@@ -81,10 +83,15 @@ struct Inner {
     /// Lease id -> (its generation there, target server) for the moves the
     /// broker ordered: only these leases' sessions may be migrated.
     moves: HashMap<u64, (u64, String)>,
+    /// Leases suspended here (preempted, their sessions on disk): no new
+    /// session is admitted for them.
+    suspended: HashSet<u64>,
 }
 
 /// Moves ordered at once (the broker sends at most 16 per heartbeat).
 const MAX_MOVES: usize = 64;
+/// Leases suspended here at once.
+const MAX_SUSPENDED: usize = 1024;
 
 pub struct Leases {
     key: Option<Vec<u8>>,
@@ -143,6 +150,9 @@ impl Leases {
         devices.sort_unstable();
         devices.dedup();
         let inner = self.lock();
+        if inner.suspended.contains(&c.lease_id) {
+            return Err(AdmitError::Suspended(c.lease_id));
+        }
         let mut deadline = c.deadline_ms;
         match inner.live.get(&c.lease_id) {
             Some(&(live, _)) if live != c.generation => {
@@ -229,6 +239,39 @@ impl Leases {
     /// broker ordered that move; None: the lease stays here.
     pub fn ordered_move(&self, lease: u64, target: &str) -> Option<u64> {
         self.lock().moves.get(&lease).filter(|(_, t)| t == target).map(|&(g, _)| g)
+    }
+
+    /// Marks `lease` suspended (or being suspended): new sessions of it are
+    /// refused. False when too many leases are suspended here already.
+    pub fn suspend(&self, lease: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.suspended.len() >= MAX_SUSPENDED && !inner.suspended.contains(&lease) {
+            return false;
+        }
+        inner.suspended.insert(lease);
+        true
+    }
+
+    pub fn is_suspended(&self, lease: u64) -> bool {
+        self.lock().suspended.contains(&lease)
+    }
+
+    /// `lease` runs here again (resumed, or its suspension failed).
+    pub fn unsuspend(&self, lease: u64) {
+        self.lock().suspended.remove(&lease);
+    }
+
+    /// The suspended leases the last heartbeat reply no longer listed
+    /// (released, expired or revoked while suspended): forgotten here, for
+    /// the caller to drop what they left.
+    pub fn suspended_unlisted(&self) -> Vec<u64> {
+        let mut inner = self.lock();
+        let Inner { live, suspended, .. } = &mut *inner;
+        let gone: Vec<u64> = suspended.iter().copied().filter(|l| !live.contains_key(l)).collect();
+        for l in &gone {
+            suspended.remove(l);
+        }
+        gone
     }
 
     /// The sessions bound to `lease` here, ascending.
@@ -352,6 +395,26 @@ mod tests {
             assert!(l.order_move(100 + i, 1, "b:1"));
         }
         assert!(!l.order_move(1, 1, "b:1"), "bounded");
+    }
+
+    #[test]
+    fn a_suspended_lease_admits_no_session_and_is_forgotten_once_unlisted() {
+        let l = Leases::new(Some(KEY.to_vec()), vec![([1; 16], 0)]);
+        assert!(l.update(HashMap::from([(5, (3, 2000)), (6, (1, 2000))]), 9, 10).is_empty());
+        assert!(l.suspend(5));
+        assert_eq!(l.admit(&token(5, 3, 1), 0, None), Err(AdmitError::Suspended(5)));
+        assert!(l.admit(&token(6, 1, 1), 0, None).is_ok(), "another lease is not");
+        assert!(l.suspended_unlisted().is_empty(), "still listed");
+        l.unsuspend(5);
+        assert!(l.admit(&token(5, 3, 1), 0, None).is_ok(), "resumed");
+        assert!(l.suspend(5));
+        assert!(l.update(HashMap::from([(6, (1, 2000))]), 9, 10).is_empty());
+        assert_eq!(l.suspended_unlisted(), vec![5], "released while suspended");
+        assert!(l.suspended_unlisted().is_empty());
+        for i in 0..MAX_SUSPENDED as u64 {
+            assert!(l.suspend(100 + i));
+        }
+        assert!(!l.suspend(1), "bounded");
     }
 
     #[test]

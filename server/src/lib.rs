@@ -27,6 +27,7 @@ pub mod listener;
 pub mod metering;
 pub mod metrics;
 pub mod migration;
+pub mod preemption;
 pub mod quota;
 pub mod relocate;
 pub mod service;
@@ -123,6 +124,9 @@ pub async fn serve_draining(
         service = service.with_lease_tokens(key.clone(), config.pool.require_bound_tokens);
     }
     let service = Arc::new(service);
+    // Before the broker agent's first heartbeat, which drops the suspended
+    // leases the broker no longer lists.
+    preemption::recover_at_start(&service);
     if let Some(m) = metrics {
         tokio::spawn(rgpu_metrics::http::serve(m, metrics::renderer(service.clone()), shutdown.clone()));
     }

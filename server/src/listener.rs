@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::{
-    CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, SESSION_KEY_LEN,
+    CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED, SESSION_KEY_LEN,
 };
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
@@ -201,6 +201,11 @@ async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdow
             info!(%peer, session = format_args!("{id:#x}"), %to, "resume redirected: the session moved");
             let len = (to.len() as u16).to_le_bytes();
             let _ = r.transport.send(&[&status_bytes(RESUME_MOVED), &len, to.as_bytes()]);
+            r.transport.shutdown();
+        }
+        Err((ResumeError::Suspended, mut r)) => {
+            debug!(%peer, session = format_args!("{id:#x}"), "resume deferred: the session's lease is suspended");
+            let _ = r.transport.send(&[&status_bytes(RESUME_SUSPENDED)]);
             r.transport.shutdown();
         }
         Err((ResumeError::Refused(e), mut r)) => {

@@ -60,6 +60,8 @@ pub enum OpError {
     ShuttingDown,
     #[error("session {0:#x} is still served here: only a session whose state left in a checkpoint (without --continue) can be forwarded")]
     NotLeft(u64),
+    #[error("too many sessions are suspended on this server already")]
+    TooManySuspended,
     #[error("{0:?} is not a host:port of at most 255 bytes")]
     BadTarget(String),
 }
@@ -113,6 +115,25 @@ pub async fn forward(service: &Arc<Service>, id: u64, target: &str) -> Result<()
 /// Writes session `id` to `name` in the checkpoint directory; with `leave`
 /// it is no longer served here once written.
 pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Duration, leave: bool) -> Result<Done, OpError> {
+    checkpoint_then(service, id, name, quiesce, if leave { Then::Leave } else { Then::Serve }).await
+}
+
+/// Writes session `id`, of preempted `lease`, to `name` and ends it here:
+/// its device memory is freed, and its client's resumes are told to wait
+/// (the registry's suspension note) until it is restored.
+pub async fn suspend(service: &Arc<Service>, id: u64, lease: u64, name: &str, quiesce: Duration) -> Result<Done, OpError> {
+    checkpoint_then(service, id, name, quiesce, Then::Suspend(lease)).await
+}
+
+/// What becomes of a session once its snapshot is written.
+#[derive(Debug, Clone, Copy)]
+enum Then {
+    Serve,
+    Leave,
+    Suspend(u64),
+}
+
+async fn checkpoint_then(service: &Arc<Service>, id: u64, name: &str, quiesce: Duration, then: Then) -> Result<Done, OpError> {
     let path = path_of(service, name)?;
     if path.exists() {
         return Err(OpError::Exists(name.to_string()));
@@ -124,6 +145,7 @@ pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Du
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Done, OpError>>();
     let started = Instant::now();
     let (partial2, path2) = (partial.clone(), path.clone());
+    let svc = service.clone();
     let visit = Box::new(move |p: Parts<'_>| -> After {
         if tx.is_closed() {
             // The caller gave up: the session goes on untouched.
@@ -139,8 +161,18 @@ pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Du
                 std::fs::rename(&partial2, &path2)?;
                 Ok(c)
             });
-        let after = match &written {
-            Ok(_) if leave => After::Leave,
+        // Noted before the session's thread ends, so that no resume finds
+        // it neither here nor suspended.
+        let written = match (written, then) {
+            (Ok(_), Then::Suspend(lease)) if !svc.sessions.suspend(id, key, lease) => {
+                let _ = std::fs::remove_file(&path2);
+                Err(OpError::TooManySuspended)
+            }
+            (w, _) => w,
+        };
+        let after = match (&written, then) {
+            (Ok(_), Then::Leave) => After::Leave,
+            (Ok(_), Then::Suspend(_)) => After::Suspended,
             _ => After::Serve,
         };
         let r = written.map(|c| Done { session: id, bytes: c.bytes, memory_bytes: c.memory_bytes, took: started.elapsed() });
@@ -160,7 +192,7 @@ pub async fn checkpoint(service: &Arc<Service>, id: u64, name: &str, quiesce: Du
     }
     let done = r??;
     info!(session = format_args!("{id:#x}"), bytes = done.bytes, memory = done.memory_bytes,
-        ms = done.took.as_millis() as u64, leave, file = %path.display(), "session checkpointed");
+        ms = done.took.as_millis() as u64, then = ?then, file = %path.display(), "session checkpointed");
     Ok(done)
 }
 

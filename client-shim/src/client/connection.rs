@@ -49,6 +49,9 @@ pub const IDLE_PING: Duration = Duration::from_secs(10);
 
 /// CUDA_ERROR_INVALID_VALUE, for a request the frame format cannot carry.
 const INVALID_VALUE: u32 = 1;
+/// How often a suspended session's server is asked again: a resumed lease
+/// is back within this.
+const SUSPENDED_POLL: Duration = Duration::from_millis(500);
 
 pub struct Connection<T: Transport = DataTransport> {
     addr: String,
@@ -468,10 +471,13 @@ impl<T: Transport> Inner<T> {
         let policy = self.policy;
         let Some(redial) = self.redial.as_mut() else { return Err(IoFail::Io(broke)) };
         tracing::warn!("connection to {addr} broke ({broke}); resuming the session");
-        let start = Instant::now();
+        let mut start = Instant::now();
         let mut backoff = Duration::from_millis(20);
         let mut last = broke.to_string();
-        for attempt in 1..=policy.attempts {
+        let mut attempt = 0;
+        // Since when the server has said the session's lease is suspended.
+        let mut suspended: Option<Instant> = None;
+        while attempt < policy.attempts {
             let left = policy.reconnect_timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
                 break;
@@ -481,16 +487,41 @@ impl<T: Transport> Inner<T> {
                     self.core.resume(executed)?;
                     self.transport = t;
                     self.active_at = Instant::now();
+                    if let Some(since) = suspended {
+                        tracing::info!("the session's lease was resumed after {:?} suspended", since.elapsed());
+                    }
                     tracing::info!(
-                        "session resumed on {addr} after {:?} ({attempt} attempt(s)); the server had run requests up to #{executed}",
-                        start.elapsed()
+                        "session resumed on {addr} after {:?} ({} attempt(s)); the server had run requests up to #{executed}",
+                        start.elapsed(),
+                        attempt + 1
                     );
                     return Ok(());
                 }
                 Err(Redialed::Refused(why)) => {
                     return Err(IoFail::Io(std::io::Error::other(format!("{last}; the server refused to resume the session: {why}"))));
                 }
+                Err(Redialed::Suspended) => {
+                    let since = *suspended.get_or_insert_with(|| {
+                        tracing::warn!(
+                            "the session's lease is suspended (preempted by a lease of higher priority); waiting up to {:?} for it to resume (RGPU_SUSPEND_TIMEOUT)",
+                            policy.suspend_timeout
+                        );
+                        Instant::now()
+                    });
+                    let waited = since.elapsed();
+                    if waited >= policy.suspend_timeout {
+                        return Err(IoFail::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("{last}; the session's lease stayed suspended for {waited:?} (RGPU_SUSPEND_TIMEOUT)"),
+                        )));
+                    }
+                    // The server answered: the reconnect bounds are for a
+                    // silent one, and start again from here.
+                    std::thread::sleep(SUSPENDED_POLL.min(policy.suspend_timeout - waited));
+                    (start, attempt, backoff) = (Instant::now(), 0, Duration::from_millis(20));
+                }
                 Err(Redialed::Failed(e)) => {
+                    attempt += 1;
                     tracing::debug!("resume attempt {attempt} failed: {e}");
                     last = e.to_string();
                     std::thread::sleep(backoff.min(policy.reconnect_timeout.saturating_sub(start.elapsed())));

@@ -591,6 +591,60 @@ fn a_server_that_never_comes_back_fails_the_call_within_the_bound() {
     });
 }
 
+/// A redial that hears "suspended" for a while, then resumes.
+struct SuspendedFor {
+    answers: u32,
+    then: Option<(MemTransport, u64)>,
+}
+
+impl super::redial::Redial<MemTransport> for SuspendedFor {
+    fn redial(&mut self, _last_reply: u64, _timeout: Duration) -> Result<(MemTransport, u64), super::redial::Redialed> {
+        if self.answers > 0 {
+            self.answers -= 1;
+            return Err(super::redial::Redialed::Suspended);
+        }
+        self.then.take().ok_or_else(|| super::redial::Redialed::Failed(std::io::Error::other("nobody listens")))
+    }
+}
+
+#[test]
+fn a_suspended_lease_is_waited_for_beyond_the_reconnect_bounds_and_the_call_then_resumes() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        let (t2, s2) = pair();
+        drop(s1);
+        let second = well_behaved(s2);
+        // Four "suspended" answers take about 2 s: more than the reconnect
+        // time and attempts, which are for a server that does not answer.
+        let policy = super::redial::Policy { reconnect_timeout: Duration::from_millis(300), attempts: 2, ..Default::default() };
+        let redial = SuspendedFor { answers: 4, then: Some((t2, 0)) };
+        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(redial), policy).unwrap();
+        let t0 = Instant::now();
+        ping(&c).unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(1500), "resumed after {:?}", t0.elapsed());
+        drop(c);
+        assert_eq!(second.join().unwrap().iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1], "the ping, once");
+    });
+}
+
+#[test]
+fn a_lease_suspended_past_its_bound_fails_the_call() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        drop(s1);
+        let bound = Duration::from_millis(700);
+        let policy = super::redial::Policy { suspend_timeout: bound, ..Default::default() };
+        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(SuspendedFor { answers: u32::MAX, then: None }), policy).unwrap();
+        let t0 = Instant::now();
+        match ping(&c) {
+            Err(e @ ClientError::Lost { .. }) => assert!(e.to_string().contains("RGPU_SUSPEND_TIMEOUT"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let took = t0.elapsed();
+        assert!(took >= bound && took < bound + Duration::from_millis(800), "gave up after {took:?}");
+    });
+}
+
 #[test]
 fn keepalives_while_the_server_works_are_skipped() {
     within(LIMIT, || {

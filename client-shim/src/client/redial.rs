@@ -12,13 +12,19 @@
 //!   the shim tries to resume the session before the call fails with
 //!   `CUDA_ERROR_DEVICE_UNAVAILABLE` (and every later call on that server).
 //!
+//! - `RGPU_SUSPEND_TIMEOUT` (seconds, default 86400; 0: do not wait): how
+//!   long the shim waits while the server says the session's lease is
+//!   suspended (preempted by a lease of higher priority, its state on the
+//!   server's disk). The server answers each try, so this wait spends none
+//!   of the reconnect attempts or time; they start again once it ends.
+//!
 //! So a server that stops answering becomes an error within
 //! `RGPU_SERVER_TIMEOUT + RGPU_RECONNECT_TIMEOUT` (30 s by default).
 
 use std::io;
 use std::time::Duration;
 
-use rgpu_protocol::{MAX_REDIRECT_LEN, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE};
+use rgpu_protocol::{MAX_REDIRECT_LEN, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED};
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp;
 use rgpu_transport::Transport;
@@ -26,6 +32,8 @@ use rgpu_transport::Transport;
 pub const DEFAULT_SERVER_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_RECONNECT_ATTEMPTS: u32 = 50;
+/// A preempting lease may run for hours; a day bounds the wait all the same.
+pub const DEFAULT_SUSPEND_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// How a connection comes back, and for how long it tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +42,8 @@ pub struct Policy {
     /// Zero: a broken connection is not resumed.
     pub reconnect_timeout: Duration,
     pub attempts: u32,
+    /// How long a suspended lease is waited for; zero: not at all.
+    pub suspend_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -42,6 +52,7 @@ impl Default for Policy {
             server_timeout: DEFAULT_SERVER_TIMEOUT,
             reconnect_timeout: DEFAULT_RECONNECT_TIMEOUT,
             attempts: DEFAULT_RECONNECT_ATTEMPTS,
+            suspend_timeout: DEFAULT_SUSPEND_TIMEOUT,
         }
     }
 }
@@ -67,6 +78,7 @@ impl Policy {
             server_timeout: secs("RGPU_SERVER_TIMEOUT").filter(|d| !d.is_zero()).unwrap_or(d.server_timeout),
             reconnect_timeout: secs("RGPU_RECONNECT_TIMEOUT").unwrap_or(d.reconnect_timeout),
             attempts: var("RGPU_RECONNECT_ATTEMPTS").and_then(|v| v.trim().parse().ok()).unwrap_or(d.attempts),
+            suspend_timeout: secs("RGPU_SUSPEND_TIMEOUT").unwrap_or(d.suspend_timeout),
         }
     }
 }
@@ -79,6 +91,9 @@ pub enum Redialed {
     Refused(String),
     /// No answer (refused connection, timeout, reset): worth another try.
     Failed(io::Error),
+    /// The server has the session on disk: its lease is suspended. Worth
+    /// trying again, for as long as the policy's `suspend_timeout`.
+    Suspended,
 }
 
 /// Opens a new connection to a session's server.
@@ -132,6 +147,9 @@ impl TcpRedial {
         let version = u32::from_le_bytes(answer[4..].try_into().unwrap_or_default());
         if version != PROTOCOL_VERSION {
             return Err(Redialed::Refused(format!("the server now speaks protocol {version}, not {PROTOCOL_VERSION}")));
+        }
+        if status == RESUME_SUSPENDED {
+            return Err(Redialed::Suspended);
         }
         if status == RESUME_MOVED {
             let mut len = [0u8; 2];
@@ -189,7 +207,9 @@ mod tests {
     fn bounds_from_the_environment() {
         assert_eq!(policy(&[]), Policy::default());
         let p = policy(&[("RGPU_SERVER_TIMEOUT", "1.5"), ("RGPU_RECONNECT_TIMEOUT", "0"), ("RGPU_RECONNECT_ATTEMPTS", "3")]);
-        assert_eq!(p, Policy { server_timeout: Duration::from_millis(1500), reconnect_timeout: Duration::ZERO, attempts: 3 });
+        assert_eq!(p, Policy { server_timeout: Duration::from_millis(1500), reconnect_timeout: Duration::ZERO, attempts: 3, ..Policy::default() });
+        assert_eq!(policy(&[("RGPU_SUSPEND_TIMEOUT", "0")]).suspend_timeout, Duration::ZERO);
+        assert_eq!(policy(&[("RGPU_SUSPEND_TIMEOUT", "later")]).suspend_timeout, DEFAULT_SUSPEND_TIMEOUT);
         assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "soon")]).server_timeout, DEFAULT_SERVER_TIMEOUT);
         assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "0")]).server_timeout, DEFAULT_SERVER_TIMEOUT, "0 would mean no bound");
     }

@@ -159,10 +159,11 @@ pub struct Session<T> {
     /// resumes are turned away unanswered (the client tries again, and
     /// finds the session where it was rebuilt).
     left: bool,
-    /// The session moved to another server (live migration): it ends here
-    /// at once, freeing what it holds; its client's resumes are redirected
-    /// by the registry's forwarding note.
-    gone: bool,
+    /// Why it ends here at once, freeing what it holds: it moved to another
+    /// server (live migration; the registry's forwarding note redirects its
+    /// client), or its lease was suspended (the suspension note tells its
+    /// client to wait).
+    gone: Option<&'static str>,
 }
 
 /// What a [`registry::Visit`] gets to see of a session held still between
@@ -186,6 +187,9 @@ pub enum After {
     Leave,
     /// It moved to another server, which serves it now: it ends here.
     Gone,
+    /// Its lease was preempted and its state is on this server's disk: it
+    /// ends here, freeing its device memory, until the lease resumes.
+    Suspended,
 }
 
 fn not_connected() -> io::Error {
@@ -207,7 +211,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             resumer: None,
             _hold: None,
             left: false,
-            gone: false,
+            gone: None,
         }
     }
 
@@ -227,7 +231,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
             resumer: Some(r),
             _hold: None,
             left: false,
-            gone: false,
+            gone: None,
         }
     }
 
@@ -261,8 +265,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 info!("data connection lost ({end}); keeping the session for the client to resume");
             }
             let Some(r) = self.wait_for_resume() else {
-                if self.gone {
-                    info!("the session moved to another server; it ends here");
+                if let Some(why) = self.gone {
+                    info!("{why}; it ends here");
                 } else if self.left {
                     info!("the session's state left in a snapshot; it ends here");
                 } else {
@@ -293,7 +297,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                 Ok(registry::Wake::Resume(got)) => Some(got),
                 Ok(registry::Wake::Visit(v)) => {
                     self.visit(v);
-                    if self.gone {
+                    if self.gone.is_some() {
                         return None;
                     }
                     None
@@ -316,7 +320,7 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
                             old.transport.shutdown();
                         }
                         self.visit(v);
-                        if self.gone {
+                        if self.gone.is_some() {
                             return None;
                         }
                     }
@@ -344,7 +348,8 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         match v(parts) {
             After::Serve => {}
             After::Leave => self.left = true,
-            After::Gone => self.gone = true,
+            After::Gone => self.gone = Some("the session moved to another server"),
+            After::Suspended => self.gone = Some("the session's lease was preempted: its state is on disk here"),
         }
     }
 

@@ -21,6 +21,12 @@
 //! ([`Registry::forward`]): its key and where it went, so that its client's
 //! resume here is answered with the new address. Notes are bounded in count
 //! and time; a session adopted here again drops its note.
+//!
+//! A session whose lease was preempted leaves a suspension note
+//! ([`Registry::suspend`]): its key and its lease, so that its client's
+//! resume is answered "suspended, try again" until the session is restored
+//! here (adopting it drops the note) or its lease ends (the note is
+//! dropped with [`Registry::unsuspend_lease`]).
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
@@ -44,6 +50,8 @@ struct Inner {
     pending: HashMap<u64, Pending>,
     active: HashMap<u64, Active>,
     moved: HashMap<u64, Moved>,
+    /// Sessions of preempted leases, on disk here: id -> (key, lease).
+    suspended: HashMap<u64, (SessionKey, u64)>,
     /// Sessions being adopted in place of one still ending here: resumes
     /// wait in the new session's channel instead of finding no session.
     arriving: HashMap<u64, Arriving>,
@@ -132,7 +140,14 @@ pub enum ResumeError {
     Refused(AttachError),
     /// The session moved to this address (its key was right).
     Moved(String),
+    /// The session's lease is suspended (its key was right): it comes back
+    /// here when the lease resumes.
+    Suspended,
 }
+
+/// Most suspension notes kept: a preempted lease's sessions beyond this are
+/// not suspended (the suspension fails and the lease runs on).
+pub const MAX_SUSPENDED: usize = 4096;
 
 impl Registry {
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -151,7 +166,7 @@ impl Registry {
             let mut idb = [0u8; 8];
             getrandom::fill(&mut idb).map_err(std::io::Error::other)?;
             let id = u64::from_le_bytes(idb);
-            if id != 0 && !inner.pending.contains_key(&id) && !inner.active.contains_key(&id) {
+            if id != 0 && !inner.pending.contains_key(&id) && !inner.active.contains_key(&id) && !inner.suspended.contains_key(&id) {
                 inner.pending.insert(id, Pending { key, client_name: client_name.to_string() });
                 return Ok((id, key));
             }
@@ -204,6 +219,9 @@ impl Registry {
         let now = Instant::now();
         if let Some(m) = inner.moved.get(&id).filter(|m| m.until > now && constant_time_eq(&m.key, key)) {
             return Err((ResumeError::Moved(m.to.clone()), resume));
+        }
+        if inner.suspended.get(&id).is_some_and(|(k, _)| constant_time_eq(k, key)) {
+            return Err((ResumeError::Suspended, resume));
         }
         // Before the active sessions too: the one active may be the one
         // ending, which the arriving one replaces.
@@ -261,6 +279,34 @@ impl Registry {
         inner.moved.insert(id, Moved { key, to: to.to_string(), until: now + FORWARD_FOR });
     }
 
+    /// Notes that session `id` (key `key`) of `lease` is suspended here, on
+    /// disk: its client's resumes are told to wait. False when too many
+    /// notes are kept already.
+    pub fn suspend(&self, id: u64, key: SessionKey, lease: u64) -> bool {
+        let mut inner = self.lock();
+        if inner.suspended.len() >= MAX_SUSPENDED && !inner.suspended.contains_key(&id) {
+            return false;
+        }
+        inner.suspended.insert(id, (key, lease));
+        true
+    }
+
+    /// Drops the suspension notes of `lease` (it ended): its clients'
+    /// resumes are refused from now on. Returns the sessions it had.
+    pub fn unsuspend_lease(&self, lease: u64) -> Vec<u64> {
+        let mut inner = self.lock();
+        let ids: Vec<u64> = inner.suspended.iter().filter(|(_, (_, l))| *l == lease).map(|(&id, _)| id).collect();
+        for id in &ids {
+            inner.suspended.remove(id);
+        }
+        ids
+    }
+
+    /// The leases with suspension notes here.
+    pub fn suspended_leases(&self) -> std::collections::BTreeSet<u64> {
+        self.lock().suspended.values().map(|&(_, l)| l).collect()
+    }
+
     /// Every active session's client process id, where its client named one.
     pub fn pids(&self) -> HashMap<u64, u32> {
         self.lock().active.iter().filter_map(|(&id, a)| Some((id, client_pid(&a.client_name)?))).collect()
@@ -308,8 +354,10 @@ impl Registry {
             let replace = replace || replacing || inner.moved.contains_key(&id);
             match inner.active.get(&id) {
                 None => {
-                    // Back here after moving away: resumes are ours again.
+                    // Back here after moving away, or restored after a
+                    // suspension: resumes are ours again.
                     inner.moved.remove(&id);
+                    inner.suspended.remove(&id);
                     let socket = inner.arriving.remove(&id).and_then(|a| a.socket);
                     let a = Active { key, client_name: client_name.to_string(), socket, resume: tx, ended: None };
                     inner.active.insert(id, a);
@@ -362,6 +410,7 @@ impl Registry {
         inner.closing = true;
         inner.pending.clear();
         inner.moved.clear();
+        inner.suspended.clear();
         inner.arriving.clear();
         for (_, a) in inner.active.drain() {
             a.close();
@@ -413,6 +462,35 @@ mod tests {
         let (c, res) = resume_on_loopback();
         assert!(r.resume(7, &key, c, res).is_ok());
         assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+    }
+
+    #[test]
+    fn a_suspended_session_is_told_to_wait_until_restored_or_its_lease_ends() {
+        let r = Registry::default();
+        let key = [5u8; SESSION_KEY_LEN];
+        let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        assert!(r.suspend(7, key, 0x11));
+        // Its thread is still ending: the client is told to wait, not
+        // handed to the session that is going.
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Suspended, _))));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &[6u8; SESSION_KEY_LEN], c, res), Err((ResumeError::Refused(AttachError::Unknown), _))),
+            "without the key nothing is said of the session");
+        drop(rx);
+        r.detach(7);
+        assert_eq!(r.suspended_leases().into_iter().collect::<Vec<_>>(), vec![0x11]);
+        // Restored: resumes reach it again.
+        let rx = r.adopt(7, key, "c", true, Duration::ZERO).unwrap();
+        let (c, res) = resume_on_loopback();
+        assert!(r.resume(7, &key, c, res).is_ok());
+        assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+        assert!(r.suspended_leases().is_empty());
+        // A lease that ends while suspended: its clients are refused.
+        assert!(r.suspend(8, key, 0x12));
+        assert_eq!(r.unsuspend_lease(0x12), vec![8]);
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(8, &key, c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
     }
 
     /// A restore in place of a session still ending here: a resume that
