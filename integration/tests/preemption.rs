@@ -23,55 +23,93 @@ fn snapshots(dir: &std::path::Path) -> Vec<String> {
     std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()?.file_name().into_string().ok()).collect()
 }
 
+/// A broker that preempts at once, a sim server with a checkpoint
+/// directory, and rt_checkpoint running under a lease of priority 0 there,
+/// past its first round.
+struct Pool {
+    dir: Dir,
+    b: Broker,
+    s: Server,
+    flags: Vec<String>,
+    seed: String,
+    /// The program's lease.
+    low: String,
+}
+
+impl Pool {
+    fn start(name: &str, rounds: u32) -> (Pool, Running) {
+        let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+        let dir = Dir::scratch(name);
+        let d = &dir.0;
+        std::fs::create_dir_all(d.join("snapshots")).unwrap();
+        let b = broker_with(d, &["--preempt-after-ms", "0"]);
+        let flags: Vec<String> = [
+            ("--broker", b.addr.clone()),
+            ("--broker-key-file", d.join("key").display().to_string()),
+            ("--checkpoint-dir", d.join("snapshots").display().to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect();
+        let seed = format!("rgpu-{name}-{}", std::process::id());
+        let s = Server::start_on("127.0.0.1:0", ServerOpts::default(), &seed, &flags);
+        let sa = s.addr_string();
+        wait_until("the server registered", Duration::from_secs(20), || servers_up(&b, d) == vec![sa.clone()]);
+        let key = d.join("admin.key").display().to_string();
+        let run_args = ["--broker", &b.addr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
+        let envs = [("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
+        let rounds = rounds.to_string();
+        let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", &rounds, "--wait-ms", "300", "--mib", "16"], &envs);
+        if !run.wait_for_line("round 1", run_timeout()) {
+            let out = run.wait(Duration::from_secs(5));
+            panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&s]));
+        }
+        let leases = json(&["leases"], &b, d);
+        let low = leases.as_array().unwrap().first().expect("the run's lease")["id"].as_str().unwrap().to_string();
+        (Pool { dir, b, s, flags, seed, low }, run)
+    }
+
+    fn snapshots(&self) -> Vec<String> {
+        snapshots(&self.dir.0.join("snapshots"))
+    }
+
+    /// Asks for the GPU at priority 5, which suspends the program's lease;
+    /// returns the urgent lease's id once granted, and how long that took.
+    fn preempt(&self) -> (String, Duration) {
+        let started = Instant::now();
+        let urgent = json(&["lease", "--gpus", "1", "--priority", "5", "--wait", "60s", "--bearer-token"], &self.b, &self.dir.0);
+        let took = started.elapsed();
+        let row = self.lease(&self.low).expect("the run's lease lives on");
+        assert_eq!(row["state"], "suspended", "{row}\n{}", self.s.describe());
+        let on_disk = self.snapshots();
+        assert!(
+            on_disk.len() == 1 && on_disk[0].starts_with(&format!("preempt-{}-", self.low)),
+            "the session's snapshot: {on_disk:?}\n{}",
+            self.s.describe()
+        );
+        (urgent["id"].as_str().expect("the urgent lease's id").to_string(), took)
+    }
+
+    fn lease(&self, id: &str) -> Option<serde_json::Value> {
+        json(&["leases"], &self.b, &self.dir.0).as_array().unwrap().iter().find(|l| l["id"] == id).cloned()
+    }
+
+    fn release(&self, id: &str) {
+        let (ok, out, err) = rgpu(&["release", id], &self.b, &self.dir.0);
+        assert!(ok, "rgpu release {id}: {out}\n{err}");
+    }
+
+    fn audited(&self, op: &str) -> bool {
+        let audit = json(&["audit"], &self.b, &self.dir.0);
+        audit.as_array().unwrap().iter().any(|r| r["op"] == op && r["ok"] == true && r["target"] == self.low.as_str())
+    }
+}
+
 #[test]
 fn a_preempted_program_waits_on_disk_and_resumes_with_every_round_right() {
-    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = Dir::scratch("preemption");
-    let d = &dir.0;
-    let snaps = d.join("snapshots");
-    std::fs::create_dir_all(&snaps).unwrap();
-    let b = broker_with(d, &["--preempt-after-ms", "0"]);
-    let flags: Vec<String> = [
-        ("--broker", b.addr.clone()),
-        ("--broker-key-file", d.join("key").display().to_string()),
-        ("--checkpoint-dir", snaps.display().to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_string(), v])
-    .collect();
-    let seed = format!("rgpu-preemption-{}", std::process::id());
-    let s = Server::start_on("127.0.0.1:0", ServerOpts::default(), &seed, &flags);
-    let sa = s.addr_string();
-    wait_until("the server registered", Duration::from_secs(20), || servers_up(&b, d) == vec![sa.clone()]);
-
-    let baddr = b.addr.clone();
-    let key = d.join("admin.key").display().to_string();
-    let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
-    let envs = [("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
-    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
-    if !run.wait_for_line("round 1", run_timeout()) {
-        let out = run.wait(Duration::from_secs(5));
-        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&s]));
-    }
-    let leases = json(&["leases"], &b, d);
-    let low = leases.as_array().unwrap().first().expect("the run's lease")["id"].as_str().unwrap().to_string();
-
-    // The urgent lease waits for the GPU: the broker suspends the run's.
-    let started = Instant::now();
-    let urgent = json(&["lease", "--gpus", "1", "--priority", "5", "--wait", "60s", "--bearer-token"], &b, d);
-    let granted_in = started.elapsed();
-    let urgent_id = urgent["id"].as_str().expect("the urgent lease's id").to_string();
-    let report = || s.describe();
-    let now = json(&["leases"], &b, d);
-    let row = now.as_array().unwrap().iter().find(|l| l["id"] == low.as_str()).expect("the run's lease lives on").clone();
-    assert_eq!(row["state"], "suspended", "{row}\n{}", report());
-    let on_disk = snapshots(&snaps);
-    assert!(
-        on_disk.len() == 1 && on_disk[0].starts_with(&format!("preempt-{low}-")),
-        "the session's snapshot: {on_disk:?}\n{}",
-        report()
-    );
-    assert!(s.log().contains("lease suspended"), "{}", report());
+    let (p, run) = Pool::start("preemption", 6);
+    let (urgent, granted_in) = p.preempt();
+    assert!(p.s.log().contains("lease suspended"), "{}", p.s.describe());
     // The program waits while suspended (a round that had its last reply
     // before the suspension may still print).
     let before = rounds_done(&run.stdout_so_far());
@@ -79,24 +117,55 @@ fn a_preempted_program_waits_on_disk_and_resumes_with_every_round_right() {
     let during = rounds_done(&run.stdout_so_far());
     assert!(during <= before + 1, "the program ran on while suspended: {before} -> {during} rounds");
 
-    let (ok, out, err) = rgpu(&["release", &urgent_id], &b, d);
-    assert!(ok, "rgpu release: {out}\n{err}");
+    p.release(&urgent);
     let done = run.wait(run_timeout());
-    done.assert_pass("rt_checkpoint", &[&s]);
-    let report = done.describe(&[&s]);
+    done.assert_pass("rt_checkpoint", &[&p.s]);
+    let report = done.describe(&[&p.s]);
     for r in 0..6 {
         assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(done.stderr.contains("lease is suspended"), "the shim did not wait for the suspension\n{report}");
     assert!(done.stderr.contains("lease was resumed after"), "{report}");
-    assert!(s.log().contains("lease resumed"), "{report}");
-    assert!(snapshots(&snaps).is_empty(), "snapshots left after the resume: {:?}", snapshots(&snaps));
-    let audit = json(&["audit"], &b, d);
+    assert!(p.s.log().contains("lease resumed"), "{report}");
+    assert!(p.snapshots().is_empty(), "snapshots left after the resume: {:?}", p.snapshots());
     for op in ["suspend", "resume"] {
-        assert!(
-            audit.as_array().unwrap().iter().any(|r| r["op"] == op && r["ok"] == true && r["target"] == low.as_str()),
-            "{op} is audited: {audit}"
-        );
+        assert!(p.audited(op), "{op} is not audited");
     }
     eprintln!("preemption: the urgent lease was granted {granted_in:?} after it asked");
+}
+
+/// The snapshots outlive the server: one killed while a lease is suspended
+/// and started again at its address still resumes it.
+#[test]
+fn a_server_restarted_while_a_lease_is_suspended_still_resumes_it() {
+    let (mut p, run) = Pool::start("preemption-restart", 4);
+    let (urgent, _) = p.preempt();
+    let addr = p.s.addr_string();
+    p.s.kill();
+    p.s = Server::start_on(&addr, ServerOpts::default(), &p.seed, &p.flags);
+    wait_until("the suspended session noted again", Duration::from_secs(20), || p.s.log().contains("a suspended session is on disk here"));
+    wait_until("the server registered again", Duration::from_secs(20), || servers_up(&p.b, &p.dir.0) == vec![addr.clone()]);
+    p.release(&urgent);
+    let done = run.wait(run_timeout());
+    done.assert_pass("rt_checkpoint", &[&p.s]);
+    let report = done.describe(&[&p.s]);
+    for r in 0..4 {
+        assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(p.snapshots().is_empty(), "snapshots left after the resume: {:?}", p.snapshots());
+}
+
+/// A lease released while suspended: its snapshot is dropped and its
+/// program fails (it does not hang, and nothing of it comes back).
+#[test]
+fn a_lease_released_while_suspended_drops_its_snapshot_and_fails_its_program() {
+    let (p, run) = Pool::start("preemption-ended", 6);
+    let (_urgent, _) = p.preempt();
+    p.release(&p.low);
+    wait_until("the snapshot dropped", Duration::from_secs(20), || p.snapshots().is_empty());
+    let done = run.wait(run_timeout());
+    let report = done.describe(&[&p.s]);
+    assert!(!done.timed_out && done.status.is_some_and(|s| !s.success()), "the program of a released lease did not fail\n{report}");
+    assert!(!done.stdout.contains("ok: round 5: "), "{report}");
+    assert!(p.s.log().contains("a suspended lease ended"), "{report}");
 }
