@@ -314,6 +314,31 @@ impl BrokerClient {
         })
     }
 
+    /// Asks one of this credential's leases suspended to its server's disk,
+    /// its GPUs freed, until [`Self::resume`]; it comes back `suspending`.
+    pub fn suspend(&self, id: u64) -> Result<LeaseView, ClientError> {
+        self.call(|c| {
+            let mut req = c.suspend_request();
+            req.get().set_lease_id(id);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+            }
+        })
+    }
+
+    /// Lets a lease [`Self::suspend`] suspended take its GPUs back.
+    pub fn resume(&self, id: u64) -> Result<LeaseView, ClientError> {
+        self.call(|c| {
+            let mut req = c.resume_request();
+            req.get().set_lease_id(id);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+            }
+        })
+    }
+
     /// True if the lease was live; releasing an ended lease is not an error.
     pub fn release(&self, id: u64) -> Result<bool, ClientError> {
         self.call(|c| {

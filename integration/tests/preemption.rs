@@ -169,3 +169,33 @@ fn a_lease_released_while_suspended_drops_its_snapshot_and_fails_its_program() {
     assert!(!done.stdout.contains("ok: round 5: "), "{report}");
     assert!(p.s.log().contains("a suspended lease ended"), "{report}");
 }
+
+/// `rgpu suspend` and `rgpu resume`: the owner parks its lease on disk,
+/// GPUs freed, for as long as it likes, and the program carries on after.
+#[test]
+fn an_owner_suspends_its_lease_and_resumes_it_with_every_round_right() {
+    let (p, run) = Pool::start("preemption-owner", 5);
+    let d = &p.dir.0;
+    let (ok, _, err) = rgpu(&["resume", &p.low], &p.b, d);
+    assert!(!ok && err.contains("not suspended by its owner"), "resuming a running lease: {err}");
+    let (ok, out, err) = rgpu(&["suspend", &p.low, "--json"], &p.b, d);
+    assert!(ok, "rgpu suspend: {out}\n{err}\n{}", p.s.describe());
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(l["state"], "suspended", "{l}");
+    assert_eq!(p.snapshots().len(), 1, "{:?}", p.snapshots());
+    let free = || json(&["servers"], &p.b, d)[0]["gpus_free"].as_u64();
+    assert_eq!(free(), Some(1), "the GPU is free while the lease is suspended");
+    // Free and nothing waiting: it stays suspended until its owner says.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(p.lease(&p.low).unwrap()["state"], "suspended");
+    let (ok, out, err) = rgpu(&["resume", &p.low], &p.b, d);
+    assert!(ok, "rgpu resume: {out}\n{err}");
+    assert!(err.contains("Resumed lease"), "{err}");
+    let done = run.wait(run_timeout());
+    done.assert_pass("rt_checkpoint", &[&p.s]);
+    let report = done.describe(&[&p.s]);
+    for r in 0..5 {
+        assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(p.snapshots().is_empty(), "{:?}", p.snapshots());
+}

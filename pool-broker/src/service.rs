@@ -475,6 +475,39 @@ impl Service {
         Ok(r)
     }
 
+    /// Suspends one of `who`'s tenant's leases (an admin: any) until it is
+    /// resumed (`State::hold`); another tenant's is answered as a lease
+    /// this broker does not know.
+    pub async fn suspend(&self, who: &Identity, id: u64) -> Result<Lease, BrokerError> {
+        self.owned(who, id, |st, now| st.hold(id, now)).await
+    }
+
+    /// Lets a lease [`Self::suspend`] suspended resume (`State::unhold`).
+    pub async fn resume(&self, who: &Identity, id: u64) -> Result<Lease, BrokerError> {
+        self.owned(who, id, |st, now| st.unhold(id, now)).await
+    }
+
+    async fn owned(
+        &self,
+        who: &Identity,
+        id: u64,
+        op: impl FnOnce(&mut State, Millis) -> Result<Lease, BrokerError>,
+    ) -> Result<Lease, BrokerError> {
+        self.serving()?;
+        let (r, rx) = {
+            let mut st = self.lock();
+            let r = match st.lease(id) {
+                Some(l) if l.tenant != who.tenant && who.role < Role::Admin => {
+                    Err(BrokerError::NotFound { id, why: "is not known to this broker".into() })
+                }
+                _ => op(&mut st, now_ms()),
+            };
+            (r, self.commit(&mut st))
+        };
+        Self::durable(rx).await?;
+        r
+    }
+
     pub async fn drain(&self, id: &str, deadline: Option<Millis>, for_shutdown: bool) -> Result<(), BrokerError> {
         self.serving()?;
         let (r, rx) = {

@@ -218,6 +218,10 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
     // Releasing it: answered as an ended lease; it lives on.
     assert!(!bob.release(a.id_u64()).unwrap());
     assert_eq!(alice.leases("").unwrap().len(), 1);
+    // Suspending or resuming it: no such lease either; it runs on.
+    assert_eq!(kind(bob.suspend(a.id_u64())), "not-found");
+    assert_eq!(kind(bob.resume(a.id_u64())), "not-found");
+    assert_eq!(alice.leases("").unwrap()[0].state, "active", "bob suspended alice's lease");
     // Alice's idempotency key gives bob a lease of his own, not hers.
     let b = bob.lease(&one_gpu("job-1")).unwrap();
     assert_ne!(b.id, a.id);

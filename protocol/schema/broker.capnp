@@ -62,6 +62,15 @@ interface Session {
   # live leases so far; a user sees its own tenant's only, an operator any
   # (tenant "" for all), newest last, at most `limit` (0: 1000).
   usage @11 (tenant :Text, sinceMs :UInt64, limit :UInt32) -> (records :List(UsageRecord));
+  # The caller's own lease (an admin: any) written to its server's disk and
+  # its GPUs freed (docs/migration.md "Preemption"); its program waits. It
+  # stays suspended until `resume`. The lease comes back `suspending`; its
+  # state turns `suspended` once the server has written it (or `active`
+  # with `moveError` set if the server could not).
+  suspend @12 (leaseId :UInt64) -> (lease :Lease);
+  # Lets a lease suspended by `suspend` take its GPUs back: at once if they
+  # are free and nothing of higher priority waits for them, else then.
+  resume @13 (leaseId :UInt64) -> (lease :Lease);
 }
 
 # A registered GPU server, for as long as its connection lasts. Its

@@ -16,6 +16,7 @@ pub mod servers;
 pub mod sessions;
 pub mod smi;
 pub mod status;
+pub mod suspend;
 pub mod top;
 pub mod undrain;
 pub mod usage;

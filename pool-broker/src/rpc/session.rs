@@ -127,6 +127,28 @@ impl session::Server for Session {
         Ok(())
     }
 
+    async fn suspend(self: Rc<Self>, params: session::SuspendParams, mut results: session::SuspendResults) -> Result<(), capnp::Error> {
+        let id = params.get()?.get_lease_id();
+        self.allow_audited(Role::User, "suspend-request", &lease_id(id))?;
+        let l = self.service.suspend(&self.id, id).await;
+        audit(&self.service, &self.actor, &self.peer, "suspend-request", &lease_id(id), &l, |l: &Lease| l.state_name().into());
+        let l = l.map_err(fail)?;
+        let token = self.service.token_for(&l);
+        write_lease(results.get().init_lease(), &l, &token);
+        Ok(())
+    }
+
+    async fn resume(self: Rc<Self>, params: session::ResumeParams, mut results: session::ResumeResults) -> Result<(), capnp::Error> {
+        let id = params.get()?.get_lease_id();
+        self.allow_audited(Role::User, "resume-request", &lease_id(id))?;
+        let l = self.service.resume(&self.id, id).await;
+        audit(&self.service, &self.actor, &self.peer, "resume-request", &lease_id(id), &l, |l: &Lease| l.state_name().into());
+        let l = l.map_err(fail)?;
+        let token = self.service.token_for(&l);
+        write_lease(results.get().init_lease(), &l, &token);
+        Ok(())
+    }
+
     async fn list_leases(self: Rc<Self>, params: session::ListLeasesParams, mut results: session::ListLeasesResults) -> Result<(), capnp::Error> {
         self.allow(Role::User)?;
         let asked = text(params.get()?.get_tenant());

@@ -54,6 +54,10 @@ pub struct Suspension {
     /// Whom it made room for: the waiting request's tenant and priority.
     pub for_tenant: String,
     pub for_priority: i32,
+    /// Asked by its owner (`rgpu suspend`): it stays suspended, however
+    /// free its GPUs, until its owner resumes it.
+    #[serde(default)]
+    pub held: bool,
 }
 
 /// What a heartbeat reply orders a server to do with a lease.
@@ -142,6 +146,7 @@ impl State {
                 since: now,
                 for_tenant: req.tenant.clone(),
                 for_priority: req.priority,
+                held: false,
             });
             tracing::info!(lease = format_args!("{id:#x}"), %server, priority = l.priority, for_tenant = %req.tenant,
                 for_priority = req.priority, "preempting a lease: its server suspends it to disk");
@@ -214,6 +219,7 @@ impl State {
             .iter()
             .filter_map(|id| self.leases.get(id))
             .filter(|l| l.state == LeaseState::Active && l.phase() == Some(Phase::Suspended))
+            .filter(|l| !l.suspension.as_ref().is_some_and(|s| s.held))
             .filter(|l| above.is_none_or(|p| p <= l.priority))
             .map(|l| (Reverse(l.priority), l.suspension.as_ref().map_or(0, |s| s.since), l.id))
             .collect();
@@ -247,6 +253,66 @@ impl State {
                         && if whole { x.is_free() } else { x.fits_fraction(g.take_memory, g.take_milli) }
                 })
         })
+    }
+
+    /// Its owner asks lease `id` suspended (`rgpu suspend`): its server
+    /// writes its sessions to disk and frees its GPUs, as for a preemption,
+    /// and it stays suspended until [`State::unhold`]. A lease suspended by
+    /// a preemption already is held from now on.
+    pub fn hold(&mut self, id: u64, now: Millis) -> Result<Lease, super::BrokerError> {
+        use super::BrokerError;
+        let l = self
+            .leases
+            .get(&id)
+            .filter(|l| l.state == LeaseState::Active)
+            .ok_or_else(|| BrokerError::NotFound { id, why: "is not live".into() })?;
+        let mut l = l.clone();
+        match l.suspension.as_mut() {
+            Some(s) if s.held => return Ok(l),
+            Some(s) => s.held = true,
+            None => {
+                if l.moving.is_some() {
+                    return Err(BrokerError::Invalid(format!("lease {id:#x} is being moved to another server; suspend it once it has moved")));
+                }
+                if l.only_server().is_none() {
+                    return Err(BrokerError::Invalid(format!("lease {id:#x} spans several servers: only a lease on one server can be suspended")));
+                }
+                l.suspension = Some(Suspension {
+                    phase: Phase::Suspending,
+                    since: now,
+                    for_tenant: l.tenant.clone(),
+                    for_priority: l.priority,
+                    held: true,
+                });
+                l.move_error.clear();
+                tracing::info!(lease = format_args!("{id:#x}"), "suspending a lease as its owner asks");
+            }
+        }
+        self.leases.insert(id, l.clone());
+        self.note_suspension(id);
+        self.changes.push(super::Change::Lease(l.clone()));
+        Ok(l)
+    }
+
+    /// Its owner lets lease `id`, suspended by [`State::hold`], resume: it
+    /// takes its own GPUs back once they are free and nothing of a higher
+    /// priority waits for them (at once, if so).
+    pub fn unhold(&mut self, id: u64, now: Millis) -> Result<Lease, super::BrokerError> {
+        use super::BrokerError;
+        let l = self
+            .leases
+            .get(&id)
+            .filter(|l| l.state == LeaseState::Active)
+            .ok_or_else(|| BrokerError::NotFound { id, why: "is not live".into() })?;
+        let mut l = l.clone();
+        match l.suspension.as_mut() {
+            Some(s) if s.held => s.held = false,
+            _ => return Err(BrokerError::Invalid(format!("lease {id:#x} is not suspended by its owner"))),
+        }
+        self.leases.insert(id, l.clone());
+        self.changes.push(super::Change::Lease(l));
+        self.try_queue(now);
+        Ok(self.leases[&id].clone())
     }
 
     /// Server `from` reports the suspension (`resumed` false) or the resume
@@ -445,6 +511,34 @@ mod tests {
         s.suspension_reported("x", low.id, true, Ok(()), 600).unwrap();
         assert_eq!(s.lease(low.id).unwrap().state_name(), "active");
         assert!(orders(&mut s).is_empty());
+    }
+
+    #[test]
+    fn an_owners_suspension_frees_the_gpus_and_holds_until_the_owner_resumes() {
+        // No preemption configured: the owner's ask alone suspends.
+        let mut s = pool(None, 1);
+        let l = grant(&mut s, ask("bob", 1, 0), 7, 0);
+        assert!(s.unhold(l.id, 5).is_err(), "not suspended: nothing to resume");
+        assert_eq!(s.hold(l.id, 10).unwrap().state_name(), "suspending");
+        assert_eq!(orders(&mut s), vec![(l.id, OrderKind::Suspend)]);
+        assert_eq!(s.hold(l.id, 11).unwrap().state_name(), "suspending", "asked twice: one suspension");
+        s.suspension_reported("x", l.id, false, Ok(()), 20).unwrap();
+        assert!(s.server("x").unwrap().gpus[0].is_free(), "its GPU is free while it is held");
+        // Its GPU free and nothing waiting: held all the same.
+        s.tick(1_000);
+        assert_eq!(s.lease(l.id).unwrap().state_name(), "suspended");
+        assert!(orders(&mut s).is_empty());
+        // Someone else uses the GPU meanwhile; the owner's resume waits
+        // for it, then takes it back.
+        let other = grant(&mut s, ask("carol", 1, 0), 9, 1_100);
+        assert_eq!(s.unhold(l.id, 1_200).unwrap().state_name(), "suspended", "its GPU is taken");
+        assert!(s.unhold(l.id, 1_201).is_err(), "no longer held");
+        s.release(other.id, 1_300);
+        assert_eq!(s.lease(l.id).unwrap().state_name(), "resuming");
+        assert_eq!(orders(&mut s), vec![(l.id, OrderKind::Resume)]);
+        s.suspension_reported("x", l.id, true, Ok(()), 1_400).unwrap();
+        assert_eq!(s.lease(l.id).unwrap().state_name(), "active");
+        assert!(s.hold(12345, 1_500).is_err(), "an unknown lease");
     }
 
     #[test]
