@@ -395,15 +395,11 @@ impl State {
         self.generation = generation;
         for l in leases {
             self.generation = self.generation.max(l.generation);
+            // Its tenant's quota stays held while it is suspended.
             if l.holds_gpus() {
-                self.occupy(&l);
-            } else {
-                // Its tenant's quota stays held while it is suspended.
-                let u = self.usage.entry(l.tenant.clone()).or_default();
-                u.milli += l.gpu_milli();
-                u.memory += l.memory();
-                u.leases += 1;
+                self.occupy_gpus(&l);
             }
+            self.occupy_usage(&l);
             if l.suspension.is_some() {
                 self.suspended.insert(l.id);
             }
@@ -1051,6 +1047,11 @@ impl State {
 
     fn occupy(&mut self, l: &Lease) {
         self.occupy_gpus(l);
+        self.occupy_usage(l);
+    }
+
+    /// Counts `l` in its tenant's quota.
+    fn occupy_usage(&mut self, l: &Lease) {
         let u = self.usage.entry(l.tenant.clone()).or_default();
         u.milli += l.gpu_milli();
         u.memory += l.memory();

@@ -14,15 +14,7 @@ use crate::pool::{self, BrokerArgs};
 #[derive(clap::Args)]
 pub struct SuspendArgs {
     #[command(flatten)]
-    broker: BrokerArgs,
-    /// The lease id (16 hex digits).
-    lease: String,
-    /// How long to wait for the server to have written it (0: return once asked).
-    #[arg(long, value_parser = parse_duration_ms, default_value = "120s")]
-    wait: u64,
-    /// Print the lease as JSON on stdout.
-    #[arg(long)]
-    json: bool,
+    on: LeaseArgs,
 }
 
 /// Resume a lease `rgpu suspend` suspended: it takes its own GPUs back once
@@ -31,10 +23,16 @@ pub struct SuspendArgs {
 #[derive(clap::Args)]
 pub struct ResumeArgs {
     #[command(flatten)]
+    on: LeaseArgs,
+}
+
+#[derive(clap::Args)]
+struct LeaseArgs {
+    #[command(flatten)]
     broker: BrokerArgs,
     /// The lease id (16 hex digits).
     lease: String,
-    /// How long to wait for it to run again (0: return once asked).
+    /// How long to wait for the lease to settle (0: return once asked).
     #[arg(long, value_parser = parse_duration_ms, default_value = "120s")]
     wait: u64,
     /// Print the lease as JSON on stdout.
@@ -42,14 +40,21 @@ pub struct ResumeArgs {
     json: bool,
 }
 
-pub fn suspend(a: SuspendArgs) -> Result<i32> {
-    let id = parse_lease_id(&a.lease).with_context(|| format!("invalid lease id {:?}", a.lease))?;
-    let b = a.broker.connect()?;
-    let l = b.suspend(id)?;
-    let l = settle(&b, l, a.wait, |s| s != "suspending")?;
-    if a.json {
-        pool::json(&l)?;
+impl LeaseArgs {
+    /// Asks `op` of the broker for the lease, then waits until `done(state)`.
+    fn run(&self, op: impl Fn(&BrokerClient, u64) -> Result<LeaseView, rgpu_broker_client::ClientError>, done: impl Fn(&str) -> bool) -> Result<LeaseView> {
+        let id = parse_lease_id(&self.lease).with_context(|| format!("invalid lease id {:?}", self.lease))?;
+        let b = self.broker.connect()?;
+        let l = settle(&b, op(&b, id)?, self.wait, done)?;
+        if self.json {
+            pool::json(&l)?;
+        }
+        Ok(l)
     }
+}
+
+pub fn suspend(a: SuspendArgs) -> Result<i32> {
+    let l = a.on.run(BrokerClient::suspend, |s| s != "suspending")?;
     match l.state.as_str() {
         "suspended" => eprintln!("Suspended lease {}: its sessions are on its server's disk and its GPUs free; `rgpu resume {}` brings it back", l.id, l.id),
         "suspending" => eprintln!("Lease {} is being suspended (its server is writing its sessions)", l.id),
@@ -60,13 +65,7 @@ pub fn suspend(a: SuspendArgs) -> Result<i32> {
 }
 
 pub fn resume(a: ResumeArgs) -> Result<i32> {
-    let id = parse_lease_id(&a.lease).with_context(|| format!("invalid lease id {:?}", a.lease))?;
-    let b = a.broker.connect()?;
-    let l = b.resume(id)?;
-    let l = settle(&b, l, a.wait, |s| s == "active")?;
-    if a.json {
-        pool::json(&l)?;
-    }
+    let l = a.on.run(BrokerClient::resume, |s| s == "active")?;
     match l.state.as_str() {
         "active" => eprintln!("Resumed lease {}: its programs carry on", l.id),
         "resuming" => eprintln!("Lease {} is resuming (its server is restoring its sessions)", l.id),

@@ -255,18 +255,18 @@ impl State {
         })
     }
 
+    fn live_lease(&self, id: u64) -> Result<Lease, super::BrokerError> {
+        let l = self.leases.get(&id).filter(|l| l.state == LeaseState::Active);
+        l.cloned().ok_or_else(|| super::BrokerError::NotFound { id, why: "is not live".into() })
+    }
+
     /// Its owner asks lease `id` suspended (`rgpu suspend`): its server
     /// writes its sessions to disk and frees its GPUs, as for a preemption,
     /// and it stays suspended until [`State::unhold`]. A lease suspended by
     /// a preemption already is held from now on.
     pub fn hold(&mut self, id: u64, now: Millis) -> Result<Lease, super::BrokerError> {
         use super::BrokerError;
-        let l = self
-            .leases
-            .get(&id)
-            .filter(|l| l.state == LeaseState::Active)
-            .ok_or_else(|| BrokerError::NotFound { id, why: "is not live".into() })?;
-        let mut l = l.clone();
+        let mut l = self.live_lease(id)?;
         match l.suspension.as_mut() {
             Some(s) if s.held => return Ok(l),
             Some(s) => s.held = true,
@@ -299,12 +299,7 @@ impl State {
     /// priority waits for them (at once, if so).
     pub fn unhold(&mut self, id: u64, now: Millis) -> Result<Lease, super::BrokerError> {
         use super::BrokerError;
-        let l = self
-            .leases
-            .get(&id)
-            .filter(|l| l.state == LeaseState::Active)
-            .ok_or_else(|| BrokerError::NotFound { id, why: "is not live".into() })?;
-        let mut l = l.clone();
+        let mut l = self.live_lease(id)?;
         match l.suspension.as_mut() {
             Some(s) if s.held => s.held = false,
             _ => return Err(BrokerError::Invalid(format!("lease {id:#x} is not suspended by its owner"))),
