@@ -135,7 +135,7 @@ impl ServerMetrics {
             let _ = migrations.get_or_create(&MigrationLabel { direction, result });
         }
         let sessions = Family::<StateLabel, Gauge>::default();
-        r.register("sessions", "Sessions now: pending (opened, no data connection yet) or active", sessions.clone());
+        r.register("sessions", "Sessions now: pending (opened, no data connection yet), active, or suspended (on disk for a preempted lease)", sessions.clone());
         let memory_used = Family::<DeviceLabel, Gauge>::default();
         r.register_with_unit(
             "device_memory_used",
@@ -226,6 +226,7 @@ impl ServerMetrics {
         let (pending, active) = service.sessions.counts();
         self.sessions.get_or_create(&StateLabel { state: "pending" }).set(pending as i64);
         self.sessions.get_or_create(&StateLabel { state: "active" }).set(active as i64);
+        self.sessions.get_or_create(&StateLabel { state: "suspended" }).set(service.sessions.suspended_count() as i64);
         for (i, l) in self.devices.iter().enumerate() {
             let used = service.meters.memory_on(i as u32);
             self.memory_used.get_or_create(l).set(used.min(i64::MAX as u64) as i64);

@@ -421,6 +421,11 @@ impl Registry {
         let inner = self.lock();
         (inner.pending.len(), inner.active.len())
     }
+
+    /// Sessions on disk here for their suspended leases.
+    pub fn suspended_count(&self) -> usize {
+        self.lock().suspended.len()
+    }
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -470,6 +475,7 @@ mod tests {
         let key = [5u8; SESSION_KEY_LEN];
         let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
         assert!(r.suspend(7, key, 0x11));
+        assert_eq!(r.suspended_count(), 1);
         // Its thread is still ending: the client is told to wait, not
         // handed to the session that is going.
         let (c, res) = resume_on_loopback();
