@@ -199,3 +199,27 @@ fn an_owner_suspends_its_lease_and_resumes_it_with_every_round_right() {
     }
     assert!(p.snapshots().is_empty(), "{:?}", p.snapshots());
 }
+
+/// A snapshot that cannot be restored (damaged on disk): the resume fails,
+/// the broker ends the lease, and the program fails at once instead of
+/// waiting for a session that cannot come back, or running on wrong state.
+#[test]
+fn a_damaged_snapshot_ends_the_lease_and_fails_its_program_instead_of_hanging() {
+    let (p, run) = Pool::start("preemption-damaged", 6);
+    let d = &p.dir.0;
+    let (ok, out, err) = rgpu(&["suspend", &p.low], &p.b, d);
+    assert!(ok, "rgpu suspend: {out}\n{err}\n{}", p.s.describe());
+    let file = d.join("snapshots").join(&p.snapshots()[0]);
+    let len = std::fs::metadata(&file).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&file).unwrap().set_len(len / 2).unwrap();
+    let started = Instant::now();
+    let _ = rgpu(&["resume", &p.low, "--wait", "0"], &p.b, d);
+    let done = run.wait(run_timeout());
+    let report = done.describe(&[&p.s]);
+    assert!(!done.timed_out && done.status.is_some_and(|s| !s.success()), "the program did not fail\n{report}");
+    assert!(started.elapsed() < Duration::from_secs(30), "failed only after {:?}\n{report}", started.elapsed());
+    assert!(!done.stdout.contains("ok: round 5: "), "{report}");
+    assert!(p.lease(&p.low).is_none_or(|l| l["state"] != "active"), "the lease runs on without its state");
+    wait_until("the snapshot dropped", Duration::from_secs(20), || p.snapshots().is_empty());
+    assert!(p.s.log().contains("lease not resumed"), "{report}");
+}

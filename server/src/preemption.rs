@@ -132,14 +132,25 @@ pub async fn resume_lease(service: &Arc<Service>, lease: u64) -> Result<usize, S
     let Some(dir) = service.checkpoint_dir.clone() else {
         return Err("this server has no --checkpoint-dir".into());
     };
-    let names = files_of(&dir, lease).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let names = match files_of(&dir, lease) {
+        Ok(n) => n,
+        Err(e) => {
+            forget(service, vec![lease]);
+            return Err(format!("{}: {e}", dir.display()));
+        }
+    };
     let mut restored = 0;
     for name in names {
         match relocate::restore(service, &name).await {
             Ok(_) => restored += 1,
             // Restored by an earlier try whose report was lost.
             Err(OpError::Taken(_)) => {}
-            Err(e) => return Err(format!("{name}: {e}")),
+            Err(e) => {
+                // What is left cannot come back: its clients are refused
+                // from now on (they would wait for ever), and its files go.
+                forget(service, vec![lease]);
+                return Err(format!("{name}: {e}"));
+            }
         }
         if let Err(e) = std::fs::remove_file(dir.join(&name)) {
             warn!(file = %name, "cannot delete a resumed lease's snapshot: {e}");
@@ -150,13 +161,14 @@ pub async fn resume_lease(service: &Arc<Service>, lease: u64) -> Result<usize, S
     Ok(restored)
 }
 
-/// Drops what suspended `leases` left here (they ended): their clients'
-/// resumes are refused from now on, and their files are deleted.
+/// Drops what suspended `leases` left here (they ended, or cannot be
+/// restored): their clients' resumes are refused from now on, and their
+/// files are deleted.
 pub fn forget(service: &Arc<Service>, leases: Vec<u64>) {
     for &l in &leases {
         service.leases.unsuspend(l);
         let sessions = service.sessions.unsuspend_lease(l);
-        info!(lease = format_args!("{l:#x}"), sessions = sessions.len(), "a suspended lease ended: its snapshots are dropped");
+        info!(lease = format_args!("{l:#x}"), sessions = sessions.len(), "a suspended lease ended (or cannot resume): its snapshots are dropped");
     }
     let Some(dir) = service.checkpoint_dir.clone() else { return };
     // Off the agent's task: a disk may be slow.
