@@ -100,8 +100,15 @@ async fn write_sessions(service: &Arc<Service>, lease: u64) -> Result<usize, Str
         for s in sessions {
             match relocate::suspend(service, s, lease, &file_name(lease, s), QUIESCE).await {
                 Ok(_) => written += 1,
-                // It ended meanwhile: nothing to keep.
-                Err(OpError::NoSession(_) | OpError::Ended(_)) => {}
+                // Not served: it ended meanwhile, or it is opened and not
+                // yet attached (nothing of it to keep). Closed, so that it
+                // cannot attach later and run on GPUs handed to another.
+                Err(OpError::NoSession(_) | OpError::Ended(_)) => {
+                    if service.sessions.close(s) {
+                        info!(session = format_args!("{s:#x}"), "a session of the lease being suspended was still opening: dropped");
+                    }
+                    service.leases.unbind(s);
+                }
                 Err(e) => return Err(format!("session {s:#x}: {e}")),
             }
             done.insert(s);
@@ -218,6 +225,44 @@ pub fn recover_at_start(service: &Service) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::sim::{SimBackend, SimConfig};
+    use crate::lease::Admission;
+
+    fn service(dir: &Path) -> Arc<Service> {
+        let cfg = SimConfig {
+            devices: 1,
+            memory: 16 << 20,
+            compute_capability: (9, 0),
+            seed: None,
+            kernel_time_limit: Duration::from_secs(5),
+            compiled_tier: true,
+        };
+        let checkpoint = crate::config::CheckpointConfig { dir: Some(dir.to_path_buf()), ..Default::default() };
+        Arc::new(Service::new(Arc::new(SimBackend::new(&cfg).unwrap()), Duration::from_secs(5)).with_checkpoint(&checkpoint))
+    }
+
+    /// A session opened and not yet attached when its lease is suspended
+    /// has nothing to write; it used to be left pending, free to attach
+    /// later and run on GPUs the broker had handed to another lease.
+    #[test]
+    fn a_session_still_opening_when_its_lease_is_suspended_is_dropped() {
+        let dir = std::env::temp_dir().join(format!("rgpu-preemption-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let service = service(&dir);
+        let (id, _key) = service.sessions.open("c").unwrap();
+        let a = Admission { lease: 9, generation: 1, memory_limit: None, deadline_ms: u64::MAX, devices: vec![0], pkey: None, compute_milli: 0 };
+        service.leases.bind(id, a);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let started = Instant::now();
+        assert_eq!(rt.block_on(suspend_lease(&service, 9)), Ok(0), "nothing to write");
+        assert!(started.elapsed() < FREE_WAIT, "waited {:?} for a session that was never served", started.elapsed());
+        assert!(service.leases.sessions_of(9).is_empty());
+        assert_eq!(service.sessions.counts(), (0, 0), "the opening session was dropped");
+        assert!(service.leases.is_suspended(9));
+        assert_eq!(rt.block_on(resume_lease(&service, 9)), Ok(0));
+        assert!(!service.leases.is_suspended(9));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn only_a_leases_own_snapshots_are_its() {
