@@ -188,9 +188,13 @@ fn an_owner_suspends_its_lease_and_resumes_it_with_every_round_right() {
     // Free and nothing waiting: it stays suspended until its owner says.
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(p.lease(&p.low).unwrap()["state"], "suspended");
+    // Meanwhile another lease takes the GPU: the resume waits for it.
+    let other = json(&["lease", "--gpus", "1", "--bearer-token"], &p.b, d);
     let (ok, out, err) = rgpu(&["resume", &p.low], &p.b, d);
-    assert!(ok, "rgpu resume: {out}\n{err}");
-    assert!(err.contains("Resumed lease"), "{err}");
+    assert!(ok && err.contains("waits for its GPUs"), "rgpu resume with its GPU taken: {out}\n{err}");
+    assert_eq!(p.lease(&p.low).unwrap()["state"], "suspended");
+    p.release(other["id"].as_str().unwrap());
+    wait_until("the lease running again", Duration::from_secs(20), || p.lease(&p.low).is_some_and(|l| l["state"] == "active"));
     let done = run.wait(run_timeout());
     done.assert_pass("rt_checkpoint", &[&p.s]);
     let report = done.describe(&[&p.s]);

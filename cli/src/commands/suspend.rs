@@ -32,7 +32,8 @@ struct LeaseArgs {
     broker: BrokerArgs,
     /// The lease id (16 hex digits).
     lease: String,
-    /// How long to wait for the lease to settle (0: return once asked).
+    /// How long to wait for the server to have written the lease (suspend)
+    /// or restored it (resume); 0: return once asked.
     #[arg(long, value_parser = parse_duration_ms, default_value = "120s")]
     wait: u64,
     /// Print the lease as JSON on stdout.
@@ -65,11 +66,14 @@ pub fn suspend(a: SuspendArgs) -> Result<i32> {
 }
 
 pub fn resume(a: ResumeArgs) -> Result<i32> {
-    let l = a.on.run(BrokerClient::resume, |s| s == "active")?;
+    // Waits while it is on the way back; a lease whose GPUs are taken
+    // stays `suspended`, and waiting would not help.
+    let l = a.on.run(BrokerClient::resume, |s| s != "resuming" && s != "suspending")?;
     match l.state.as_str() {
         "active" => eprintln!("Resumed lease {}: its programs carry on", l.id),
         "resuming" => eprintln!("Lease {} is resuming (its server is restoring its sessions)", l.id),
-        s => eprintln!("Lease {} is {s}: it takes its GPUs back once they are free", l.id),
+        "suspended" => eprintln!("Lease {} waits for its GPUs, in use by others: it takes them back once they are free", l.id),
+        s => eprintln!("Lease {} is {s}", l.id),
     }
     Ok(0)
 }
