@@ -94,7 +94,7 @@ fn check_all(cases: &[(&str, &[&str])]) {
 }
 
 const SUBCOMMANDS: &[&str] =
-    &["run", "demo", "bench", "lease", "renew", "release", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top", "checkpoint", "restore", "migrate", "sessions", "fault"];
+    &["run", "demo", "bench", "lease", "renew", "release", "suspend", "resume", "leases", "servers", "smi", "drain", "undrain", "status", "credential", "audit", "usage", "top", "checkpoint", "restore", "migrate", "sessions", "fault"];
 
 #[test]
 fn help_of_every_command() {

@@ -8,18 +8,20 @@ use rgpu_broker_client::{parse_lease_id, BrokerClient, LeaseView};
 
 use crate::pool::{self, BrokerArgs};
 
-/// Suspend a lease: its server writes its programs' sessions to disk and
-/// frees its GPUs; the programs wait, their calls do not fail, until
-/// `rgpu resume` (docs/migration.md "Preemption").
+/// Park a lease on its server's disk, its GPUs freed, until `rgpu resume`
+///
+/// Its server writes its programs' sessions to disk and ends them; the
+/// programs wait, their calls do not fail (docs/migration.md "Preemption").
 #[derive(clap::Args)]
 pub struct SuspendArgs {
     #[command(flatten)]
     on: LeaseArgs,
 }
 
-/// Resume a lease `rgpu suspend` suspended: it takes its own GPUs back once
-/// they are free (and nothing of higher priority waits for them), and its
-/// programs carry on where they were.
+/// Let a suspended lease run again where it was
+///
+/// It takes its own GPUs back once they are free (and nothing of higher
+/// priority waits for them), and its programs carry on where they were.
 #[derive(clap::Args)]
 pub struct ResumeArgs {
     #[command(flatten)]
