@@ -202,6 +202,9 @@ fn an_owner_suspends_its_lease_and_resumes_it_with_every_round_right() {
         assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(p.snapshots().is_empty(), "{:?}", p.snapshots());
+    for op in ["suspend-request", "resume-request", "suspend", "resume"] {
+        assert!(p.audited(op), "{op} is not audited");
+    }
 }
 
 /// A snapshot that cannot be restored (damaged on disk): the resume fails,
