@@ -153,6 +153,57 @@ pub struct DeviceStatus {
     pub used_mem: u64,
     /// Those sessions' client processes holding memory on the device: (pid, bytes).
     pub processes: Vec<(u32, u64)>,
+    /// The whole device's sensors and activity (not the lease's share).
+    pub telemetry: Telemetry,
+}
+
+/// One sensor reading of a device, and where it came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reading {
+    /// The server does not report it (its backend has no such reading, the GPU does not
+    /// support it, or the server predates telemetry).
+    #[default]
+    NotReported,
+    /// Observed: NVML on the server's GPU, or the sim timing its own work.
+    Measured(u32),
+    /// A constant the sim reports in place of a sensor it does not have.
+    Simulated(u32),
+}
+
+impl Reading {
+    /// The value, whichever its source; None when not reported.
+    pub fn value(self) -> Option<u32> {
+        match self {
+            Reading::NotReported => None,
+            Reading::Measured(v) | Reading::Simulated(v) => Some(v),
+        }
+    }
+
+    fn read(r: capnp::Result<rgpu_protocol::control_capnp::reading::Reader<'_>>) -> Reading {
+        use rgpu_protocol::control_capnp::ReadingSource as S;
+        let Ok(r) = r else { return Reading::NotReported };
+        match r.get_source() {
+            Ok(S::Measured) => Reading::Measured(r.get_value()),
+            Ok(S::Simulated) => Reading::Simulated(r.get_value()),
+            // A source this client does not know is not a value it can vouch for.
+            Ok(S::None) | Err(_) => Reading::NotReported,
+        }
+    }
+}
+
+/// What a device's server reports of its sensors and activity now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Telemetry {
+    /// Percent of the last sample period (about 1 s) during which a kernel ran.
+    pub gpu_utilization: Reading,
+    /// Percent of the last sample period during which device memory was read or written.
+    pub memory_utilization: Reading,
+    /// Degrees Celsius, the GPU die.
+    pub temperature: Reading,
+    /// Milliwatts the board draws.
+    pub power_usage: Reading,
+    /// Milliwatts, the enforced power limit.
+    pub power_limit: Reading,
 }
 
 /// The memory of each device on `addr` as this process may see it: with a
@@ -179,6 +230,13 @@ pub fn device_status(addr: &str, client_name: &str, security: &ClientSecurity) -
                         .get_processes()
                         .map(|l| l.iter().map(|p| (p.get_pid(), p.get_used_mem())).collect())
                         .unwrap_or_default(),
+                    telemetry: Telemetry {
+                        gpu_utilization: Reading::read(d.get_gpu_utilization()),
+                        memory_utilization: Reading::read(d.get_memory_utilization()),
+                        temperature: Reading::read(d.get_temperature()),
+                        power_usage: Reading::read(d.get_power_usage()),
+                        power_limit: Reading::read(d.get_power_limit()),
+                    },
                 })
                 .collect())
         }

@@ -99,6 +99,27 @@ struct DeviceStatus {
   # The client processes holding memory on the device now (of the lease,
   # where there is one), as NVML lists a GPU's processes.
   processes @3 :List(DeviceProcess);
+  # The device's sensors and activity now, as NVML reads them: whole
+  # device, not the lease's share (a GPU's temperature is the same for all
+  # its tenants). Each reading says where it came from; a server that reads
+  # none (or predates these fields) leaves every `source` at `none`.
+  gpuUtilization @4 :Reading;     # percent of the last sample period (about 1 s) a kernel ran
+  memoryUtilization @5 :Reading;  # percent of the last sample period device memory was read or written
+  temperature @6 :Reading;        # degrees Celsius, the GPU die (NVML_TEMPERATURE_GPU)
+  powerUsage @7 :Reading;         # milliwatts drawn by the board now
+  powerLimit @8 :Reading;         # milliwatts, the enforced power limit
+}
+
+# One sensor reading of a device.
+struct Reading {
+  source @0 :ReadingSource;
+  value @1 :UInt32;           # meaningful only when `source` is not `none`
+}
+
+enum ReadingSource {
+  none @0;                    # not reported: the backend has no such reading (or the GPU does not support it)
+  measured @1;                # observed now: NVML on the server's GPU, or the sim timing its own kernels
+  simulated @2;               # a constant the sim reports in place of a sensor it does not have
 }
 
 struct DeviceProcess {

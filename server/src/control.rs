@@ -200,12 +200,24 @@ impl gpu_server::Server for GpuServer {
             .filter(|(_, m)| lease.is_none() || m.lease == lease)
             .filter_map(|(id, m)| Some((*pids.get(&id)?, m)))
             .collect();
+        // NVML queries may take a while (across the network on a chained server).
+        let backend = self.service.backend.clone();
+        let telemetry = tokio::task::spawn_blocking(move || backend.telemetry()).await.unwrap_or_else(|e| {
+            warn!("device telemetry failed: {e}");
+            Vec::new()
+        });
         let mut list = results.get().init_devices(shown.len() as u32);
         for (i, (ordinal, total, used)) in shown.into_iter().enumerate() {
             let mut b = list.reborrow().get(i as u32);
             b.set_ordinal(ordinal);
             b.set_total_mem(total);
             b.set_used_mem(used);
+            let t = telemetry.get(ordinal as usize).copied().unwrap_or_default();
+            set_reading(b.reborrow().init_gpu_utilization(), t.gpu_utilization);
+            set_reading(b.reborrow().init_memory_utilization(), t.memory_utilization);
+            set_reading(b.reborrow().init_temperature(), t.temperature);
+            set_reading(b.reborrow().init_power_usage(), t.power_usage);
+            set_reading(b.reborrow().init_power_limit(), t.power_limit);
             let procs: Vec<(u32, u64)> =
                 meters.iter().map(|(pid, m)| (*pid, m.memory_on(ordinal))).filter(|&(_, used)| used > 0).collect();
             let mut pl = b.init_processes(procs.len() as u32);
@@ -504,4 +516,16 @@ async fn watchdog(a: &Activity, hello_by: Instant, idle: Duration) -> String {
             _ = a.called.notified() => {}
         }
     }
+}
+
+fn set_reading(mut b: rgpu_protocol::control_capnp::reading::Builder<'_>, r: crate::telemetry::Reading) {
+    use rgpu_protocol::control_capnp::ReadingSource as S;
+    use crate::telemetry::Reading;
+    let (source, value) = match r {
+        Reading::NotReported => (S::None, 0),
+        Reading::Measured(v) => (S::Measured, v),
+        Reading::Simulated(v) => (S::Simulated, v),
+    };
+    b.set_source(source);
+    b.set_value(value);
 }

@@ -33,6 +33,7 @@ pub mod relocate;
 pub mod service;
 pub mod session;
 pub mod state;
+pub mod telemetry;
 pub mod transport_select;
 pub mod vmm;
 

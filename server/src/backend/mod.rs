@@ -295,6 +295,17 @@ pub trait Backend: Send + Sync + 'static {
     fn set_fault(&self, _device: u32, _fault: Option<crate::health::Fault>) -> Result<crate::health::DeviceHealth, crate::health::HealthError> {
         Err(crate::health::HealthError::NotInjectable(self.name()))
     }
+    /// Each device's activity and sensors now, by ordinal: what
+    /// `deviceStatus` reports ([`crate::telemetry`]). A backend reports only
+    /// what it reads or measures; the rest is [`Reading::NotReported`]
+    /// (the default, for all of it). May block for a while (NVML queries,
+    /// which on a chained server cross the network): callers keep it off
+    /// the async threads.
+    ///
+    /// [`Reading::NotReported`]: crate::telemetry::Reading::NotReported
+    fn telemetry(&self) -> Vec<crate::telemetry::DeviceTelemetry> {
+        vec![crate::telemetry::DeviceTelemetry::default(); self.devices().len()]
+    }
 }
 
 /// One session's objects. Methods take `&mut self`: a session is served by

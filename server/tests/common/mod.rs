@@ -329,6 +329,45 @@ fn device_status_rows(addr: &str, token: &[u8]) -> Result<Vec<StatusRow>, capnp:
     })
 }
 
+/// One reading of `deviceStatus`: its source ("none", "measured", "simulated") and value.
+pub type Reading = (&'static str, u32);
+
+/// Each device's readings in `deviceStatus` (no token): GPU utilization, memory utilization,
+/// temperature, power, power limit.
+pub fn device_telemetry(addr: &str) -> Result<Vec<[Reading; 5]>, capnp::Error> {
+    use rgpu_protocol::control_capnp::{reading, ReadingSource as S};
+    let read = |r: reading::Reader<'_>| -> Result<Reading, capnp::Error> {
+        let source = match r.get_source()? {
+            S::None => "none",
+            S::Measured => "measured",
+            S::Simulated => "simulated",
+        };
+        Ok((source, r.get_value()))
+    };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream.write_all(CONTROL_PREAMBLE).await.unwrap();
+        let conn = rgpu_broker_client::rpc::bootstrap::<gpu_server::Client, _>(stream);
+        let reply = tokio::time::timeout(IO_TIMEOUT, conn.client().device_status_request().send().promise)
+            .await
+            .expect("control plane timed out")?;
+        let mut out = Vec::new();
+        for d in reply.get()?.get_devices()? {
+            out.push([
+                read(d.get_gpu_utilization()?)?,
+                read(d.get_memory_utilization()?)?,
+                read(d.get_temperature()?)?,
+                read(d.get_power_usage()?)?,
+                read(d.get_power_limit()?)?,
+            ]);
+        }
+        drop(conn);
+        Ok(out)
+    })
+}
+
 /// deviceStatus presenting `token` (empty: none): (ordinal, total, used) per device.
 pub fn device_status(addr: &str, token: &[u8]) -> Result<Vec<(u32, u64, u64)>, capnp::Error> {
     Ok(device_status_rows(addr, token)?.into_iter().map(|(o, t, u, _)| (o, t, u)).collect())

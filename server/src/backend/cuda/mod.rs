@@ -34,6 +34,7 @@
 
 pub mod driver;
 pub mod health;
+pub mod telemetry;
 pub mod library;
 pub(crate) mod share;
 pub mod vmm;
@@ -95,6 +96,8 @@ struct Shared {
     scrub_on_alloc: Vec<AtomicBool>,
     /// The devices' health, as NVML reports it.
     health: health::NvmlHealth,
+    /// The devices' utilization, temperature and power, as NVML reads them.
+    telemetry: telemetry::NvmlTelemetry,
     /// Per device: its kernels in flight and its sharing groups' turns.
     watch: Vec<Arc<DeviceWatch>>,
 }
@@ -165,6 +168,7 @@ impl CudaBackend {
                 libraries: Mutex::new(LibraryCache::default()),
                 scrub_on_alloc: (0..n).map(|_| AtomicBool::new(false)).collect(),
                 health: health::NvmlHealth::open(&uuids),
+                telemetry: telemetry::NvmlTelemetry::new(&uuids),
                 watch: (0..n as u32).map(DeviceWatch::new).collect(),
             }),
         })
@@ -191,6 +195,10 @@ impl Backend for CudaBackend {
 
     fn kernel_times_known(&self) -> bool {
         true
+    }
+
+    fn telemetry(&self) -> Vec<crate::telemetry::DeviceTelemetry> {
+        self.shared.telemetry.read()
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {

@@ -42,6 +42,13 @@ pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 /// `CU_EVENT_INTERPROCESS`.
 pub const EVENT_INTERPROCESS: u32 = 0x4;
 
+/// What the sim reports for the sensors it does not have (as simulated,
+/// never as measured): an idle data-centre GPU's die temperature, its draw
+/// and its board's power limit, in NVML's units (degrees C, milliwatts).
+pub const SIM_TEMPERATURE_C: u32 = 40;
+pub const SIM_POWER_MW: u32 = 60_000;
+pub const SIM_POWER_LIMIT_MW: u32 = 400_000;
+
 /// How to build the sim's devices.
 #[derive(Debug, Clone)]
 pub struct SimConfig {
@@ -74,6 +81,8 @@ struct Shared {
     next_session: AtomicU64,
     /// Faults an operator injected: the devices' health.
     faults: crate::health::Faults,
+    /// Per device: when its kernels run, all sessions together (its utilization).
+    busy: Vec<Arc<crate::telemetry::BusyMeter>>,
 }
 
 impl Shared {
@@ -136,6 +145,7 @@ impl SimBackend {
                 cores: share::Cores::host(),
                 next_session: AtomicU64::new(1),
                 faults: crate::health::Faults::new(cfg.devices),
+                busy: (0..cfg.devices).map(|_| crate::telemetry::BusyMeter::new()).collect(),
             }),
         })
     }
@@ -164,6 +174,28 @@ impl Backend for SimBackend {
     // a GPU whose pages are pending retirement.
     fn set_fault(&self, device: u32, fault: Option<crate::health::Fault>) -> Result<crate::health::DeviceHealth, crate::health::HealthError> {
         self.shared.faults.set(device, fault)
+    }
+
+    /// GPU utilization is measured: the share of the last second during
+    /// which one or more kernels ran on the device (NVML's definition).
+    /// Memory utilization is not reported: the interpreter's loads and
+    /// stores are not timed apart from its arithmetic, and a copy's time is
+    /// the network's, so no figure here would be device memory's own.
+    /// Temperature and power are constants standing in for sensors the sim
+    /// has none of, reported as simulated.
+    fn telemetry(&self) -> Vec<crate::telemetry::DeviceTelemetry> {
+        use crate::telemetry::{DeviceTelemetry, Reading};
+        self.shared
+            .busy
+            .iter()
+            .map(|b| DeviceTelemetry {
+                gpu_utilization: Reading::Measured(b.percent()),
+                memory_utilization: Reading::NotReported,
+                temperature: Reading::Simulated(SIM_TEMPERATURE_C),
+                power_usage: Reading::Simulated(SIM_POWER_MW),
+                power_limit: Reading::Simulated(SIM_POWER_LIMIT_MW),
+            })
+            .collect()
     }
 
     fn open_session(&self, budget: Option<Arc<MemoryBudget>>) -> CuResult<Box<dyn BackendSession>> {
@@ -1050,7 +1082,9 @@ impl BackendSession for SimSession {
         let (dims, params, limit, cancel) = (*dims, params.to_vec(), self.shared.kernel_time_limit, self.cancel.clone());
         let compiled = self.shared.compiled_tier;
         let (timer, device, share) = (self.timer.clone(), lane.device(), self.share.clone());
+        let busy = self.shared.busy.get(device as usize).cloned();
         let run = move |out: &mut Vec<u8>| {
+            let _busy = busy.as_ref().map(|b| b.enter());
             let started = Instant::now();
             let r = kernels::run(&prog, &dims, &params, &regions, out, limit, compiled, &cancel, &share);
             if let Some(t) = timer {
