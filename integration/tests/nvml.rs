@@ -23,7 +23,8 @@ const PYNVML_NCCL: &[&str] = &[
     "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetHandleByUUID", "nvmlDeviceGetIndex",
     "nvmlDeviceGetName", "nvmlDeviceGetUUID", "nvmlDeviceGetPciInfo_v3",
     "nvmlDeviceGetCudaComputeCapability", "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetMigMode",
-    "nvmlDeviceGetNvLinkState", "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetNvLinkState", "nvmlSystemGetDriverVersion", "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
 ];
 
 #[test]

@@ -3,10 +3,13 @@
 //! numbers them as CUDA devices), so that pynvml, monitoring agents and job launchers that
 //! count GPUs through NVML see what CUDA will see.
 //!
-//! Memory info asks the device's server each time (`deviceStatus` on its control plane): with
-//! a lease token the lease's limit is the total and its own sessions' allocations are used.
-//! What rgpu does not know about a device is `NVML_ERROR_NOT_SUPPORTED`, never a made-up
-//! value: utilization, temperature, power, serial numbers, processes, NVLink and fabric state. Some clients resolve a fixed list of functions
+//! Memory info, processes, utilization, temperature and power ask the device's server each
+//! time (`deviceStatus` on its control plane): with a lease token the lease's limit is the total
+//! and its own sessions' allocations are used; utilization and sensors are the whole device's.
+//! What the server does not report (a GPU without the sensor; the sim's memory utilization) is
+//! `NVML_ERROR_NOT_SUPPORTED`; the sim's temperature and power are constants it reports as
+//! simulated (its device name says "sim"). What rgpu does not know about a device is
+//! `NVML_ERROR_NOT_SUPPORTED`, never a made-up value: serial numbers, NVLink and fabric state. Some clients resolve a fixed list of functions
 //! at once and stop at the first one missing (PyTorch's c10 asserts on each of its seven), so
 //! every query they name is exported, answering `NVML_ERROR_NOT_SUPPORTED` where rgpu has no
 //! answer. Other functions NVML has and this library lacks are not exported.
@@ -15,7 +18,7 @@ use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
 
-use rgpu_control_client::{parse_pci_bus_id, uuid_text, RemoteDevice};
+use rgpu_control_client::{parse_pci_bus_id, uuid_text, Reading, RemoteDevice, Telemetry};
 use rgpu_cuda_types::CUdevice_attribute as A;
 
 /// `nvmlReturn_t`.
@@ -565,10 +568,138 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(dev: NvmlDevice, memory: *mu
     })
 }
 
+// ---- activity and sensors ---------------------------------------------------------------------
+//
+// Whole-device readings, as the device's server reports them (`deviceStatus`): measured where
+// it measures them (NVML on a real GPU; kernel time on the sim), constants where the sim stands
+// in for a sensor it lacks (its device name says "sim"). What the server does not report is
+// NVML_ERROR_NOT_SUPPORTED, as on a GPU without that sensor.
+
+/// `nvmlUtilization_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NvmlUtilization {
+    pub gpu: c_uint,
+    pub memory: c_uint,
+}
+
+/// `nvmlTemperature_t` (nvmlTemperature_v1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NvmlTemperature {
+    pub version: c_uint,
+    pub sensor_type: c_uint,
+    pub temperature: c_int,
+}
+
+/// `nvmlTemperature_v1` (NVML_STRUCT_VERSION(Temperature, 1)).
+pub const NVML_TEMPERATURE_V1: c_uint = std::mem::size_of::<NvmlTemperature>() as c_uint | (1 << 24);
+/// `NVML_TEMPERATURE_GPU`, the only sensor of `nvmlTemperatureSensors_t` (`NVML_TEMPERATURE_COUNT` is 1).
+pub const NVML_TEMPERATURE_GPU: c_uint = 0;
+
+/// `rgpuTelemetry_t`: rgpu's own query, for an rgpu server whose GPUs are another rgpu server's
+/// (its cuda backend reads them through this library). NVML's queries answer a value alone; this
+/// keeps each reading's source, so that a simulated value upstream is not passed on as measured.
+/// Per reading (GPU utilization %, memory utilization %, temperature C, power mW, enforced power
+/// limit mW): [source, value], source 0 not reported, 1 measured, 2 simulated.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RgpuTelemetry {
+    pub readings: [[c_uint; 2]; 5],
+}
+
+fn telemetry_now(dev: NvmlDevice) -> Result<Telemetry, NvmlReturn> {
+    Ok(status_now(dev)?.telemetry)
+}
+
+fn reported(r: Reading) -> Result<c_uint, NvmlReturn> {
+    r.value().ok_or(NVML_ERROR_NOT_SUPPORTED)
+}
+
+/// NVML's utilization from a server's report: not supported without GPU utilization. A server
+/// that measures GPU but not memory utilization (the sim) leaves `memory` 0, as
+/// `nvmlUtilization_t` has no way to say "unknown" of one field alone (`rgpu smi` shows N/A).
+fn utilization_of(t: &Telemetry) -> Result<NvmlUtilization, NvmlReturn> {
+    Ok(NvmlUtilization { gpu: reported(t.gpu_utilization)?, memory: t.memory_utilization.value().unwrap_or(0) })
+}
+
+fn readings_of(t: &Telemetry) -> RgpuTelemetry {
+    let r = |r: Reading| match r {
+        Reading::NotReported => [0, 0],
+        Reading::Measured(v) => [1, v],
+        Reading::Simulated(v) => [2, v],
+    };
+    RgpuTelemetry {
+        readings: [r(t.gpu_utilization), r(t.memory_utilization), r(t.temperature), r(t.power_usage), r(t.power_limit)],
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(dev: NvmlDevice, utilization: *mut NvmlUtilization) -> NvmlReturn {
+    entry(|| {
+        let u = out(utilization)?;
+        *u = utilization_of(&telemetry_now(dev)?)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperature(dev: NvmlDevice, sensor: c_uint, temp: *mut c_uint) -> NvmlReturn {
+    entry(|| {
+        let t = out(temp)?;
+        if sensor != NVML_TEMPERATURE_GPU {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        *t = reported(telemetry_now(dev)?.temperature)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetTemperatureV(dev: NvmlDevice, temperature: *mut NvmlTemperature) -> NvmlReturn {
+    entry(|| {
+        let t = out(temperature)?;
+        if t.version != NVML_TEMPERATURE_V1 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        if t.sensor_type != NVML_TEMPERATURE_GPU {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        t.temperature = reported(telemetry_now(dev)?.temperature)? as c_int;
+        Ok(())
+    })
+}
+
+/// Milliwatts the board draws.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetPowerUsage(dev: NvmlDevice, power: *mut c_uint) -> NvmlReturn {
+    entry(|| {
+        let p = out(power)?;
+        *p = reported(telemetry_now(dev)?.power_usage)?;
+        Ok(())
+    })
+}
+
+/// Milliwatts, the limit the board enforces.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(dev: NvmlDevice, limit: *mut c_uint) -> NvmlReturn {
+    entry(|| {
+        let l = out(limit)?;
+        *l = reported(telemetry_now(dev)?.power_limit)?;
+        Ok(())
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn rgpuNvmlDeviceGetTelemetry(dev: NvmlDevice, telemetry: *mut RgpuTelemetry) -> NvmlReturn {
+    entry(|| {
+        let t = out(telemetry)?;
+        *t = readings_of(&telemetry_now(dev)?);
+        Ok(())
+    })
+}
+
 not_supported! {
-    nvmlDeviceGetUtilizationRates(utilization: *mut u32);
-    nvmlDeviceGetTemperature(sensor: c_uint, temp: *mut c_uint);
-    nvmlDeviceGetPowerUsage(power: *mut c_uint);
     nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
     // No NVLink or NVSwitch fabric joins the devices of a lease as the client sees them (their
     // memory is reached through rgpu, not peer to peer): what NVML says of a GPU without links.
@@ -591,6 +722,56 @@ mod tests {
         let mut name = [0 as c_char; 64];
         assert_eq!(unsafe { nvmlDeviceGetName(handle(0), name.as_mut_ptr(), 64) }, NVML_ERROR_UNINITIALIZED);
         assert_eq!(unsafe { CStr::from_ptr(nvmlErrorString(NVML_ERROR_NOT_SUPPORTED)) }.to_str().unwrap(), "Not Supported");
+    }
+
+    /// Arguments are checked before the server is asked: a null out-pointer or a sensor other
+    /// than the GPU's is an invalid argument, an unknown struct version a version mismatch;
+    /// valid arguments before nvmlInit are uninitialized.
+    #[test]
+    fn sensor_queries_check_their_arguments() {
+        let dev = handle(0);
+        let mut v: c_uint = 7;
+        assert_eq!(unsafe { nvmlDeviceGetTemperature(dev, 1, &mut v) }, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(unsafe { nvmlDeviceGetTemperature(dev, NVML_TEMPERATURE_GPU, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(unsafe { nvmlDeviceGetTemperature(dev, NVML_TEMPERATURE_GPU, &mut v) }, NVML_ERROR_UNINITIALIZED);
+        assert_eq!(unsafe { nvmlDeviceGetPowerUsage(dev, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(unsafe { nvmlDeviceGetPowerUsage(dev, &mut v) }, NVML_ERROR_UNINITIALIZED);
+        assert_eq!(unsafe { nvmlDeviceGetEnforcedPowerLimit(dev, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(unsafe { nvmlDeviceGetUtilizationRates(dev, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        let mut u = NvmlUtilization::default();
+        assert_eq!(unsafe { nvmlDeviceGetUtilizationRates(dev, &mut u) }, NVML_ERROR_UNINITIALIZED);
+        assert_eq!(unsafe { rgpuNvmlDeviceGetTelemetry(dev, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        let mut t = NvmlTemperature { version: NVML_TEMPERATURE_V1, sensor_type: 2, temperature: 0 };
+        assert_eq!(unsafe { nvmlDeviceGetTemperatureV(dev, &mut t) }, NVML_ERROR_INVALID_ARGUMENT);
+        t = NvmlTemperature { version: 1 << 24, sensor_type: NVML_TEMPERATURE_GPU, temperature: 0 };
+        assert_eq!(unsafe { nvmlDeviceGetTemperatureV(dev, &mut t) }, NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        t.version = NVML_TEMPERATURE_V1;
+        assert_eq!(unsafe { nvmlDeviceGetTemperatureV(dev, &mut t) }, NVML_ERROR_UNINITIALIZED);
+        // nvml.h: `nvmlTemperature_v1` is NVML_STRUCT_VERSION(Temperature, 1) over a 12-byte struct.
+        assert_eq!(NVML_TEMPERATURE_V1, 12 | 1 << 24);
+    }
+
+    /// What the server reports is answered; what it does not is NOT_SUPPORTED, as on a GPU
+    /// without the sensor.
+    #[test]
+    fn readings_answer_what_the_server_reports() {
+        let sim = Telemetry {
+            gpu_utilization: Reading::Measured(73),
+            memory_utilization: Reading::NotReported,
+            temperature: Reading::Simulated(40),
+            power_usage: Reading::Simulated(60_000),
+            power_limit: Reading::NotReported,
+        };
+        assert_eq!(utilization_of(&sim), Ok(NvmlUtilization { gpu: 73, memory: 0 }));
+        assert_eq!(reported(sim.temperature), Ok(40));
+        assert_eq!(reported(sim.power_usage), Ok(60_000));
+        assert_eq!(reported(sim.power_limit), Err(NVML_ERROR_NOT_SUPPORTED));
+        let gpu = Telemetry { memory_utilization: Reading::Measured(12), ..sim };
+        assert_eq!(utilization_of(&gpu), Ok(NvmlUtilization { gpu: 73, memory: 12 }));
+        let old = Telemetry::default();
+        assert_eq!(utilization_of(&old), Err(NVML_ERROR_NOT_SUPPORTED), "a server reporting nothing");
+        assert_eq!(reported(old.temperature), Err(NVML_ERROR_NOT_SUPPORTED));
+        assert_eq!(readings_of(&sim).readings, [[1, 73], [0, 0], [2, 40], [2, 60_000], [0, 0]]);
     }
 
     /// NVML's list protocol: ask with no room, get the count and INSUFFICIENT_SIZE; ask with
