@@ -1495,7 +1495,8 @@ fn set_pcs(pcs: &mut [u32; LANES], mask: u32, pc: u32) {
     }
 }
 
-#[inline]
+/// Always inlined, so that the compiled tier's vector executor has it as vector code.
+#[inline(always)]
 fn pred_mask(regs: &[u64], r: u32) -> u32 {
     let s = &regs[r as usize * LANES..r as usize * LANES + LANES];
     let mut m = 0u32;

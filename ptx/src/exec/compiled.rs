@@ -22,22 +22,22 @@ pub(crate) enum Fast {
     Outside,
     /// In a run, executed by the interpreter's per-op code.
     Interp,
-    Mov { mk: u64, d: u32, a: Src },
-    Int { f: IntF, mk: u64, bits: u8, d: u32, a: Src, b: Src },
-    Mad { f: MadF, mk: u64, bits: u8, d: u32, a: Src, b: Src, c: Src },
-    F32 { f: FF, fm: FMod, d: u32, a: Src, b: Src },
-    Fma32 { fm: FMod, d: u32, a: Src, b: Src, c: Src },
-    F64 { f: FF, d: u32, a: Src, b: Src },
-    Fma64 { d: u32, a: Src, b: Src, c: Src },
+    Mov { mk: u64, d: u32, a: Opd },
+    Int { f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b: Opd },
+    Mad { f: MadF, mk: u64, bits: u8, d: u32, a: Opd, b: Opd, c: Opd },
+    F32 { f: FF, fm: FMod, d: u32, a: Opd, b: Opd },
+    Fma32 { fm: FMod, d: u32, a: Opd, b: Opd, c: Opd },
+    F64 { f: FF, d: u32, a: Opd, b: Opd },
+    Fma64 { d: u32, a: Opd, b: Opd, c: Opd },
     /// neg/abs/not as bit operations (`xor`, `and` with the constant).
-    Bits { xor: u64, and: u64, d: u32, a: Src },
-    SetpI { cmp: Cmp, bits: u8, signed: bool, d: u32, d2: u32, a: Src, b: Src },
-    SetpF { cmp: Cmp, f64: bool, d: u32, d2: u32, a: Src, b: Src },
-    Selp { d: u32, a: Src, b: Src, p: Src },
+    Bits { xor: u64, and: u64, d: u32, a: Opd },
+    SetpI { cmp: Cmp, bits: u8, signed: bool, d: u32, d2: u32, a: Opd, b: Opd },
+    SetpF { cmp: Cmp, f64: bool, d: u32, d2: u32, a: Opd, b: Opd },
+    Selp { d: u32, a: Opd, b: Opd, p: Opd },
     /// cvt.rn (or no rounding) from a 32- or 64-bit integer to f32 (or f64).
-    CvtIF { f64: bool, bits: u8, signed: bool, d: u32, a: Src },
+    CvtIF { f64: bool, bits: u8, signed: bool, d: u32, a: Opd },
     /// Integer to integer without `.sat`.
-    CvtII { to_mk: u64, from_bits: u8, signed: bool, d: u32, a: Src },
+    CvtII { to_mk: u64, from_bits: u8, signed: bool, d: u32, a: Opd },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +74,34 @@ pub(crate) enum FF {
     Div,
 }
 
+/// A kernel's source operand: a register's row, or a row of [`Compiled::consts`] holding a
+/// constant in every lane (built once at load time, not broadcast at every execution).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opd {
+    R(u32),
+    K(u32),
+}
+
+/// The constants of a kernel's operands, a [`LANES`]-wide row each, interned.
+#[derive(Default)]
+struct Consts {
+    rows: Vec<u64>,
+    index: std::collections::HashMap<u64, u32>,
+}
+
+impl Consts {
+    fn opd(&mut self, s: Src) -> Opd {
+        match s {
+            Src::R(r) => Opd::R(r),
+            Src::C(c) => Opd::K(*self.index.entry(c).or_insert_with(|| {
+                let k = (self.rows.len() / LANES) as u32;
+                self.rows.extend_from_slice(&[c; LANES]);
+                k
+            })),
+        }
+    }
+}
+
 /// No predicate destination.
 const NO_REG: u32 = u32::MAX;
 
@@ -87,6 +115,8 @@ pub struct Compiled {
     pub(crate) run_end: Vec<u32>,
     /// Instructions with a specialised kernel.
     pub specialised: usize,
+    /// The rows [`Opd::K`] names.
+    pub(crate) consts: Vec<u64>,
     /// The host has AVX2, FMA and the bit-manipulation extensions: runs use the executor
     /// compiled for them.
     vector: bool,
@@ -94,7 +124,8 @@ pub struct Compiled {
 
 impl Compiled {
     pub fn build(name: &str, insts: &[Inst], joins: &[bool]) -> Compiled {
-        let ops: Vec<Fast> = insts.iter().map(|i| compile(&i.op)).collect();
+        let mut consts = Consts::default();
+        let ops: Vec<Fast> = insts.iter().map(|i| compile(&i.op, &mut consts)).collect();
         let n = ops.len();
         let mut run_end = vec![0u32; n];
         for pc in (0..n).rev() {
@@ -115,12 +146,12 @@ impl Compiled {
             first_unspecialised = ?first_interp,
             "compiled tier: instructions without a specialised kernel run on the interpreter's code"
         );
-        Compiled { ops, run_end, specialised, vector: vector_host() }
+        Compiled { ops, run_end, specialised, consts: consts.rows, vector: vector_host() }
     }
 
     /// Bytes it holds, for callers that bound what they keep.
     pub fn bytes(&self) -> usize {
-        self.ops.len() * (std::mem::size_of::<Fast>() + 4)
+        self.ops.len() * (std::mem::size_of::<Fast>() + 4) + self.consts.len() * 8
     }
 
     /// Replaces pc's kernel: for tests that check a wrong kernel is caught.
@@ -147,11 +178,11 @@ fn vector_host() -> bool {
     }
 }
 
-fn compile(op: &Op) -> Fast {
+fn compile(op: &Op, k: &mut Consts) -> Fast {
     match *op {
         Op::Bra { .. } | Op::Exit | Op::Bar { .. } | Op::WarpSync { .. } | Op::MbarWait(_) => Fast::Outside,
         ref o if polls(o) => Fast::Outside,
-        Op::Mov { bits, d, a } => Fast::Mov { mk: width_mask(bits), d, a },
+        Op::Mov { bits, d, a } => Fast::Mov { mk: width_mask(bits), d, a: k.opd(a) },
         Op::I2 { f, bits, signed, d, a, b } => {
             let f = match (f, signed) {
                 (I2::Add, _) => IntF::Add,
@@ -171,7 +202,7 @@ fn compile(op: &Op) -> Fast {
                 (I2::Max, false) => IntF::MaxU,
                 _ => return Fast::Interp,
             };
-            Fast::Int { f, mk: width_mask(bits), bits, d, a, b }
+            Fast::Int { f, mk: width_mask(bits), bits, d, a: k.opd(a), b: k.opd(b) }
         }
         Op::I3 { f, bits, signed, d, a, b, c } => {
             let f = match (f, signed) {
@@ -180,9 +211,9 @@ fn compile(op: &Op) -> Fast {
                 (I3::MadWide, false) => MadF::WideU,
                 _ => return Fast::Interp,
             };
-            Fast::Mad { f, mk: width_mask(bits), bits, d, a, b, c }
+            Fast::Mad { f, mk: width_mask(bits), bits, d, a: k.opd(a), b: k.opd(b), c: k.opd(c) }
         }
-        Op::I1 { f: I1::Not, bits, d, a, .. } => Fast::Bits { xor: u64::MAX, and: width_mask(bits), d, a },
+        Op::I1 { f: I1::Not, bits, d, a, .. } => Fast::Bits { xor: u64::MAX, and: width_mask(bits), d, a: k.opd(a) },
         Op::F2 { f, t, m, d, a, b } if matches!(t, FT::F32 | FT::F64) && !m.relu => {
             let f = match f {
                 F2::Add => FF::Add,
@@ -192,27 +223,27 @@ fn compile(op: &Op) -> Fast {
                 _ => return Fast::Interp,
             };
             if t == FT::F32 {
-                Fast::F32 { f, fm: m, d, a, b }
+                Fast::F32 { f, fm: m, d, a: k.opd(a), b: k.opd(b) }
             } else {
-                Fast::F64 { f, d, a, b }
+                Fast::F64 { f, d, a: k.opd(a), b: k.opd(b) }
             }
         }
-        Op::Fma { t: FT::F32, m, d, a, b, c } if !m.relu => Fast::Fma32 { fm: m, d, a, b, c },
-        Op::Fma { t: FT::F64, d, a, b, c, .. } => Fast::Fma64 { d, a, b, c },
-        Op::F1 { f: F1::Neg, t: FT::F64, d, a, .. } => Fast::Bits { xor: 1 << 63, and: u64::MAX, d, a },
-        Op::F1 { f: F1::Abs, t: FT::F64, d, a, .. } => Fast::Bits { xor: 0, and: !(1 << 63), d, a },
-        Op::F1 { f: F1::Neg, t: FT::F32, m, d, a } if !m.ftz => Fast::Bits { xor: 0x8000_0000, and: 0xffff_ffff, d, a },
-        Op::F1 { f: F1::Abs, t: FT::F32, m, d, a } if !m.ftz => Fast::Bits { xor: 0, and: 0x7fff_ffff, d, a },
+        Op::Fma { t: FT::F32, m, d, a, b, c } if !m.relu => Fast::Fma32 { fm: m, d, a: k.opd(a), b: k.opd(b), c: k.opd(c) },
+        Op::Fma { t: FT::F64, d, a, b, c, .. } => Fast::Fma64 { d, a: k.opd(a), b: k.opd(b), c: k.opd(c) },
+        Op::F1 { f: F1::Neg, t: FT::F64, d, a, .. } => Fast::Bits { xor: 1 << 63, and: u64::MAX, d, a: k.opd(a) },
+        Op::F1 { f: F1::Abs, t: FT::F64, d, a, .. } => Fast::Bits { xor: 0, and: !(1 << 63), d, a: k.opd(a) },
+        Op::F1 { f: F1::Neg, t: FT::F32, m, d, a } if !m.ftz => Fast::Bits { xor: 0x8000_0000, and: 0xffff_ffff, d, a: k.opd(a) },
+        Op::F1 { f: F1::Abs, t: FT::F32, m, d, a } if !m.ftz => Fast::Bits { xor: 0, and: 0x7fff_ffff, d, a: k.opd(a) },
         Op::Setp { cmp, t, d, d2, a, b, comb: None } => {
             let (d, d2) = (d.unwrap_or(NO_REG), d2.unwrap_or(NO_REG));
             match t {
-                CmpTy::Int { bits, signed } if bits == 32 || bits == 64 => Fast::SetpI { cmp, bits, signed, d, d2, a, b },
-                CmpTy::Float(FT::F32) => Fast::SetpF { cmp, f64: false, d, d2, a, b },
-                CmpTy::Float(FT::F64) => Fast::SetpF { cmp, f64: true, d, d2, a, b },
+                CmpTy::Int { bits, signed } if bits == 32 || bits == 64 => Fast::SetpI { cmp, bits, signed, d, d2, a: k.opd(a), b: k.opd(b) },
+                CmpTy::Float(FT::F32) => Fast::SetpF { cmp, f64: false, d, d2, a: k.opd(a), b: k.opd(b) },
+                CmpTy::Float(FT::F64) => Fast::SetpF { cmp, f64: true, d, d2, a: k.opd(a), b: k.opd(b) },
                 _ => Fast::Interp,
             }
         }
-        Op::Selp { d, a, b, p } => Fast::Selp { d, a, b, p },
+        Op::Selp { d, a, b, p } => Fast::Selp { d, a: k.opd(a), b: k.opd(b), p: k.opd(p) },
         // The interpreter's window arithmetic: global addresses are generic ones.
         Op::Cvta { to_generic, sp, d, a } => match sp {
             Space::Shared | Space::Local | Space::KParam => {
@@ -221,17 +252,17 @@ fn compile(op: &Op) -> Fast {
                     Space::Local => LOCAL_WINDOW,
                     _ => KPARAM_WINDOW,
                 };
-                Fast::Int { f: if to_generic { IntF::Add } else { IntF::Sub }, mk: u64::MAX, bits: 64, d, a, b: Src::C(win) }
+                Fast::Int { f: if to_generic { IntF::Add } else { IntF::Sub }, mk: u64::MAX, bits: 64, d, a: k.opd(a), b: k.opd(Src::C(win)) }
             }
-            _ => Fast::Mov { mk: u64::MAX, d, a },
+            _ => Fast::Mov { mk: u64::MAX, d, a: k.opd(a) },
         },
         Op::Cvt { to: CvtTy::Float(ft), from: CvtTy::Int { bits, signed }, rnd: Rnd::None | Rnd::Rn, d, a, .. }
             if matches!(ft, FT::F32 | FT::F64) && (bits == 32 || bits == 64) =>
         {
-            Fast::CvtIF { f64: ft == FT::F64, bits, signed, d, a }
+            Fast::CvtIF { f64: ft == FT::F64, bits, signed, d, a: k.opd(a) }
         }
         Op::Cvt { to: CvtTy::Int { bits: tb, .. }, from: CvtTy::Int { bits: fb, signed }, sat: false, d, a, .. } => {
-            Fast::CvtII { to_mk: width_mask(tb), from_bits: fb, signed, d, a }
+            Fast::CvtII { to_mk: width_mask(tb), from_bits: fb, signed, d, a: k.opd(a) }
         }
         _ => Fast::Interp,
     }
@@ -402,7 +433,7 @@ impl BlockRunner<'_> {
             if m == 0 {
                 continue;
             }
-            let regs = &mut w.regs;
+            let regs = &Rows::new(&mut w.regs, &prog.compiled.consts);
             match prog.compiled.ops[at as usize] {
                 Fast::Outside => unreachable!("runs hold no control instruction"),
                 Fast::Interp => self.exec(w, &inst.op, m, out).map_err(|(l, f)| (at, l, f))?,
@@ -516,7 +547,7 @@ impl BlockRunner<'_> {
 /// The integer binary kernels: the interpreter's `int2` formulas for the same ops.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn int_lanes(regs: &mut [u64], m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Src, b: Src) {
+fn int_lanes(regs: &Rows, m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b: Opd) {
     let sx = move |x: u64| sign_extend(x & mk, bits as u32) as i64;
     let bu = bits as u64;
     match f {
@@ -555,88 +586,163 @@ fn int_lanes(regs: &mut [u64], m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Sr
     }
 }
 
-// The lane loops are plain loops (not `array::from_fn`, whose closure call is not inlined
-// into the vector executor and so would be compiled for the baseline ISA), reading the
-// sources in place and writing the destination once all lanes are computed (a destination
-// may be a source).
+// The lane loops work in place on chunks of [`CHUNK`] lanes: each chunk of the sources is
+// read into locals before the chunk of the destination is written, so a destination that
+// is also a source is safe (registers are whole 32-lane rows: two operands are the same row
+// or disjoint ones). No lane array is built on the stack and copied (zeroing and copying
+// them cost more than the arithmetic), and the chunk fits the vector registers, so the
+// loops are vector code in the AVX2 executor. They are plain loops (not `array::from_fn`,
+// whose closure call is not inlined into the vector executor and so would be compiled for
+// the baseline ISA).
 
-/// A source's 32 lane values: the register's own, or the constant's in `buf`.
-#[inline(always)]
-fn src<'r>(regs: &'r [u64], s: Src, buf: &'r mut [u64; LANES]) -> &'r [u64; LANES] {
-    match s {
-        Src::R(r) => {
-            let at = r as usize * LANES;
-            regs[at..at + LANES].try_into().expect("a register holds LANES values")
+/// Lanes computed together.
+const CHUNK: usize = 8;
+
+/// A register file's rows, as raw pointers from one borrow, so that a destination row may be
+/// written while source rows (possibly the same one) are read.
+struct Rows<'k> {
+    base: *mut u64,
+    len: usize,
+    consts: &'k [u64],
+}
+
+impl<'k> Rows<'k> {
+    #[inline(always)]
+    fn new(regs: &mut [u64], consts: &'k [u64]) -> Rows<'k> {
+        Rows { base: regs.as_mut_ptr(), len: regs.len(), consts }
+    }
+
+    /// Register `r`'s row, checked in bounds.
+    #[inline(always)]
+    fn row(&self, r: u32) -> *mut u64 {
+        let at = r as usize * LANES;
+        assert!(at + LANES <= self.len, "register {r} is in the file");
+        // SAFETY: in bounds (checked above).
+        unsafe { self.base.add(at) }
+    }
+
+    /// A source's lane values: the register's row or the constant's.
+    #[inline(always)]
+    fn src(&self, s: Opd) -> *const u64 {
+        match s {
+            Opd::R(r) => self.row(r),
+            Opd::K(k) => {
+                let at = k as usize * LANES;
+                self.consts[at..at + LANES].as_ptr()
+            }
         }
-        Src::C(c) => {
-            *buf = [c; LANES];
-            buf
+    }
+}
+
+/// Reads chunk `k` of a row.
+///
+/// # Safety
+/// `p` points to a row of [`LANES`] values and `k + CHUNK <= LANES`.
+#[inline(always)]
+unsafe fn chunk(p: *const u64, k: usize) -> [u64; CHUNK] {
+    std::ptr::read_unaligned(p.add(k) as *const [u64; CHUNK])
+}
+
+/// Writes chunk `k` of the destination: the lanes of `m` get `r`, the others keep theirs.
+///
+/// # Safety
+/// As [`chunk`], for a row the caller may write.
+#[inline(always)]
+unsafe fn put(d: *mut u64, k: usize, m: u32, mut r: [u64; CHUNK]) {
+    if m != u32::MAX {
+        let old = chunk(d, k);
+        for l in 0..CHUNK {
+            if m >> (k + l) & 1 == 0 {
+                r[l] = old[l];
+            }
+        }
+    }
+    std::ptr::write_unaligned(d.add(k) as *mut [u64; CHUNK], r);
+}
+
+#[inline(always)]
+fn lanes1(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u64) -> u64) {
+    let pa = rows.src(a);
+    let pd = rows.row(d);
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: each pointer is a whole row (checked by `Rows`) and k + CHUNK <= LANES.
+        unsafe {
+            let x = chunk(pa, k);
+            let mut r = [0u64; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l]);
+            }
+            put(pd, k, m, r);
         }
     }
 }
 
 #[inline(always)]
-fn lanes1(regs: &mut [u64], m: u32, d: u32, a: Src, f: impl Fn(u64) -> u64) {
-    let mut r = [0u64; LANES];
-    let mut ba = [0u64; LANES];
-    let av = src(regs, a, &mut ba);
-    for l in 0..LANES {
-        r[l] = f(av[l]);
+fn lanes2(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> u64) {
+    let (pa, pb) = (rows.src(a), rows.src(b));
+    let pd = rows.row(d);
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y) = (chunk(pa, k), chunk(pb, k));
+            let mut r = [0u64; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l]);
+            }
+            put(pd, k, m, r);
+        }
     }
-    store(regs, m, d, &r);
 }
 
 #[inline(always)]
-fn lanes2(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, f: impl Fn(u64, u64) -> u64) {
-    let mut r = [0u64; LANES];
-    let (mut ba, mut bb) = ([0u64; LANES], [0u64; LANES]);
-    let (av, bv) = (src(regs, a, &mut ba), src(regs, b, &mut bb));
-    for l in 0..LANES {
-        r[l] = f(av[l], bv[l]);
+fn lanes3(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u64, u64, u64) -> u64) {
+    let (pa, pb, pc) = (rows.src(a), rows.src(b), rows.src(c));
+    let pd = rows.row(d);
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y, z) = (chunk(pa, k), chunk(pb, k), chunk(pc, k));
+            let mut r = [0u64; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l], z[l]);
+            }
+            put(pd, k, m, r);
+        }
     }
-    store(regs, m, d, &r);
-}
-
-#[inline(always)]
-fn lanes3(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, c: Src, f: impl Fn(u64, u64, u64) -> u64) {
-    let mut r = [0u64; LANES];
-    let (mut ba, mut bb, mut bc) = ([0u64; LANES], [0u64; LANES], [0u64; LANES]);
-    let (av, bv, cv) = (src(regs, a, &mut ba), src(regs, b, &mut bb), src(regs, c, &mut bc));
-    for l in 0..LANES {
-        r[l] = f(av[l], bv[l], cv[l]);
-    }
-    store(regs, m, d, &r);
 }
 
 /// A compare: `d` gets the result, `d2` its negation (either may be [`NO_REG`]).
 #[inline(always)]
-fn preds2(regs: &mut [u64], m: u32, d: u32, d2: u32, a: Src, b: Src, f: impl Fn(u64, u64) -> bool) {
-    let mut r = [0u64; LANES];
-    let (mut ba, mut bb) = ([0u64; LANES], [0u64; LANES]);
-    let (av, bv) = (src(regs, a, &mut ba), src(regs, b, &mut bb));
-    for l in 0..LANES {
-        r[l] = f(av[l], bv[l]) as u64;
-    }
-    if d != NO_REG {
-        store(regs, m, d, &r);
-    }
-    if d2 != NO_REG {
-        for v in r.iter_mut() {
-            *v ^= 1;
+fn preds2(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> bool) {
+    let (pa, pb) = (rows.src(a), rows.src(b));
+    // Both destinations are checked before any is written; a destination that is also a
+    // source is read (chunk by chunk) before it is written, as in `lanes2`.
+    let pd = (d != NO_REG).then(|| rows.row(d));
+    let pd2 = (d2 != NO_REG).then(|| rows.row(d2));
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y) = (chunk(pa, k), chunk(pb, k));
+            let mut r = [0u64; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l]) as u64;
+            }
+            if let Some(pd) = pd {
+                put(pd, k, m, r);
+            }
+            if let Some(pd2) = pd2 {
+                for v in r.iter_mut() {
+                    *v ^= 1;
+                }
+                put(pd2, k, m, r);
+            }
         }
-        store(regs, m, d2, &r);
     }
 }
 
 #[inline(always)]
-fn select(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, p: Src) {
-    let mut r = [0u64; LANES];
-    let (mut ba, mut bb, mut bp) = ([0u64; LANES], [0u64; LANES], [0u64; LANES]);
-    let (av, bv, pv) = (src(regs, a, &mut ba), src(regs, b, &mut bb), src(regs, p, &mut bp));
-    for l in 0..LANES {
-        r[l] = if pv[l] != 0 { av[l] } else { bv[l] };
-    }
-    store(regs, m, d, &r);
+fn select(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, p: Opd) {
+    lanes3(rows, m, d, a, b, p, |x, y, q| if q != 0 { x } else { y })
 }
 
 /// Deliberately wrong kernels, for the test that the differential runs catch them.
