@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Result};
 use rgpu_cuda_types::CUdevice_attribute as A;
+use rgpu_control_client::Reading;
 use serde::Serialize;
 
 /// List the GPUs a program run here would see, as nvidia-smi does
@@ -36,6 +37,51 @@ struct Gpu {
     backend: String,
     /// The client processes holding memory on it (the lease's, with a token).
     processes: Vec<Process>,
+    /// Percent of the last second a kernel ran (whole device); null where not reported.
+    utilization_gpu: Option<Value>,
+    /// Percent of the last second device memory was read or written.
+    utilization_memory: Option<Value>,
+    /// Degrees Celsius, the GPU die.
+    temperature_c: Option<Value>,
+    /// Milliwatts the board draws.
+    power_mw: Option<Value>,
+    /// Milliwatts, the enforced power limit.
+    power_limit_mw: Option<Value>,
+}
+
+/// A reading and where it came from: "measured", or "simulated" (the sim's constants for
+/// sensors it does not have).
+#[derive(Serialize)]
+struct Value {
+    value: u32,
+    source: &'static str,
+}
+
+fn value(r: Reading) -> Option<Value> {
+    match r {
+        Reading::NotReported => None,
+        Reading::Measured(value) => Some(Value { value, source: "measured" }),
+        Reading::Simulated(value) => Some(Value { value, source: "simulated" }),
+    }
+}
+
+/// Draw and limit in watts, marked once where either is simulated.
+fn power_cell(power: &Option<Value>, limit: &Option<Value>) -> String {
+    if power.is_none() && limit.is_none() {
+        return "N/A".to_string();
+    }
+    let watts = |v: &Option<Value>| v.as_ref().map_or("N/A".to_string(), |v| format!("{}W", v.value / 1000));
+    let sim = [power, limit].iter().any(|v| v.as_ref().is_some_and(|v| v.source == "simulated"));
+    format!("{} / {}{}", watts(power), watts(limit), if sim { " (sim)" } else { "" })
+}
+
+/// `v` in the table's words: N/A where not reported, marked where simulated.
+fn cell(v: &Option<Value>, show: impl Fn(u32) -> String) -> String {
+    match v {
+        None => "N/A".to_string(),
+        Some(Value { value, source: "simulated" }) => format!("{} (sim)", show(*value)),
+        Some(Value { value, .. }) => show(*value),
+    }
 }
 
 #[derive(Serialize)]
@@ -67,6 +113,7 @@ pub fn exec(a: Args) -> Result<i32> {
             let processes = st
                 .map(|s| s.processes.iter().map(|&(pid, memory_used)| Process { pid, memory_used }).collect())
                 .unwrap_or_default();
+            let t = st.map(|s| s.telemetry).unwrap_or_default();
             let attr = |x: A| d.attributes.iter().find(|(id, _)| *id == x.0).map_or(0, |&(_, v)| v);
             gpus.push(Gpu {
                 index: gpus.len(),
@@ -83,6 +130,11 @@ pub fn exec(a: Args) -> Result<i32> {
                 server: addr.clone(),
                 backend: inv.backend.clone(),
                 processes,
+                utilization_gpu: value(t.gpu_utilization),
+                utilization_memory: value(t.memory_utilization),
+                temperature_c: value(t.temperature),
+                power_mw: value(t.power_usage),
+                power_limit_mw: value(t.power_limit),
             });
         }
     }
@@ -90,7 +142,7 @@ pub fn exec(a: Args) -> Result<i32> {
         println!("{}", serde_json::to_string_pretty(&gpus)?);
         return Ok(0);
     }
-    let rows: Vec<[String; 7]> = gpus
+    let rows: Vec<[String; 10]> = gpus
         .iter()
         .map(|g| {
             [
@@ -102,12 +154,18 @@ pub fn exec(a: Args) -> Result<i32> {
                     Some(u) => format!("{} / {} MiB", u >> 20, g.memory_total >> 20),
                     None => format!("? / {} MiB", g.memory_total >> 20),
                 },
+                cell(&g.utilization_gpu, |v| format!("{v}%")),
+                cell(&g.temperature_c, |v| format!("{v}C")),
+                power_cell(&g.power_mw, &g.power_limit_mw),
                 g.compute_capability.clone(),
                 format!("{} ({})", g.server, g.backend),
             ]
         })
         .collect();
-    crate::table::print(["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "CC", "SERVER"], &rows);
+    crate::table::print(
+        ["GPU", "NAME", "UUID", "BUS-ID", "MEMORY USED / TOTAL", "UTIL", "TEMP", "POWER / LIMIT", "CC", "SERVER"],
+        &rows,
+    );
     let procs: Vec<[String; 3]> = gpus
         .iter()
         .flat_map(|g| g.processes.iter().map(move |p| [g.index.to_string(), p.pid.to_string(), format!("{} MiB", p.memory_used >> 20)]))
@@ -119,4 +177,22 @@ pub fn exec(a: Args) -> Result<i32> {
         crate::table::print(["GPU", "PID", "MEMORY USED"], &procs);
     }
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_cells_say_na_and_mark_simulated_readings() {
+        let pct = |v: u32| format!("{v}%");
+        assert_eq!(cell(&value(Reading::Measured(73)), pct), "73%");
+        assert_eq!(cell(&value(Reading::Simulated(40)), |v| format!("{v}C")), "40C (sim)");
+        assert_eq!(cell(&value(Reading::NotReported), pct), "N/A");
+        let (p, l) = (value(Reading::Measured(250_500)), value(Reading::Measured(400_000)));
+        assert_eq!(power_cell(&p, &l), "250W / 400W");
+        assert_eq!(power_cell(&p, &None), "250W / N/A");
+        assert_eq!(power_cell(&None, &None), "N/A");
+        assert_eq!(power_cell(&value(Reading::Simulated(60_000)), &value(Reading::Simulated(400_000))), "60W / 400W (sim)");
+    }
 }
