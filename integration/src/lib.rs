@@ -742,17 +742,22 @@ impl Drop for Server {
     }
 }
 
-/// A folder holding only `libcuda.so.1`, a link to the shim (what `rgpu run`
-/// puts first on LD_LIBRARY_PATH), private to this test process.
+/// A folder holding `libcuda.so.1`, a link to the shim, and `libnvidia-ml.so.1`,
+/// a link to rgpu's NVML (what `rgpu run` puts first on LD_LIBRARY_PATH),
+/// private to this test process.
 pub fn shim_driver_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = std::env::temp_dir().join(format!("rgpu-shim-driver-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-        let link = dir.join("libcuda.so.1");
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&binaries().libcuda, &link)
-            .unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
+        // NVML beside the driver, as `rgpu run` links them: a chained server reads its
+        // upstream's device telemetry through rgpu's NVML.
+        let libcuda = &binaries().libcuda;
+        for (target, name) in [(libcuda.clone(), "libcuda.so.1"), (libcuda.with_file_name("libnvidia_ml.so"), "libnvidia-ml.so.1")] {
+            let link = dir.join(name);
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&target, &link).unwrap_or_else(|e| panic!("linking {}: {e}", link.display()));
+        }
         dir
     })
     .clone()

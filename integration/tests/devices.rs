@@ -99,6 +99,10 @@ fn smi_lists_the_devices_in_cuda_order() {
     }
     let uuids: std::collections::BTreeSet<&str> = gpus.iter().map(|g| g["uuid"].as_str().unwrap()).collect();
     assert_eq!(uuids.len(), 3, "distinct devices have distinct UUIDs");
+    for g in gpus {
+        assert_sim_telemetry(g);
+        assert_eq!(g["utilization_gpu"]["value"], 0, "no kernel has run: {g}");
+    }
 
     // A program holding 1 MiB on the first server's device is listed there, and only there.
     let holder = spawn_rgpu(&a.addr_string(), &build("rt_killed", Variant::Cudart13Shared), &[]);
@@ -113,4 +117,40 @@ fn smi_lists_the_devices_in_cuda_order() {
     assert!(procs[0][0]["pid"].as_u64().is_some_and(|p| p > 0), "{gpus}");
     assert!(procs[0][0]["memory_used"].as_u64().is_some_and(|m| m >= 1 << 20), "{gpus}");
     holder.wait(Duration::from_millis(1));
+}
+
+/// A sim device's readings as `rgpu smi --json` shows them: utilization measured, memory
+/// utilization not reported, temperature and power the sim's constants, marked simulated.
+fn assert_sim_telemetry(g: &serde_json::Value) {
+    assert_eq!(g["utilization_gpu"]["source"], "measured", "{g}");
+    assert!(g["utilization_gpu"]["value"].as_u64().is_some_and(|v| v <= 100), "{g}");
+    assert!(g["utilization_memory"].is_null(), "the sim does not measure memory utilization: {g}");
+    for k in ["temperature_c", "power_mw", "power_limit_mw"] {
+        assert_eq!(g[k]["source"], "simulated", "{k}: {g}");
+        assert!(g[k]["value"].as_u64().is_some_and(|v| v > 0), "{k}: {g}");
+    }
+}
+
+/// A server on the cuda backend reads its GPUs' telemetry through NVML: chained to a sim
+/// server (its libcuda and libnvidia-ml rgpu's own), it reports the sim's readings with the
+/// sources the sim gave, never its constants as measured.
+#[test]
+fn a_chained_cuda_server_reports_its_upstreams_readings() {
+    let sim = Server::start(ServerOpts { devices: 1, ..ServerOpts::default() });
+    let a = Server::start_chain(&sim);
+    let smi = |s: &Server| -> serde_json::Value {
+        let out = std::process::Command::new(&binaries().rgpu)
+            .args(["smi", "--json", "--plaintext", "--server", &s.addr_string()])
+            .output()
+            .expect("rgpu smi runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+    };
+    let (upstream, chained) = (smi(&sim), smi(&a));
+    let (upstream, chained) = (&upstream[0], &chained[0]);
+    assert_eq!(chained["backend"], "cuda", "{chained}");
+    assert_sim_telemetry(chained);
+    for k in ["temperature_c", "power_mw", "power_limit_mw"] {
+        assert_eq!(chained[k], upstream[k], "{k}");
+    }
 }
