@@ -2,9 +2,11 @@
 # identified as CUDA (here CuPy) sees them; what rgpu cannot know is
 # NVML_ERROR_NOT_SUPPORTED, never a made-up number. Memory info is asked of
 # the server each time: an allocation shows in it, and so does this process
-# in the device's process list.
+# in the device's process list. Utilization is measured by the server; the
+# sim's temperature and power are its constants.
 import os
 import sys
+import time
 import pynvml
 import cupy as cp
 
@@ -49,12 +51,54 @@ assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(h) == []
 m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
 assert (m2.total, m2.reserved, m2.used) == (m1.total, 0, m1.used), (m2.total, m2.reserved, m2.used, m1.used)
 del held
+# The sim's sensors are constants it reports as simulated (its name says "sim"): a plausible
+# die temperature, a draw under the board's limit.
+assert "sim" in name, name
+temp = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+assert 20 <= temp <= 95, temp
+power, limit = pynvml.nvmlDeviceGetPowerUsage(h), pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+assert 0 < power < limit, (power, limit)
 try:
-    pynvml.nvmlDeviceGetUtilizationRates(h)
-    raise AssertionError("utilization answered, but rgpu cannot know it")
-except pynvml.NVMLError_NotSupported:
+    pynvml.nvmlDeviceGetTemperature(h, 1)
+    raise AssertionError("a sensor NVML does not have was answered")
+except pynvml.NVMLError_InvalidArgument:
     pass
+# GPU utilization is measured: the share of the last second during which a kernel ran. A kernel
+# that runs past a second shows it busy; a second after it ends, idle. Its length is found by
+# trying (the sim's speed depends on the host).
+spin = cp.RawKernel(r"""
+extern "C" __global__ void spin(unsigned int n, unsigned int* out) {
+    unsigned int acc = 0;
+    for (unsigned int i = 0; i < n; ++i) acc += i ^ (acc >> 3);
+    out[0] = acc;
+}""", "spin")
+out = cp.zeros(1, dtype=cp.uint32)
+iters, busy = 1 << 16, None
+for _ in range(8):
+    done = cp.cuda.Event()
+    t0 = time.monotonic()
+    spin((1,), (1,), (cp.uint32(iters), out))
+    done.record()
+    while not done.done:
+        time.sleep(0.1)
+        u = pynvml.nvmlDeviceGetUtilizationRates(h)
+        # Only a reading taken after a second of running, with the kernel still running, counts.
+        if time.monotonic() - t0 > 1.2 and not done.done:
+            busy = u
+            break
+    done.synchronize()
+    if busy is not None:
+        break
+    took = max(time.monotonic() - t0, 0.01)
+    iters = min(int(iters * 3.0 / took), 0xFFFFFFFF)
+assert busy is not None, "no kernel ran past a second"
+assert busy.gpu >= 80, ("a kernel ran the whole last second", busy.gpu)
+assert busy.memory == 0, ("the sim does not measure memory utilization", busy.memory)
+time.sleep(1.2)
+idle = pynvml.nvmlDeviceGetUtilizationRates(h)
+assert idle.gpu == 0, ("no kernel in the last second", idle.gpu)
 pynvml.nvmlShutdown()
 print(f"ok: pynvml lists {n} device: {name} {uuid} {bus}, compute capability {cc}, "
       f"memory used {m0.used >> 20} -> {m1.used >> 20} MiB of {m1.total >> 20} MiB, "
-      f"processes {sorted(procs)} (this one {os.getpid()})")
+      f"processes {sorted(procs)} (this one {os.getpid()}), utilization {busy.gpu}% busy, "
+      f"{idle.gpu}% idle, {temp} C and {power / 1000:.0f} / {limit / 1000:.0f} W (simulated)")
