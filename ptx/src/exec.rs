@@ -86,7 +86,7 @@ pub struct LaunchOutput {
 const LANES: usize = 32;
 
 struct Warp {
-    regs: Vec<u64>,
+    regs: Regs,
     local: Vec<u8>,
     pcs: [u32; LANES],
     alive: u32,
@@ -416,7 +416,7 @@ impl<'a> BlockRunner<'a> {
         let nwarps = nthreads.div_ceil(LANES);
         let warps = (0..nwarps)
             .map(|w| Warp {
-                regs: vec![0; p.nregs as usize * LANES],
+                regs: Regs::new(p),
                 local: vec![0; p.local_size as usize * LANES],
                 pcs: [0; LANES],
                 alive: 0,
@@ -465,7 +465,7 @@ impl<'a> BlockRunner<'a> {
             let r = &mut w.regs;
             for l in 0..LANES {
                 let t = w.first_thread + l as u32;
-                let set = |r: &mut Vec<u64>, s: u32, v: u64| r[s as usize * LANES + l] = v;
+                let set = |r: &mut Regs, s: u32, v: u64| r.set(s, l, v);
                 set(r, special::TID_X, (t % cfg.block[0]) as u64);
                 set(r, special::TID_Y, (t / cfg.block[0] % cfg.block[1]) as u64);
                 set(r, special::TID_Z, (t / (cfg.block[0] * cfg.block[1])) as u64);
@@ -551,7 +551,7 @@ impl<'a> BlockRunner<'a> {
                     };
                     for l in 0..LANES {
                         if waiting >> l & 1 != 0 {
-                            w.regs[d as usize * LANES + l] = v;
+                            w.regs.set(d, l, v);
                         }
                     }
                 }
@@ -808,7 +808,7 @@ impl<'a> BlockRunner<'a> {
                 let mut r = [0u64; LANES];
                 let mut cf = [0u64; LANES];
                 for l in 0..LANES {
-                    let cin = if cc_in { (regs[special::CC as usize * LANES + l] & 1) as u128 } else { 0 };
+                    let cin = if cc_in { (regs.get(special::CC, l) & 1) as u128 } else { 0 };
                     let (x, y, z) = (av[l] as u128 & mk, bv[l] as u128 & mk, cv[l] as u128 & mk);
                     let (v, out) = match f {
                         CarryOp::Sub => (x.wrapping_sub(y + cin), x < y + cin),
@@ -951,7 +951,7 @@ impl<'a> BlockRunner<'a> {
                         let v = self.load(&w.local, l, sp, addr + k as u64 * size as u64, size).map_err(|f| (l, f))?;
                         if let Some(dd) = dd {
                             let v = if sext { sign_extend(v, size as u32 * 8) } else { v };
-                            w.regs[*dd as usize * LANES + l] = v;
+                            w.regs.set(*dd, l, v);
                         }
                     }
                 }
@@ -974,7 +974,7 @@ impl<'a> BlockRunner<'a> {
                     }
                     for (k, v) in vals.iter().enumerate() {
                         let x = match v {
-                            Src::R(r) => w.regs[*r as usize * LANES + l],
+                            Src::R(r) => w.regs.get(*r, l),
                             Src::C(c) => *c,
                         };
                         self.store(&mut w.local, l, sp, addr + k as u64 * size as u64, size, x).map_err(|f| (l, f))?;
@@ -992,7 +992,7 @@ impl<'a> BlockRunner<'a> {
                     let (x, y) = (xv[l], cv.as_ref().map_or(0, |c| c[l]));
                     let old = self.atomic(&mut w.local, l, sp, addr, t, |old| atom_apply(op, t, old, x, y)).map_err(|f| (l, f))?;
                     if let Some(d) = d {
-                        w.regs[d as usize * LANES + l] = old;
+                        w.regs.set(d, l, old);
                     }
                 }
             }
@@ -1332,7 +1332,7 @@ impl<'a> BlockRunner<'a> {
 }
 
 fn empty_warp() -> Warp {
-    Warp { regs: Vec::new(), local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, conv: Vec::new(), conv_wait: 0, bar_red: None, first_thread: 0, polls: 0 }
+    Warp { regs: Regs { narrow: Vec::new(), wide: Vec::new() }, local: Vec::new(), pcs: [0; LANES], alive: 0, at_bar: false, bar_wait: 0, sync_wait: 0, sync_force: 0, conv: Vec::new(), conv_wait: 0, bar_red: None, first_thread: 0, polls: 0 }
 }
 
 /// Whether `op` is how a thread watches memory another block writes: a strong load or an
@@ -1479,9 +1479,9 @@ fn next_group(w: &mut Warp) -> (u32, u32, u32) {
 
 /// A warp-uniform operand's value in the first lane of `m`, as a 32-bit lane mask.
 #[inline]
-fn first_lane(regs: &[u64], s: Src, m: u32) -> u32 {
+fn first_lane(regs: &Regs, s: Src, m: u32) -> u32 {
     match s {
-        Src::R(r) => regs[r as usize * LANES + m.trailing_zeros() as usize % LANES] as u32,
+        Src::R(r) => regs.get(r, m.trailing_zeros() as usize % LANES) as u32,
         Src::C(c) => c as u32,
     }
 }
@@ -1495,52 +1495,110 @@ fn set_pcs(pcs: &mut [u32; LANES], mask: u32, pc: u32) {
     }
 }
 
+/// A warp's registers, [`LANES`] values each: a register declared with a type of at most 32
+/// bits in a row of `u32` (`narrow`), one of a wider type (id with [`WIDE`]) in a row of
+/// `u64` (`wide`). A value written to a narrow row keeps its low 32 bits: what a register of
+/// that type holds on a GPU.
+pub(crate) struct Regs {
+    pub(crate) narrow: Vec<u32>,
+    pub(crate) wide: Vec<u64>,
+}
+
+impl Regs {
+    fn new(p: &Program) -> Regs {
+        Regs { narrow: vec![0; p.nregs as usize * LANES], wide: vec![0; p.nwide as usize * LANES] }
+    }
+
+    #[inline(always)]
+    pub(crate) fn get(&self, r: u32, lane: usize) -> u64 {
+        if r & WIDE != 0 {
+            self.wide[(r & !WIDE) as usize * LANES + lane]
+        } else {
+            self.narrow[r as usize * LANES + lane] as u64
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn set(&mut self, r: u32, lane: usize, v: u64) {
+        if r & WIDE != 0 {
+            self.wide[(r & !WIDE) as usize * LANES + lane] = v;
+        } else {
+            self.narrow[r as usize * LANES + lane] = v as u32;
+        }
+    }
+}
+
 /// Always inlined, so that the compiled tier's vector executor has it as vector code.
 #[inline(always)]
-fn pred_mask(regs: &[u64], r: u32) -> u32 {
-    let s = &regs[r as usize * LANES..r as usize * LANES + LANES];
+fn pred_mask(regs: &Regs, r: u32) -> u32 {
     let mut m = 0u32;
-    for (l, v) in s.iter().enumerate() {
-        m |= ((*v != 0) as u32) << l;
+    if r & WIDE != 0 {
+        let at = (r & !WIDE) as usize * LANES;
+        for (l, v) in regs.wide[at..at + LANES].iter().enumerate() {
+            m |= ((*v != 0) as u32) << l;
+        }
+    } else {
+        let at = r as usize * LANES;
+        for (l, v) in regs.narrow[at..at + LANES].iter().enumerate() {
+            m |= ((*v != 0) as u32) << l;
+        }
     }
     m
 }
 
 #[inline(always)]
-fn fetch(regs: &[u64], s: Src) -> [u64; LANES] {
+fn fetch(regs: &Regs, s: Src) -> [u64; LANES] {
+    let mut out = [0u64; LANES];
     match s {
-        Src::R(r) => {
-            let mut out = [0u64; LANES];
-            out.copy_from_slice(&regs[r as usize * LANES..r as usize * LANES + LANES]);
-            out
+        Src::R(r) if r & WIDE != 0 => {
+            let at = (r & !WIDE) as usize * LANES;
+            out.copy_from_slice(&regs.wide[at..at + LANES]);
         }
-        Src::C(c) => [c; LANES],
+        Src::R(r) => {
+            let at = r as usize * LANES;
+            for (o, v) in out.iter_mut().zip(&regs.narrow[at..at + LANES]) {
+                *o = *v as u64;
+            }
+        }
+        Src::C(c) => out = [c; LANES],
     }
+    out
 }
 
 #[inline(always)]
-fn store(regs: &mut [u64], m: u32, d: u32, v: &[u64; LANES]) {
-    let dst = &mut regs[d as usize * LANES..d as usize * LANES + LANES];
-    if m == u32::MAX {
-        dst.copy_from_slice(v);
+fn store(regs: &mut Regs, m: u32, d: u32, v: &[u64; LANES]) {
+    if d & WIDE != 0 {
+        let at = (d & !WIDE) as usize * LANES;
+        let dst = &mut regs.wide[at..at + LANES];
+        if m == u32::MAX {
+            dst.copy_from_slice(v);
+        } else {
+            for l in 0..LANES {
+                if m >> l & 1 != 0 {
+                    dst[l] = v[l];
+                }
+            }
+        }
     } else {
+        let at = d as usize * LANES;
+        let dst = &mut regs.narrow[at..at + LANES];
         for l in 0..LANES {
             if m >> l & 1 != 0 {
-                dst[l] = v[l];
+                dst[l] = v[l] as u32;
             }
         }
     }
 }
 
 #[inline(always)]
-fn map1(regs: &mut [u64], m: u32, d: u32, a: Src, f: impl Fn(u64) -> u64) {
+fn map1(regs: &mut Regs, m: u32, d: u32, a: Src, f: impl Fn(u64) -> u64) {
     let av = fetch(regs, a);
     let r: [u64; LANES] = std::array::from_fn(|l| f(av[l]));
     store(regs, m, d, &r);
 }
 
 #[inline(always)]
-fn map2(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, f: impl Fn(u64, u64) -> u64) {
+fn map2(regs: &mut Regs, m: u32, d: u32, a: Src, b: Src, f: impl Fn(u64, u64) -> u64) {
     let av = fetch(regs, a);
     let bv = fetch(regs, b);
     let r: [u64; LANES] = std::array::from_fn(|l| f(av[l], bv[l]));
@@ -1548,7 +1606,7 @@ fn map2(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, f: impl Fn(u64, u64) -
 }
 
 #[inline(always)]
-fn map3(regs: &mut [u64], m: u32, d: u32, a: Src, b: Src, c: Src, f: impl Fn(u64, u64, u64) -> u64) {
+fn map3(regs: &mut Regs, m: u32, d: u32, a: Src, b: Src, c: Src, f: impl Fn(u64, u64, u64) -> u64) {
     let av = fetch(regs, a);
     let bv = fetch(regs, b);
     let cv = fetch(regs, c);
@@ -1575,7 +1633,7 @@ pub fn sign_extend(v: u64, bits: u32) -> u64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn int2(regs: &mut [u64], m: u32, f: I2, bits: u8, signed: bool, d: u32, a: Src, b: Src) {
+fn int2(regs: &mut Regs, m: u32, f: I2, bits: u8, signed: bool, d: u32, a: Src, b: Src) {
     let mk = width_mask(bits);
     let sx = move |x: u64| sign_extend(x & mk, bits as u32) as i64;
     let bu = bits as u64;
@@ -1627,7 +1685,7 @@ fn int2(regs: &mut [u64], m: u32, f: I2, bits: u8, signed: bool, d: u32, a: Src,
     }
 }
 
-fn int1(regs: &mut [u64], m: u32, f: I1, bits: u8, signed: bool, d: u32, a: Src) {
+fn int1(regs: &mut Regs, m: u32, f: I1, bits: u8, signed: bool, d: u32, a: Src) {
     let mk = width_mask(bits);
     let b = bits as u32;
     let sx = move |x: u64| sign_extend(x & mk, b) as i64;
@@ -1654,7 +1712,7 @@ fn int1(regs: &mut [u64], m: u32, f: I1, bits: u8, signed: bool, d: u32, a: Src)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn int3(regs: &mut [u64], m: u32, f: I3, bits: u8, signed: bool, d: u32, a: Src, b: Src, c: Src) {
+fn int3(regs: &mut Regs, m: u32, f: I3, bits: u8, signed: bool, d: u32, a: Src, b: Src, c: Src) {
     let mk = width_mask(bits);
     let bu = bits as u32;
     let sx = move |x: u64| sign_extend(x & mk, bu) as i64;
@@ -1816,7 +1874,7 @@ fn small_op(t: FT, fm: FMod, a: u64, b: u64, c: u64, f: impl Fn(f64, f64, f64) -
 }
 
 #[allow(clippy::too_many_arguments)]
-fn float2(regs: &mut [u64], m: u32, f: F2, t: FT, fm: FMod, d: u32, a: Src, b: Src) {
+fn float2(regs: &mut Regs, m: u32, f: F2, t: FT, fm: FMod, d: u32, a: Src, b: Src) {
     match t {
         FT::F32 => {
             let g = move |x: u64| if fm.ftz { ftz32(f32::from_bits(x as u32)) } else { f32::from_bits(x as u32) };
@@ -1902,7 +1960,7 @@ fn unary32(f: F1, x: f32) -> f32 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn float1(regs: &mut [u64], m: u32, f: F1, t: FT, fm: FMod, d: u32, a: Src) {
+fn float1(regs: &mut Regs, m: u32, f: F1, t: FT, fm: FMod, d: u32, a: Src) {
     match t {
         FT::F32 => match f {
             // neg and abs are bit operations (NaN payloads kept, no ftz of the sign).

@@ -523,6 +523,11 @@ pub struct Inst {
 }
 
 /// Special registers: fixed register indices, filled in per warp.
+/// The bit of a register id that says its values are 64-bit ([`Program::nwide`]). A register
+/// declared with a type of at most 32 bits has a 32-bit row: each PTX instruction writes it
+/// with a value of its declared width, and half the bytes move per warp-instruction.
+pub const WIDE: u32 = 1 << 31;
+
 pub mod special {
     pub const TID_X: u32 = 0;
     pub const TID_Y: u32 = 1;
@@ -597,8 +602,11 @@ pub mod special {
 pub struct Program {
     pub name: String,
     pub insts: Vec<Inst>,
-    /// Registers per thread, special registers included.
+    /// Registers per thread of 32-bit rows (every register declared with a type of at most
+    /// 32 bits, the special registers included): ids `0..nregs`.
     pub nregs: u32,
+    /// Registers per thread of 64-bit rows: ids `WIDE | 0..WIDE | nwide`.
+    pub nwide: u32,
     /// Bytes of local memory per thread.
     pub local_size: u64,
     /// Bytes of static shared memory; dynamic shared memory starts at
@@ -618,6 +626,11 @@ pub struct Program {
 }
 
 impl Program {
+    /// Bytes of registers a thread holds.
+    pub fn register_bytes(&self) -> u64 {
+        self.nregs as u64 * 4 + self.nwide as u64 * 8
+    }
+
     /// Every thread exits at its first instruction: running the kernel
     /// changes nothing, so a launch of it is complete as soon as it is made.
     pub fn does_nothing(&self) -> bool {

@@ -36,6 +36,10 @@ struct Instance {
     /// Declared register names and `<N>` ranges (prefix -> count).
     declared: HashSet<String>,
     ranges: HashMap<String, u32>,
+    /// Register names and `<N>` prefixes declared anywhere in the body with a type wider than
+    /// 32 bits: they get 64-bit rows ([`WIDE`]), every other register a 32-bit one. A name
+    /// declared both ways (inline asm blocks reuse names) is wide: a 64-bit row holds any value.
+    wide: HashSet<String>,
     /// Predicate registers declared (names and `<N>` prefixes).
     preds: HashSet<String>,
     scopes: Vec<HashMap<String, Sym>>,
@@ -56,7 +60,9 @@ pub struct Lowerer<'a> {
     /// Function-scope `.shared` variables, by (function, name).
     fn_shared: HashMap<(String, String), u64>,
     insts: Vec<Inst>,
+    /// Registers of 32-bit rows allocated (special registers first), and of 64-bit rows.
     nregs: u32,
+    nwide: u32,
     local_size: u64,
     stack: Vec<Instance>,
     dyn_shared: u64,
@@ -70,6 +76,31 @@ pub struct Lowerer<'a> {
 /// Deepest recursion of the lowering: nested blocks and inlined calls
 /// together, each a few stack frames.
 const MAX_DEPTH: u32 = 128;
+
+/// The register names and `<N>` prefixes of `body` (nested blocks included) declared with a
+/// type wider than 32 bits, or as vectors.
+fn wide_registers(body: &[Stmt]) -> HashSet<String> {
+    let mut wide = HashSet::new();
+    // Iterative: the nesting is bounded by the parser, but the walk need not rely on it.
+    let mut todo = vec![body];
+    while let Some(stmts) = todo.pop() {
+        for s in stmts {
+            match s {
+                Stmt::Block(b) => todo.push(b),
+                Stmt::Var(v) if v.space == parse::Space::Reg && (v.vec > 1 || !narrow_type(&v.ty)) => {
+                    wide.insert(v.name.clone());
+                }
+                _ => {}
+            }
+        }
+    }
+    wide
+}
+
+/// Register types whose values fit 32 bits.
+fn narrow_type(ty: &str) -> bool {
+    matches!(ty, "pred" | "b8" | "u8" | "s8" | "b16" | "u16" | "s16" | "f16" | "bf16" | "b32" | "u32" | "s32" | "f32" | "f16x2" | "bf16x2" | "tf32")
+}
 
 fn align_up(v: u64, a: u64) -> u64 {
     v.div_ceil(a.max(1)).saturating_mul(a.max(1))
@@ -210,6 +241,7 @@ impl<'a> Lowerer<'a> {
             fn_shared: HashMap::new(),
             insts: Vec::new(),
             nregs: special::COUNT,
+            nwide: 0,
             local_size: 0,
             stack: Vec::new(),
             dyn_shared: 0,
@@ -337,6 +369,7 @@ impl<'a> Lowerer<'a> {
             joins,
             insts: self.insts,
             nregs: self.nregs,
+            nwide: self.nwide,
             local_size: align_up(self.local_size, 8),
             shared_static: shared_end,
             dyn_shared_offset: self.dyn_shared,
@@ -351,10 +384,12 @@ impl<'a> Lowerer<'a> {
         if self.stack.len() > 64 || self.depth >= MAX_DEPTH {
             return Err(unsupported(f.line, "calls nested more than 64 deep (or blocks and calls together 128)"));
         }
+        let body = f.body.as_deref().unwrap_or(&[]);
         self.stack.push(Instance {
             regs: HashMap::new(),
             declared: HashSet::new(),
             ranges: HashMap::new(),
+            wide: wide_registers(body),
             preds: HashSet::new(),
             scopes: vec![params],
             labels: HashMap::new(),
@@ -363,7 +398,6 @@ impl<'a> Lowerer<'a> {
             kernel,
             func: f.name.clone(),
         });
-        let body = f.body.as_deref().unwrap_or(&[]);
         self.depth += 1;
         let r = self.stmts(body);
         self.depth -= 1;
@@ -490,10 +524,23 @@ impl<'a> Lowerer<'a> {
         if let Some(&r) = self.cur().regs.get(n) {
             return Ok(r);
         }
-        let r = self.nregs;
-        self.nregs += 1;
+        let c = self.stack.last().expect("inside a body");
+        let wide = c.wide.contains(n) || c.wide.contains(n.trim_end_matches(|ch: char| ch.is_ascii_digit()));
+        let r = if wide { self.new_wide() } else { self.new_narrow() };
         self.cur().regs.insert(n.to_string(), r);
         Ok(r)
+    }
+
+    fn new_narrow(&mut self) -> u32 {
+        let r = self.nregs;
+        self.nregs += 1;
+        r
+    }
+
+    fn new_wide(&mut self) -> u32 {
+        let r = WIDE | self.nwide;
+        self.nwide += 1;
+        r
     }
 
     fn sym_value(&self, n: &str, line: u32) -> Result<u64, PtxError> {
@@ -737,8 +784,7 @@ impl<'a> Lowerer<'a> {
     fn param_value(&mut self, o: &Operand, line: u32, guard: Option<(u32, bool)>) -> Result<Src, PtxError> {
         if let Operand::Name(n) = o {
             if let Some(Sym::Local(off)) = self.lookup(n) {
-                let r = self.nregs;
-                self.nregs += 1;
+                let r = self.new_wide();
                 self.push(guard, Op::Ld { sp: Space::Local, size: 8, sext: false, strong: false, ds: vec![Some(r)], base: Src::C(off), off: 0 }, line);
                 return Ok(Src::R(r));
             }

@@ -128,7 +128,7 @@ impl BlockRunner<'_> {
                 }
             };
             if let (Some(d), Some(v)) = (x.d, res) {
-                w.regs[d as usize * LANES + lane] = v;
+                w.regs.set(d, lane, v);
             }
         }
         Ok(())
@@ -152,7 +152,7 @@ impl BlockRunner<'_> {
             let done = now != waited;
             all &= done;
             if let Some(d) = x.d {
-                w.regs[d as usize * LANES + lane] = done as u64;
+                w.regs.set(d, lane, done as u64);
             }
         }
         Ok(all)

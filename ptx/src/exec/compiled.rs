@@ -38,6 +38,51 @@ pub(crate) enum Fast {
     CvtIF { f64: bool, bits: u8, signed: bool, d: u32, a: Opd },
     /// Integer to integer without `.sat`.
     CvtII { to_mk: u64, from_bits: u8, signed: bool, d: u32, a: Opd },
+    // The commonest kernels where every operand is a 32-bit register or a constant, chosen
+    // at load time so that executing one is a single dispatch: 32-bit integer add, sub,
+    // mul.lo, and, or, xor, mad.lo, mov, and f32 add, sub, mul, fma without modifiers.
+    AddN { d: u32, a: Opd, b: Opd },
+    SubN { d: u32, a: Opd, b: Opd },
+    MulN { d: u32, a: Opd, b: Opd },
+    AndN { d: u32, a: Opd, b: Opd },
+    OrN { d: u32, a: Opd, b: Opd },
+    XorN { d: u32, a: Opd, b: Opd },
+    MadN { d: u32, a: Opd, b: Opd, c: Opd },
+    MovN { d: u32, a: Opd },
+    FAddN { d: u32, a: Opd, b: Opd },
+    FSubN { d: u32, a: Opd, b: Opd },
+    FMulN { d: u32, a: Opd, b: Opd },
+    FmaN { d: u32, a: Opd, b: Opd, c: Opd },
+}
+
+/// The single-dispatch form of `f` where it has one ([`Fast::AddN`] and the others).
+fn flatten(f: Fast) -> Fast {
+    match f {
+        Fast::Int { f, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => match f {
+            IntF::Add => Fast::AddN { d, a, b },
+            IntF::Sub => Fast::SubN { d, a, b },
+            IntF::MulLo => Fast::MulN { d, a, b },
+            IntF::And => Fast::AndN { d, a, b },
+            IntF::Or => Fast::OrN { d, a, b },
+            IntF::Xor => Fast::XorN { d, a, b },
+            _ => f_back(f, d, a, b),
+        },
+        Fast::Mad { f: MadF::Lo, bits: 32, d, a, b, c, .. } if narrow(d, &[a, b, c]) => Fast::MadN { d, a, b, c },
+        Fast::Mov { mk: 0xffff_ffff, d, a } if narrow(d, &[a]) => Fast::MovN { d, a },
+        Fast::F32 { f, fm, d, a, b } if fm == FMod::default() && narrow(d, &[a, b]) => match f {
+            FF::Add => Fast::FAddN { d, a, b },
+            FF::Sub => Fast::FSubN { d, a, b },
+            FF::Mul => Fast::FMulN { d, a, b },
+            FF::Div => Fast::F32 { f, fm, d, a, b },
+        },
+        Fast::Fma32 { fm, d, a, b, c } if fm == FMod::default() && narrow(d, &[a, b, c]) => Fast::FmaN { d, a, b, c },
+        f => f,
+    }
+}
+
+/// A 32-bit integer op [`flatten`] keeps as it is.
+fn f_back(f: IntF, d: u32, a: Opd, b: Opd) -> Fast {
+    Fast::Int { f, mk: 0xffff_ffff, bits: 32, d, a, b }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,10 +127,12 @@ pub(crate) enum Opd {
     K(u32),
 }
 
-/// The constants of a kernel's operands, a [`LANES`]-wide row each, interned.
+/// The constants of a kernel's operands, a [`LANES`]-wide row each, interned: as 64-bit
+/// values, and their low halves for the kernels of 32-bit operations.
 #[derive(Default)]
 struct Consts {
     rows: Vec<u64>,
+    rows32: Vec<u32>,
     index: std::collections::HashMap<u64, u32>,
 }
 
@@ -96,6 +143,7 @@ impl Consts {
             Src::C(c) => Opd::K(*self.index.entry(c).or_insert_with(|| {
                 let k = (self.rows.len() / LANES) as u32;
                 self.rows.extend_from_slice(&[c; LANES]);
+                self.rows32.extend_from_slice(&[c as u32; LANES]);
                 k
             })),
         }
@@ -109,14 +157,18 @@ const NO_REG: u32 = u32::MAX;
 #[derive(Debug, Clone, Default)]
 pub struct Compiled {
     pub(crate) ops: Vec<Fast>,
+    /// Per pc: the instruction's guard, beside its kernel (a run reads no `Inst` but for the
+    /// instructions the interpreter's code runs).
+    pub(crate) guards: Vec<Option<(u32, bool)>>,
     /// Per pc: the first pc after the run that starts at pc (== pc when pc is outside runs).
     /// A run never contains a join point past its first instruction, so lanes waiting to
     /// meet there are met by the interpreter's main loop.
     pub(crate) run_end: Vec<u32>,
     /// Instructions with a specialised kernel.
     pub specialised: usize,
-    /// The rows [`Opd::K`] names.
+    /// The rows [`Opd::K`] names, and their low halves.
     pub(crate) consts: Vec<u64>,
+    pub(crate) consts32: Vec<u32>,
     /// The host has AVX2, FMA and the bit-manipulation extensions: runs use the executor
     /// compiled for them.
     vector: bool,
@@ -125,7 +177,8 @@ pub struct Compiled {
 impl Compiled {
     pub fn build(name: &str, insts: &[Inst], joins: &[bool]) -> Compiled {
         let mut consts = Consts::default();
-        let ops: Vec<Fast> = insts.iter().map(|i| compile(&i.op, &mut consts)).collect();
+        let ops: Vec<Fast> = insts.iter().map(|i| flatten(compile(&i.op, &mut consts))).collect();
+        let guards = insts.iter().map(|i| i.guard).collect();
         let n = ops.len();
         let mut run_end = vec![0u32; n];
         for pc in (0..n).rev() {
@@ -146,12 +199,12 @@ impl Compiled {
             first_unspecialised = ?first_interp,
             "compiled tier: instructions without a specialised kernel run on the interpreter's code"
         );
-        Compiled { ops, run_end, specialised, consts: consts.rows, vector: vector_host() }
+        Compiled { ops, guards, run_end, specialised, consts: consts.rows, consts32: consts.rows32, vector: vector_host() }
     }
 
     /// Bytes it holds, for callers that bound what they keep.
     pub fn bytes(&self) -> usize {
-        self.ops.len() * (std::mem::size_of::<Fast>() + 4) + self.consts.len() * 8
+        self.ops.len() * (std::mem::size_of::<Fast>() + std::mem::size_of::<Option<(u32, bool)>>() + 4) + self.consts.len() * 12
     }
 
     /// Replaces pc's kernel: for tests that check a wrong kernel is caught.
@@ -344,6 +397,41 @@ pub(super) struct At<'x> {
     pub other: u32,
 }
 
+/// The lanes whose predicate register `g` is true: with AVX2's compare and move-mask where
+/// `V` says the caller is the vector executor (the portable loop compiles to a lane-by-lane
+/// extraction).
+#[inline(always)]
+fn guard_mask<const V: bool>(regs: &Regs, g: u32) -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    if V && g & WIDE == 0 {
+        let at = g as usize * LANES;
+        let row = &regs.narrow[at..at + LANES];
+        // SAFETY: `V` is only set inside `run_vector`, which runs on hosts with AVX2; the row
+        // holds LANES values (sliced above), read as four vectors of eight.
+        return unsafe { nonzero_mask_avx2(row.as_ptr()) };
+    }
+    pred_mask(regs, g)
+}
+
+/// Bit `l` set where `row[l] != 0`, for a row of [`LANES`] values.
+///
+/// # Safety
+/// The host has AVX2, and `row` points to [`LANES`] readable values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn nonzero_mask_avx2(row: *const u32) -> u32 {
+    use std::arch::x86_64::*;
+    let zero = _mm256_setzero_si256();
+    let mut zeros = 0u32;
+    for k in 0..LANES / 8 {
+        let v = _mm256_loadu_si256(row.add(k * 8) as *const __m256i);
+        let z = _mm256_castsi256_ps(_mm256_cmpeq_epi32(v, zero));
+        zeros |= (_mm256_movemask_ps(z) as u32) << (k * 8);
+    }
+    !zeros
+}
+
 /// Whether the main loop's next step is the one that checks the time limit.
 #[inline(always)]
 fn check_due(steps: u32) -> bool {
@@ -363,17 +451,18 @@ impl BlockRunner<'_> {
             // SAFETY: the host has these extensions (checked when the program was compiled).
             return unsafe { self.run_vector(w, at, out, count) };
         }
-        self.run_group(w, at, out, count)
+        self.run_group::<false>(w, at, out, count)
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,popcnt,bmi1,bmi2,lzcnt")]
     unsafe fn run_vector(&mut self, w: &mut Warp, at: At, out: &mut Vec<u8>, count: &mut u64) -> Result<(), (u32, usize, Fault)> {
-        self.run_group(w, at, out, count)
+        self.run_group::<true>(w, at, out, count)
     }
 
+    /// `V`: running in [`Self::run_vector`], where AVX2 may be used directly.
     #[inline(always)]
-    fn run_group(&mut self, w: &mut Warp, at: At, out: &mut Vec<u8>, count: &mut u64) -> Result<(), (u32, usize, Fault)> {
+    fn run_group<const V: bool>(&mut self, w: &mut Warp, at: At, out: &mut Vec<u8>, count: &mut u64) -> Result<(), (u32, usize, Fault)> {
         let prog: &Program = self.sh.prog;
         let c = &prog.compiled;
         let (mask, other) = (at.mask, at.other);
@@ -385,7 +474,7 @@ impl BlockRunner<'_> {
             // lanes' pc, and before the step that checks the time limit.
             let room = STEPS_PER_TURN - (*at.steps & (STEPS_PER_TURN - 1));
             let end = c.run_end[pc as usize].min(other).min(pc.saturating_add(room));
-            self.run_insts(w, pc, end, mask, out, count)?;
+            self.run_insts::<V>(w, pc, end, mask, out, count)?;
             *at.steps = at.steps.wrapping_add(end - pc - 1);
             *at.pc = end;
             let pc = end;
@@ -398,7 +487,7 @@ impl BlockRunner<'_> {
             }
             let mut active = mask;
             if let Some((g, neg)) = *guard {
-                let p = pred_mask(&w.regs, g);
+                let p = guard_mask::<V>(&w.regs, g);
                 active &= if neg { !p } else { p };
             }
             let next = if active == mask && *target < other {
@@ -420,28 +509,59 @@ impl BlockRunner<'_> {
     }
 
     #[inline(always)]
-    fn run_insts(&mut self, w: &mut Warp, pc: u32, end: u32, mask: u32, out: &mut Vec<u8>, count: &mut u64) -> Result<(), (u32, usize, Fault)> {
+    fn run_insts<const V: bool>(&mut self, w: &mut Warp, pc: u32, end: u32, mask: u32, out: &mut Vec<u8>, count: &mut u64) -> Result<(), (u32, usize, Fault)> {
         let prog: &Program = self.sh.prog;
+        // The thread-instructions of the run, added to `count` once, as it ends or faults.
+        let mut n = 0u64;
+        // Made again after an instruction that the interpreter's code runs (it takes the warp).
+        let mut rows = Rows::new(&mut w.regs, &prog.compiled);
         for at in pc..end {
-            let inst = &prog.insts[at as usize];
             let mut m = mask;
-            if let Some((g, neg)) = inst.guard {
-                let p = pred_mask(&w.regs, g);
+            if let Some((g, neg)) = prog.compiled.guards[at as usize] {
+                let p = guard_mask::<V>(&w.regs, g);
                 m &= if neg { !p } else { p };
             }
-            *count += m.count_ones() as u64;
+            n += m.count_ones() as u64;
             if m == 0 {
                 continue;
             }
-            let regs = &Rows::new(&mut w.regs, &prog.compiled.consts);
+            let regs = &rows;
             match prog.compiled.ops[at as usize] {
                 Fast::Outside => unreachable!("runs hold no control instruction"),
-                Fast::Interp => self.exec(w, &inst.op, m, out).map_err(|(l, f)| (at, l, f))?,
-                Fast::Mov { mk, d, a } => lanes1(regs, m, d, a, |x| x & mk),
+                Fast::Interp => {
+                    let r = self.exec(w, &prog.insts[at as usize].op, m, out);
+                    rows = Rows::new(&mut w.regs, &prog.compiled);
+                    if let Err((l, f)) = r {
+                        *count += n;
+                        return Err((at, l, f));
+                    }
+                }
+                Fast::AddN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x.wrapping_add(y)),
+                Fast::SubN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x.wrapping_sub(y)),
+                Fast::MulN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x.wrapping_mul(y)),
+                Fast::AndN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x & y),
+                Fast::OrN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x | y),
+                Fast::XorN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| x ^ y),
+                Fast::MadN { d, a, b, c } => lanes3n(regs, m, d, a, b, c, |x, y, z| x.wrapping_mul(y).wrapping_add(z)),
+                Fast::MovN { d, a } => lanes1n(regs, m, d, a, |x| x),
+                Fast::FAddN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| canon32(f32::from_bits(x) + f32::from_bits(y)) as u32),
+                Fast::FSubN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| canon32(f32::from_bits(x) - f32::from_bits(y)) as u32),
+                Fast::FMulN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| canon32(f32::from_bits(x) * f32::from_bits(y)) as u32),
+                Fast::FmaN { d, a, b, c } => {
+                    lanes3n(regs, m, d, a, b, c, |x, y, z| canon32(f32::from_bits(x).mul_add(f32::from_bits(y), f32::from_bits(z))) as u32)
+                }
+                Fast::Mov { mk, d, a } => {
+                    if mk == 0xffff_ffff && narrow(d, &[a]) {
+                        lanes1n(regs, m, d, a, |x| x)
+                    } else {
+                        lanes1(regs, m, d, a, |x| x & mk)
+                    }
+                }
                 Fast::Int { f, mk, bits, d, a, b } => int_lanes(regs, m, f, mk, bits, d, a, b),
                 Fast::Mad { f, mk, bits, d, a, b, c } => {
                     let sx = |x: u64| sign_extend(x & mk, bits as u32) as i64;
                     match f {
+                        MadF::Lo if bits == 32 && narrow(d, &[a, b, c]) => lanes3n(regs, m, d, a, b, c, |x, y, z| x.wrapping_mul(y).wrapping_add(z)),
                         MadF::Lo => lanes3(regs, m, d, a, b, c, |x, y, z| x.wrapping_mul(y).wrapping_add(z) & mk),
                         MadF::WideS => {
                             lanes3(regs, m, d, a, b, c, |x, y, z| (sx(x).wrapping_mul(sx(y)) as u64).wrapping_add(z) & width_mask(bits * 2))
@@ -451,28 +571,48 @@ impl BlockRunner<'_> {
                 }
                 Fast::F32 { f, fm, d, a, b } => {
                     let z = fm.ftz;
-                    if fm == FMod::default() {
-                        match f {
+                    let n = narrow(d, &[a, b]);
+                    let g = |x: u32| f32::from_bits(x);
+                    match (fm == FMod::default(), n) {
+                        (true, true) => match f {
+                            FF::Add => lanes2n(regs, m, d, a, b, |x, y| canon32(g(x) + g(y)) as u32),
+                            FF::Sub => lanes2n(regs, m, d, a, b, |x, y| canon32(g(x) - g(y)) as u32),
+                            FF::Mul => lanes2n(regs, m, d, a, b, |x, y| canon32(g(x) * g(y)) as u32),
+                            FF::Div => lanes2n(regs, m, d, a, b, |x, y| canon32(g(x) / g(y)) as u32),
+                        },
+                        (true, false) => match f {
                             FF::Add => lanes2(regs, m, d, a, b, |x, y| canon32(f32_in(x, false) + f32_in(y, false))),
                             FF::Sub => lanes2(regs, m, d, a, b, |x, y| canon32(f32_in(x, false) - f32_in(y, false))),
                             FF::Mul => lanes2(regs, m, d, a, b, |x, y| canon32(f32_in(x, false) * f32_in(y, false))),
                             FF::Div => lanes2(regs, m, d, a, b, |x, y| canon32(f32_in(x, false) / f32_in(y, false))),
-                        }
-                    } else {
-                        match f {
+                        },
+                        (false, true) => match f {
+                            FF::Add => lanes2n(regs, m, d, a, b, |x, y| fin32(f32_in(x as u64, z) + f32_in(y as u64, z), fm) as u32),
+                            FF::Sub => lanes2n(regs, m, d, a, b, |x, y| fin32(f32_in(x as u64, z) - f32_in(y as u64, z), fm) as u32),
+                            FF::Mul => lanes2n(regs, m, d, a, b, |x, y| fin32(f32_in(x as u64, z) * f32_in(y as u64, z), fm) as u32),
+                            FF::Div => lanes2n(regs, m, d, a, b, |x, y| fin32(f32_in(x as u64, z) / f32_in(y as u64, z), fm) as u32),
+                        },
+                        (false, false) => match f {
                             FF::Add => lanes2(regs, m, d, a, b, |x, y| fin32(f32_in(x, z) + f32_in(y, z), fm)),
                             FF::Sub => lanes2(regs, m, d, a, b, |x, y| fin32(f32_in(x, z) - f32_in(y, z), fm)),
                             FF::Mul => lanes2(regs, m, d, a, b, |x, y| fin32(f32_in(x, z) * f32_in(y, z), fm)),
                             FF::Div => lanes2(regs, m, d, a, b, |x, y| fin32(f32_in(x, z) / f32_in(y, z), fm)),
-                        }
+                        },
                     }
                 }
                 Fast::Fma32 { fm, d, a, b, c } => {
-                    if fm == FMod::default() {
-                        lanes3(regs, m, d, a, b, c, |x, y, v| canon32(f32_in(x, false).mul_add(f32_in(y, false), f32_in(v, false))))
-                    } else {
-                        let z = fm.ftz;
-                        lanes3(regs, m, d, a, b, c, |x, y, v| fin32(f32_in(x, z).mul_add(f32_in(y, z), f32_in(v, z)), fm))
+                    let n = narrow(d, &[a, b, c]);
+                    let z = fm.ftz;
+                    match (fm == FMod::default(), n) {
+                        (true, true) => {
+                            let g = |x: u32| f32::from_bits(x);
+                            lanes3n(regs, m, d, a, b, c, |x, y, v| canon32(g(x).mul_add(g(y), g(v))) as u32)
+                        }
+                        (true, false) => lanes3(regs, m, d, a, b, c, |x, y, v| canon32(f32_in(x, false).mul_add(f32_in(y, false), f32_in(v, false)))),
+                        (false, true) => lanes3n(regs, m, d, a, b, c, |x, y, v| {
+                            fin32(f32_in(x as u64, z).mul_add(f32_in(y as u64, z), f32_in(v as u64, z)), fm) as u32
+                        }),
+                        (false, false) => lanes3(regs, m, d, a, b, c, |x, y, v| fin32(f32_in(x, z).mul_add(f32_in(y, z), f32_in(v, z)), fm)),
                     }
                 }
                 Fast::F64 { f, d, a, b } => {
@@ -487,26 +627,42 @@ impl BlockRunner<'_> {
                 Fast::Fma64 { d, a, b, c } => {
                     lanes3(regs, m, d, a, b, c, |x, y, z| canon64(f64::from_bits(x).mul_add(f64::from_bits(y), f64::from_bits(z))))
                 }
-                Fast::Bits { xor, and, d, a } => lanes1(regs, m, d, a, |x| (x ^ xor) & and),
+                Fast::Bits { xor, and, d, a } => {
+                    if and <= u32::MAX as u64 && narrow(d, &[a]) {
+                        let (xor, and) = (xor as u32, and as u32);
+                        lanes1n(regs, m, d, a, |x| (x ^ xor) & and)
+                    } else {
+                        lanes1(regs, m, d, a, |x| (x ^ xor) & and)
+                    }
+                }
                 Fast::SetpI { cmp, bits, signed, d, d2, a, b } => {
+                    let n = bits == 32 && narrow_preds(d, d2, &[a, b]);
                     macro_rules! go {
                         ($c:path) => {
-                            match (bits, signed) {
-                                (32, true) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32 as i32, y as u32 as i32)),
-                                (32, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32, y as u32)),
-                                (_, true) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as i64, y as i64)),
-                                (_, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
+                            match (bits, signed, n) {
+                                (32, true, true) => preds2n(regs, m, d, d2, a, b, |x, y| icmp($c, x as i32, y as i32)),
+                                (32, false, true) => preds2n(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
+                                (32, true, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32 as i32, y as u32 as i32)),
+                                (32, false, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32, y as u32)),
+                                (_, true, _) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as i64, y as i64)),
+                                (_, false, _) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
                             }
                         };
                     }
                     by_cmp!(cmp, go)
                 }
                 Fast::SetpF { cmp, f64, d, d2, a, b } => {
+                    let n = !f64 && narrow_preds(d, d2, &[a, b]);
                     macro_rules! go {
                         ($c:path) => {
                             if f64 {
                                 preds2(regs, m, d, d2, a, b, |x, y| {
                                     let (x, y) = (f64::from_bits(x), f64::from_bits(y));
+                                    fcmp($c, x, y, x.is_nan() || y.is_nan())
+                                })
+                            } else if n {
+                                preds2n(regs, m, d, d2, a, b, |x, y| {
+                                    let (x, y) = (f32::from_bits(x), f32::from_bits(y));
                                     fcmp($c, x, y, x.is_nan() || y.is_nan())
                                 })
                             } else {
@@ -519,8 +675,16 @@ impl BlockRunner<'_> {
                     }
                     by_cmp!(cmp, go)
                 }
-                Fast::Selp { d, a, b, p } => select(regs, m, d, a, b, p),
+                Fast::Selp { d, a, b, p } => {
+                    if narrow(d, &[a, b, p]) {
+                        lanes3n(regs, m, d, a, b, p, |x, y, q| if q != 0 { x } else { y })
+                    } else {
+                        lanes3(regs, m, d, a, b, p, |x, y, q| if q != 0 { x } else { y })
+                    }
+                }
                 Fast::CvtIF { f64, bits, signed, d, a } => match (f64, bits, signed) {
+                    (false, 32, false) if narrow(d, &[a]) => lanes1n(regs, m, d, a, |x| (x as f32).to_bits()),
+                    (false, 32, true) if narrow(d, &[a]) => lanes1n(regs, m, d, a, |x| (x as i32 as f32).to_bits()),
                     (false, 32, false) => lanes1(regs, m, d, a, |x| (x as u32 as f32).to_bits() as u64),
                     (false, 32, true) => lanes1(regs, m, d, a, |x| (x as u32 as i32 as f32).to_bits() as u64),
                     (false, _, false) => lanes1(regs, m, d, a, |x| (x as f32).to_bits() as u64),
@@ -540,14 +704,37 @@ impl BlockRunner<'_> {
                 }
             }
         }
+        *count += n;
         Ok(())
     }
 }
 
-/// The integer binary kernels: the interpreter's `int2` formulas for the same ops.
+/// The integer binary kernels: the interpreter's `int2` formulas for the same ops, on 32-bit
+/// rows where every operand is a 32-bit register or a constant and the op is 32-bit (its
+/// result depends on the low halves of its operands alone).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn int_lanes(regs: &Rows, m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b: Opd) {
+    if bits == 32 && narrow(d, &[a, b]) {
+        let n = |f: fn(u32, u32) -> u32| lanes2n(regs, m, d, a, b, f);
+        match f {
+            IntF::Add => return n(|x, y| x.wrapping_add(y)),
+            IntF::Sub => return n(|x, y| x.wrapping_sub(y)),
+            IntF::MulLo => return n(|x, y| x.wrapping_mul(y)),
+            IntF::And => return n(|x, y| x & y),
+            IntF::Or => return n(|x, y| x | y),
+            IntF::Xor => return n(|x, y| x ^ y),
+            IntF::Shl => return lanes2n(regs, m, d, a, b, |x, s| if s >= 32 { 0 } else { x << s }),
+            IntF::ShrS => return lanes2n(regs, m, d, a, b, |x, s| ((x as i32) >> s.min(31)) as u32),
+            IntF::ShrU => return lanes2n(regs, m, d, a, b, |x, s| if s >= 32 { 0 } else { x >> s }),
+            IntF::MinS => return lanes2n(regs, m, d, a, b, |x, y| (x as i32).min(y as i32) as u32),
+            IntF::MinU => return lanes2n(regs, m, d, a, b, |x, y| x.min(y)),
+            IntF::MaxS => return lanes2n(regs, m, d, a, b, |x, y| (x as i32).max(y as i32) as u32),
+            IntF::MaxU => return lanes2n(regs, m, d, a, b, |x, y| x.max(y)),
+            // A 64-bit result: the general kernels below.
+            IntF::MulWideS | IntF::MulWideU => {}
+        }
+    }
     let sx = move |x: u64| sign_extend(x & mk, bits as u32) as i64;
     let bu = bits as u64;
     match f {
@@ -588,47 +775,163 @@ fn int_lanes(regs: &Rows, m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b:
 
 // The lane loops work in place on chunks of [`CHUNK`] lanes: each chunk of the sources is
 // read into locals before the chunk of the destination is written, so a destination that
-// is also a source is safe (registers are whole 32-lane rows: two operands are the same row
-// or disjoint ones). No lane array is built on the stack and copied (zeroing and copying
-// them cost more than the arithmetic), and the chunk fits the vector registers, so the
-// loops are vector code in the AVX2 executor. They are plain loops (not `array::from_fn`,
-// whose closure call is not inlined into the vector executor and so would be compiled for
-// the baseline ISA).
+// is also a source is safe (registers are whole rows: two operands are the same row or
+// disjoint ones). No lane array is built on the stack and copied (zeroing and copying them
+// cost more than the arithmetic), and a chunk fits the vector registers, so the loops are
+// vector code in the AVX2 executor. They are plain loops (not `array::from_fn`, whose
+// closure call is not inlined into the vector executor and so would be compiled for the
+// baseline ISA).
+//
+// Two kinds: `*n` kernels run where every operand is a 32-bit register (or a constant, by
+// its low half) on `u32` lanes, eight to a vector; the others read any register as `u64`
+// (a 32-bit one zero-extended, as the interpreter's `fetch`) and write the destination as
+// the interpreter's `store` does (a 32-bit one keeps the low half).
 
 /// Lanes computed together.
 const CHUNK: usize = 8;
 
-/// A register file's rows, as raw pointers from one borrow, so that a destination row may be
-/// written while source rows (possibly the same one) are read.
+/// Whether `d` and every register of `srcs` have 32-bit rows (constants fit either kind).
+#[inline(always)]
+fn narrow(d: u32, srcs: &[Opd]) -> bool {
+    d & WIDE == 0 && srcs.iter().all(|s| !matches!(s, Opd::R(r) if r & WIDE != 0))
+}
+
+/// [`narrow`] for a compare's two destinations, either of which may be [`NO_REG`].
+#[inline(always)]
+fn narrow_preds(d: u32, d2: u32, srcs: &[Opd]) -> bool {
+    (d == NO_REG || d & WIDE == 0) && (d2 == NO_REG || d2 & WIDE == 0) && narrow(0, srcs)
+}
+
+/// A warp's register rows, as raw pointers from one borrow, so that a destination row may be
+/// written while source rows (possibly the same one) are read; and the kernel's constants.
 struct Rows<'k> {
-    base: *mut u64,
-    len: usize,
+    narrow: *mut u32,
+    nlen: usize,
+    wide: *mut u64,
+    wlen: usize,
     consts: &'k [u64],
+    consts32: &'k [u32],
 }
 
 impl<'k> Rows<'k> {
     #[inline(always)]
-    fn new(regs: &mut [u64], consts: &'k [u64]) -> Rows<'k> {
-        Rows { base: regs.as_mut_ptr(), len: regs.len(), consts }
+    fn new(regs: &mut Regs, c: &'k Compiled) -> Rows<'k> {
+        Rows {
+            narrow: regs.narrow.as_mut_ptr(),
+            nlen: regs.narrow.len(),
+            wide: regs.wide.as_mut_ptr(),
+            wlen: regs.wide.len(),
+            consts: &c.consts,
+            consts32: &c.consts32,
+        }
     }
 
-    /// Register `r`'s row, checked in bounds.
+    /// Register `r`'s row of 32-bit values, checked in bounds.
     #[inline(always)]
-    fn row(&self, r: u32) -> *mut u64 {
+    fn row32(&self, r: u32) -> *mut u32 {
+        debug_assert!(r & WIDE == 0);
         let at = r as usize * LANES;
-        assert!(at + LANES <= self.len, "register {r} is in the file");
+        assert!(at + LANES <= self.nlen, "register {r} is in the file");
         // SAFETY: in bounds (checked above).
-        unsafe { self.base.add(at) }
+        unsafe { self.narrow.add(at) }
     }
 
-    /// A source's lane values: the register's row or the constant's.
+    /// Register `r`'s row of 64-bit values (`r` has [`WIDE`]), checked in bounds.
     #[inline(always)]
-    fn src(&self, s: Opd) -> *const u64 {
+    fn row64(&self, r: u32) -> *mut u64 {
+        let at = (r & !WIDE) as usize * LANES;
+        assert!(at + LANES <= self.wlen, "register {r:#x} is in the file");
+        // SAFETY: in bounds (checked above).
+        unsafe { self.wide.add(at) }
+    }
+
+    /// A source of a `*n` kernel: a 32-bit register's row or the constant's low halves.
+    #[inline(always)]
+    fn src32(&self, s: Opd) -> *const u32 {
         match s {
-            Opd::R(r) => self.row(r),
+            Opd::R(r) => self.row32(r),
             Opd::K(k) => {
                 let at = k as usize * LANES;
-                self.consts[at..at + LANES].as_ptr()
+                self.consts32[at..at + LANES].as_ptr()
+            }
+        }
+    }
+
+    /// A source of the general kernels.
+    #[inline(always)]
+    fn src(&self, s: Opd) -> Src64 {
+        match s {
+            Opd::R(r) if r & WIDE != 0 => Src64::Wide(self.row64(r)),
+            Opd::R(r) => Src64::Narrow(self.row32(r)),
+            Opd::K(k) => {
+                let at = k as usize * LANES;
+                Src64::Wide(self.consts[at..at + LANES].as_ptr())
+            }
+        }
+    }
+
+    /// A destination of the general kernels.
+    #[inline(always)]
+    fn dst(&self, d: u32) -> Dst64 {
+        if d & WIDE != 0 {
+            Dst64::Wide(self.row64(d))
+        } else {
+            Dst64::Narrow(self.row32(d))
+        }
+    }
+}
+
+/// A row the general kernels read as 64-bit values.
+#[derive(Clone, Copy)]
+enum Src64 {
+    Wide(*const u64),
+    Narrow(*const u32),
+}
+
+/// A row the general kernels write.
+#[derive(Clone, Copy)]
+enum Dst64 {
+    Wide(*mut u64),
+    Narrow(*mut u32),
+}
+
+impl Src64 {
+    /// Chunk `k` of the row.
+    ///
+    /// # Safety
+    /// The row is a whole one ([`Rows`] checks) and `k + CHUNK <= LANES`.
+    #[inline(always)]
+    unsafe fn chunk(self, k: usize) -> [u64; CHUNK] {
+        match self {
+            Src64::Wide(p) => std::ptr::read_unaligned(p.add(k) as *const [u64; CHUNK]),
+            Src64::Narrow(p) => {
+                let x = std::ptr::read_unaligned(p.add(k) as *const [u32; CHUNK]);
+                let mut r = [0u64; CHUNK];
+                for l in 0..CHUNK {
+                    r[l] = x[l] as u64;
+                }
+                r
+            }
+        }
+    }
+}
+
+impl Dst64 {
+    /// Writes chunk `k`: the lanes of `m` get `r` (a 32-bit row its low halves), the others
+    /// keep theirs.
+    ///
+    /// # Safety
+    /// As [`Src64::chunk`], for a row the caller may write.
+    #[inline(always)]
+    unsafe fn put(self, k: usize, m: u32, r: [u64; CHUNK]) {
+        match self {
+            Dst64::Wide(p) => put(p, k, m, r),
+            Dst64::Narrow(p) => {
+                let mut n = [0u32; CHUNK];
+                for l in 0..CHUNK {
+                    n[l] = r[l] as u32;
+                }
+                put(p, k, m, n)
             }
         }
     }
@@ -639,8 +942,8 @@ impl<'k> Rows<'k> {
 /// # Safety
 /// `p` points to a row of [`LANES`] values and `k + CHUNK <= LANES`.
 #[inline(always)]
-unsafe fn chunk(p: *const u64, k: usize) -> [u64; CHUNK] {
-    std::ptr::read_unaligned(p.add(k) as *const [u64; CHUNK])
+unsafe fn chunk<T: Copy>(p: *const T, k: usize) -> [T; CHUNK] {
+    std::ptr::read_unaligned(p.add(k) as *const [T; CHUNK])
 }
 
 /// Writes chunk `k` of the destination: the lanes of `m` get `r`, the others keep theirs.
@@ -648,7 +951,7 @@ unsafe fn chunk(p: *const u64, k: usize) -> [u64; CHUNK] {
 /// # Safety
 /// As [`chunk`], for a row the caller may write.
 #[inline(always)]
-unsafe fn put(d: *mut u64, k: usize, m: u32, mut r: [u64; CHUNK]) {
+unsafe fn put<T: Copy>(d: *mut T, k: usize, m: u32, mut r: [T; CHUNK]) {
     if m != u32::MAX {
         let old = chunk(d, k);
         for l in 0..CHUNK {
@@ -657,22 +960,22 @@ unsafe fn put(d: *mut u64, k: usize, m: u32, mut r: [u64; CHUNK]) {
             }
         }
     }
-    std::ptr::write_unaligned(d.add(k) as *mut [u64; CHUNK], r);
+    std::ptr::write_unaligned(d.add(k) as *mut [T; CHUNK], r);
 }
 
 #[inline(always)]
 fn lanes1(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u64) -> u64) {
     let pa = rows.src(a);
-    let pd = rows.row(d);
+    let pd = rows.dst(d);
     for k in (0..LANES).step_by(CHUNK) {
-        // SAFETY: each pointer is a whole row (checked by `Rows`) and k + CHUNK <= LANES.
+        // SAFETY: each row is a whole one (checked by `Rows`) and k + CHUNK <= LANES.
         unsafe {
-            let x = chunk(pa, k);
+            let x = pa.chunk(k);
             let mut r = [0u64; CHUNK];
             for l in 0..CHUNK {
                 r[l] = f(x[l]);
             }
-            put(pd, k, m, r);
+            pd.put(k, m, r);
         }
     }
 }
@@ -680,16 +983,16 @@ fn lanes1(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u64) -> u64) {
 #[inline(always)]
 fn lanes2(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> u64) {
     let (pa, pb) = (rows.src(a), rows.src(b));
-    let pd = rows.row(d);
+    let pd = rows.dst(d);
     for k in (0..LANES).step_by(CHUNK) {
         // SAFETY: as in `lanes1`.
         unsafe {
-            let (x, y) = (chunk(pa, k), chunk(pb, k));
+            let (x, y) = (pa.chunk(k), pb.chunk(k));
             let mut r = [0u64; CHUNK];
             for l in 0..CHUNK {
                 r[l] = f(x[l], y[l]);
             }
-            put(pd, k, m, r);
+            pd.put(k, m, r);
         }
     }
 }
@@ -697,16 +1000,16 @@ fn lanes2(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> u
 #[inline(always)]
 fn lanes3(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u64, u64, u64) -> u64) {
     let (pa, pb, pc) = (rows.src(a), rows.src(b), rows.src(c));
-    let pd = rows.row(d);
+    let pd = rows.dst(d);
     for k in (0..LANES).step_by(CHUNK) {
         // SAFETY: as in `lanes1`.
         unsafe {
-            let (x, y, z) = (chunk(pa, k), chunk(pb, k), chunk(pc, k));
+            let (x, y, z) = (pa.chunk(k), pb.chunk(k), pc.chunk(k));
             let mut r = [0u64; CHUNK];
             for l in 0..CHUNK {
                 r[l] = f(x[l], y[l], z[l]);
             }
-            put(pd, k, m, r);
+            pd.put(k, m, r);
         }
     }
 }
@@ -717,15 +1020,93 @@ fn preds2(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u64, 
     let (pa, pb) = (rows.src(a), rows.src(b));
     // Both destinations are checked before any is written; a destination that is also a
     // source is read (chunk by chunk) before it is written, as in `lanes2`.
-    let pd = (d != NO_REG).then(|| rows.row(d));
-    let pd2 = (d2 != NO_REG).then(|| rows.row(d2));
+    let pd = (d != NO_REG).then(|| rows.dst(d));
+    let pd2 = (d2 != NO_REG).then(|| rows.dst(d2));
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y) = (pa.chunk(k), pb.chunk(k));
+            let mut r = [0u64; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l]) as u64;
+            }
+            if let Some(pd) = pd {
+                pd.put(k, m, r);
+            }
+            if let Some(pd2) = pd2 {
+                for v in r.iter_mut() {
+                    *v ^= 1;
+                }
+                pd2.put(k, m, r);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes1n(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u32) -> u32) {
+    let pa = rows.src32(a);
+    let pd = rows.row32(d);
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let x = chunk(pa, k);
+            let mut r = [0u32; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l]);
+            }
+            put(pd, k, m, r);
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes2n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> u32) {
+    let (pa, pb) = (rows.src32(a), rows.src32(b));
+    let pd = rows.row32(d);
     for k in (0..LANES).step_by(CHUNK) {
         // SAFETY: as in `lanes1`.
         unsafe {
             let (x, y) = (chunk(pa, k), chunk(pb, k));
-            let mut r = [0u64; CHUNK];
+            let mut r = [0u32; CHUNK];
             for l in 0..CHUNK {
-                r[l] = f(x[l], y[l]) as u64;
+                r[l] = f(x[l], y[l]);
+            }
+            put(pd, k, m, r);
+        }
+    }
+}
+
+#[inline(always)]
+fn lanes3n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u32, u32, u32) -> u32) {
+    let (pa, pb, pc) = (rows.src32(a), rows.src32(b), rows.src32(c));
+    let pd = rows.row32(d);
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y, z) = (chunk(pa, k), chunk(pb, k), chunk(pc, k));
+            let mut r = [0u32; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l], z[l]);
+            }
+            put(pd, k, m, r);
+        }
+    }
+}
+
+/// [`preds2`] where the operands and destinations are 32-bit rows.
+#[inline(always)]
+fn preds2n(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> bool) {
+    let (pa, pb) = (rows.src32(a), rows.src32(b));
+    let pd = (d != NO_REG).then(|| rows.row32(d));
+    let pd2 = (d2 != NO_REG).then(|| rows.row32(d2));
+    for k in (0..LANES).step_by(CHUNK) {
+        // SAFETY: as in `lanes1`.
+        unsafe {
+            let (x, y) = (chunk(pa, k), chunk(pb, k));
+            let mut r = [0u32; CHUNK];
+            for l in 0..CHUNK {
+                r[l] = f(x[l], y[l]) as u32;
             }
             if let Some(pd) = pd {
                 put(pd, k, m, r);
@@ -738,11 +1119,6 @@ fn preds2(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u64, 
             }
         }
     }
-}
-
-#[inline(always)]
-fn select(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, p: Opd) {
-    lanes3(rows, m, d, a, b, p, |x, y, q| if q != 0 { x } else { y })
 }
 
 /// Deliberately wrong kernels, for the test that the differential runs catch them.
@@ -766,10 +1142,16 @@ pub(crate) mod testing {
         for pc in 0..p.compiled.ops.len() {
             let f = match (w, p.compiled.ops[pc]) {
                 (Wrong::AddIsSub, Fast::Int { f: IntF::Add, mk, bits: 32, d, a, b }) => Fast::Int { f: IntF::Sub, mk, bits: 32, d, a, b },
+                (Wrong::AddIsSub, Fast::AddN { d, a, b }) => Fast::SubN { d, a, b },
                 (Wrong::LtIsLe, Fast::SetpI { cmp: Cmp::Lt, bits, signed, d, d2, a, b }) => Fast::SetpI { cmp: Cmp::Le, bits, signed, d, d2, a, b },
                 (Wrong::MovMask, Fast::Mov { mk, d, a }) => {
                     // Every mov loses bit 0 (one mov of an even value would not show it).
                     p.compiled.set(pc, Fast::Mov { mk: mk & !1, d, a });
+                    hit = true;
+                    continue;
+                }
+                (Wrong::MovMask, Fast::MovN { d, a }) => {
+                    p.compiled.set(pc, Fast::Mov { mk: 0xffff_fffe, d, a });
                     hit = true;
                     continue;
                 }

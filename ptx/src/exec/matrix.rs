@@ -83,7 +83,7 @@ fn to_int(ty: MmaTy, v: u64) -> i64 {
 }
 
 /// The matrix operand `of` gathered from every lane's fragment registers.
-fn gather<T: Copy + Default>(regs: &[u64], srcs: &[Src], shape: [u8; 3], wmma: bool, of: FragOf, ty: MmaTy, conv: impl Fn(MmaTy, u64) -> T) -> [T; MAX_ELEMS] {
+fn gather<T: Copy + Default>(regs: &Regs, srcs: &[Src], shape: [u8; 3], wmma: bool, of: FragOf, ty: MmaTy, conv: impl Fn(MmaTy, u64) -> T) -> [T; MAX_ELEMS] {
     let (rows, cols) = dims(shape, of);
     let per = rows * cols / LANES;
     let mut out = [T::default(); MAX_ELEMS];
@@ -91,7 +91,7 @@ fn gather<T: Copy + Default>(regs: &[u64], srcs: &[Src], shape: [u8; 3], wmma: b
     for lane in 0..LANES {
         for (k, s) in srcs.iter().enumerate() {
             vals[k] = match *s {
-                Src::R(r) => regs[r as usize * LANES + lane],
+                Src::R(r) => regs.get(r, lane),
                 Src::C(c) => c,
             };
         }
@@ -105,7 +105,7 @@ fn gather<T: Copy + Default>(regs: &[u64], srcs: &[Src], shape: [u8; 3], wmma: b
 }
 
 /// Writes the M x N result (raw element bits in `bits`) into the D fragment of the lanes in `m`.
-fn scatter(regs: &mut [u64], m: u32, d: &[u32], shape: [u8; 3], wmma: bool, ty: MmaTy, bits: &[u64; MAX_ELEMS]) {
+fn scatter(regs: &mut Regs, m: u32, d: &[u32], shape: [u8; 3], wmma: bool, ty: MmaTy, bits: &[u64; MAX_ELEMS]) {
     let (rows, cols) = dims(shape, FragOf::C);
     let per = rows * cols / LANES;
     let pr = per_reg(ty);
@@ -121,7 +121,7 @@ fn scatter(regs: &mut [u64], m: u32, d: &[u32], shape: [u8; 3], wmma: bool, ty: 
             vals[i / pr] |= if pr == 1 { v } else { (v & width_mask(eb as u8)) << ((i % pr) as u32 * eb) };
         }
         for (k, &r) in d.iter().enumerate() {
-            regs[r as usize * LANES + lane] = vals[k];
+            regs.set(r, lane, vals[k]);
         }
     }
 }
@@ -129,7 +129,7 @@ fn scatter(regs: &mut [u64], m: u32, d: &[u32], shape: [u8; 3], wmma: bool, ty: 
 // Not inlined into `BlockRunner::exec`: these operand arrays would grow its stack frame and
 // slow every other instruction (measured with the bench under cachegrind).
 #[inline(never)]
-pub(super) fn mma(regs: &mut [u64], m: u32, x: &Mma) {
+pub(super) fn mma(regs: &mut Regs, m: u32, x: &Mma) {
     let [mm, nn, kk] = x.shape.map(|v| v as usize);
     let mut out = [0u64; MAX_ELEMS];
     match x.a_ty {
@@ -212,7 +212,7 @@ pub(super) fn tf32(bits: u32, rnd: Rnd, relu: bool, satfinite: bool) -> u32 {
 /// `movmatrix.sync.aligned.m8n8.trans.b16`: lane `l` holds row `l/4`, columns `2(l%4)` and
 /// `2(l%4)+1` of an 8x8 matrix (low half first); the result is the transpose, held alike.
 #[inline(never)]
-pub(super) fn movmatrix(regs: &mut [u64], m: u32, d: u32, a: Src) {
+pub(super) fn movmatrix(regs: &mut Regs, m: u32, d: u32, a: Src) {
     let av = fetch(regs, a);
     let at = |row: usize, col: usize| (av[row * 4 + col / 2] >> (16 * (col % 2) as u32)) & 0xffff;
     let r: [u64; LANES] = std::array::from_fn(|l| {
@@ -252,12 +252,12 @@ impl BlockRunner<'_> {
                 }
                 for (k, r) in x.regs.iter().enumerate() {
                     if let Src::R(r) = r {
-                        w.regs[*r as usize * LANES + lane] = vals[k];
+                        w.regs.set(*r, lane, vals[k]);
                     }
                 }
             } else {
                 let vals: Vec<u64> = x.regs.iter().map(|s| match *s {
-                    Src::R(r) => w.regs[r as usize * LANES + lane],
+                    Src::R(r) => w.regs.get(r, lane),
                     Src::C(c) => c,
                 }).collect();
                 for i in 0..per {

@@ -48,7 +48,7 @@ pub const MAX_LAUNCH_STATE: u64 = 1 << 30;
 pub fn block_state_bytes(prog: &Program, dims: &LaunchDims) -> u64 {
     let threads = dims.block.iter().map(|&d| d as u64).product::<u64>();
     let lanes = threads.div_ceil(32) * 32;
-    let per_lane = (prog.nregs as u64 * 8).saturating_add(prog.local_size);
+    let per_lane = prog.register_bytes().saturating_add(prog.local_size);
     let shared = (prog.dyn_shared_offset.saturating_add(dims.shared_mem_bytes as u64)).max(prog.shared_static);
     lanes.saturating_mul(per_lane).saturating_add(shared)
 }
@@ -92,7 +92,7 @@ pub fn decode(parsed: &ModuleImage, globals: &[GlobalInfo]) -> CuResult<Vec<Resu
             match module.lower_within(&k.name, &addr, budget) {
                 Ok(p) => {
                     budget -= p.insts.len().min(budget);
-                    debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs, "kernel decoded");
+                    debug!(kernel = %k.name, instructions = p.insts.len(), registers = p.nregs + p.nwide, "kernel decoded");
                     Ok(Arc::new(p))
                 }
                 Err(e) => {
