@@ -946,6 +946,19 @@ unsafe fn chunk<T: Copy>(p: *const T, k: usize) -> [T; CHUNK] {
     std::ptr::read_unaligned(p.add(k) as *const [T; CHUNK])
 }
 
+/// [`put`], where `FULL` says every lane of `m` is on.
+///
+/// # Safety
+/// As [`put`].
+#[inline(always)]
+unsafe fn put_at<T: Copy, const FULL: bool>(d: *mut T, k: usize, m: u32, r: [T; CHUNK]) {
+    if FULL {
+        std::ptr::write_unaligned(d.add(k) as *mut [T; CHUNK], r);
+    } else {
+        put(d, k, m, r)
+    }
+}
+
 /// Writes chunk `k` of the destination: the lanes of `m` get `r`, the others keep theirs.
 ///
 /// # Safety
@@ -1043,8 +1056,18 @@ fn preds2(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u64, 
     }
 }
 
+/// Runs the kernel with the lane mask's test out of the chunk loop where every lane is on.
 #[inline(always)]
 fn lanes1n(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u32) -> u32) {
+    if m == u32::MAX {
+        lanes1n_at::<true>(rows, m, d, a, f)
+    } else {
+        lanes1n_at::<false>(rows, m, d, a, f)
+    }
+}
+
+#[inline(always)]
+fn lanes1n_at<const FULL: bool>(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u32) -> u32) {
     let pa = rows.src32(a);
     let pd = rows.row32(d);
     for k in (0..LANES).step_by(CHUNK) {
@@ -1055,13 +1078,23 @@ fn lanes1n(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u32) -> u32) {
             for l in 0..CHUNK {
                 r[l] = f(x[l]);
             }
-            put(pd, k, m, r);
+            put_at::<_, FULL>(pd, k, m, r);
         }
     }
 }
 
+/// Runs the kernel with the lane mask's test out of the chunk loop where every lane is on.
 #[inline(always)]
 fn lanes2n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> u32) {
+    if m == u32::MAX {
+        lanes2n_at::<true>(rows, m, d, a, b, f)
+    } else {
+        lanes2n_at::<false>(rows, m, d, a, b, f)
+    }
+}
+
+#[inline(always)]
+fn lanes2n_at<const FULL: bool>(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> u32) {
     let (pa, pb) = (rows.src32(a), rows.src32(b));
     let pd = rows.row32(d);
     for k in (0..LANES).step_by(CHUNK) {
@@ -1072,13 +1105,23 @@ fn lanes2n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> 
             for l in 0..CHUNK {
                 r[l] = f(x[l], y[l]);
             }
-            put(pd, k, m, r);
+            put_at::<_, FULL>(pd, k, m, r);
         }
     }
 }
 
+/// Runs the kernel with the lane mask's test out of the chunk loop where every lane is on.
 #[inline(always)]
 fn lanes3n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u32, u32, u32) -> u32) {
+    if m == u32::MAX {
+        lanes3n_at::<true>(rows, m, d, a, b, c, f)
+    } else {
+        lanes3n_at::<false>(rows, m, d, a, b, c, f)
+    }
+}
+
+#[inline(always)]
+fn lanes3n_at<const FULL: bool>(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u32, u32, u32) -> u32) {
     let (pa, pb, pc) = (rows.src32(a), rows.src32(b), rows.src32(c));
     let pd = rows.row32(d);
     for k in (0..LANES).step_by(CHUNK) {
@@ -1089,7 +1132,7 @@ fn lanes3n(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u32, 
             for l in 0..CHUNK {
                 r[l] = f(x[l], y[l], z[l]);
             }
-            put(pd, k, m, r);
+            put_at::<_, FULL>(pd, k, m, r);
         }
     }
 }
