@@ -53,6 +53,11 @@ pub(crate) enum Fast {
     FSubN { d: u32, a: Opd, b: Opd },
     FMulN { d: u32, a: Opd, b: Opd },
     FmaN { d: u32, a: Opd, b: Opd, c: Opd },
+    /// `cvt.rn.f32.u32` / `.s32`.
+    CvtFUN { d: u32, a: Opd },
+    CvtFSN { d: u32, a: Opd },
+    /// A 32-bit integer compare.
+    SetpN { cmp: Cmp, signed: bool, d: u32, d2: u32, a: Opd, b: Opd },
 }
 
 /// The single-dispatch form of `f` where it has one ([`Fast::AddN`] and the others).
@@ -76,6 +81,14 @@ fn flatten(f: Fast) -> Fast {
             FF::Div => Fast::F32 { f, fm, d, a, b },
         },
         Fast::Fma32 { fm, d, a, b, c } if fm == FMod::default() && narrow(d, &[a, b, c]) => Fast::FmaN { d, a, b, c },
+        Fast::CvtIF { f64: false, bits: 32, signed, d, a } if narrow(d, &[a]) => {
+            if signed {
+                Fast::CvtFSN { d, a }
+            } else {
+                Fast::CvtFUN { d, a }
+            }
+        }
+        Fast::SetpI { cmp, bits: 32, signed, d, d2, a, b } if narrow_preds(d, d2, &[a, b]) => Fast::SetpN { cmp, signed, d, d2, a, b },
         f => f,
     }
 }
@@ -366,6 +379,20 @@ fn icmp<T: Ord + Copy>(cmp: Cmp, x: T, y: T) -> bool {
     }
 }
 
+/// Which of less, equal and greater an integer compare accepts, as [`icmp`] decides.
+fn int_cmp_accepts(cmp: Cmp) -> (bool, bool, bool) {
+    match cmp {
+        Cmp::Eq | Cmp::Equ => (false, true, false),
+        Cmp::Ne | Cmp::Neu => (true, false, true),
+        Cmp::Lt | Cmp::Ltu => (true, false, false),
+        Cmp::Le | Cmp::Leu => (true, true, false),
+        Cmp::Gt | Cmp::Gtu => (false, false, true),
+        Cmp::Ge | Cmp::Geu => (false, true, true),
+        Cmp::Num => (true, true, true),
+        Cmp::Nan => (false, false, false),
+    }
+}
+
 /// Expands `$go!(Cmp::X)` for the compare kind, so that the lane loop has it as a constant.
 macro_rules! by_cmp {
     ($cmp:expr, $go:ident) => {
@@ -549,6 +576,21 @@ impl BlockRunner<'_> {
                 Fast::FMulN { d, a, b } => lanes2n(regs, m, d, a, b, |x, y| canon32(f32::from_bits(x) * f32::from_bits(y)) as u32),
                 Fast::FmaN { d, a, b, c } => {
                     lanes3n(regs, m, d, a, b, c, |x, y, z| canon32(f32::from_bits(x).mul_add(f32::from_bits(y), f32::from_bits(z))) as u32)
+                }
+                Fast::CvtFUN { d, a } => lanes1n(regs, m, d, a, |x| (x as f32).to_bits()),
+                Fast::CvtFSN { d, a } => lanes1n(regs, m, d, a, |x| (x as i32 as f32).to_bits()),
+                Fast::SetpN { cmp, signed, d, d2, a, b } => {
+                    // The compare as which of less, equal and greater it accepts: one kernel per
+                    // signedness instead of one per compare kind (the same answers as `icmp`).
+                    let (lt, eq, gt) = int_cmp_accepts(cmp);
+                    if signed {
+                        preds2n(regs, m, d, d2, a, b, |x, y| {
+                            let (x, y) = (x as i32, y as i32);
+                            ((x < y) & lt) | ((x == y) & eq) | ((x > y) & gt)
+                        })
+                    } else {
+                        preds2n(regs, m, d, d2, a, b, |x, y| ((x < y) & lt) | ((x == y) & eq) | ((x > y) & gt))
+                    }
                 }
                 Fast::Mov { mk, d, a } => {
                     if mk == 0xffff_ffff && narrow(d, &[a]) {
@@ -857,81 +899,46 @@ impl<'k> Rows<'k> {
         }
     }
 
-    /// A source of the general kernels.
+    /// A source of the general kernels as 64-bit lanes: a 64-bit row or a constant's row in
+    /// place, a 32-bit row widened into `buf` (so that the kernels' loops read one kind).
     #[inline(always)]
-    fn src(&self, s: Opd) -> Src64 {
+    fn src64(&self, s: Opd, buf: &mut [u64; LANES]) -> *const u64 {
         match s {
-            Opd::R(r) if r & WIDE != 0 => Src64::Wide(self.row64(r)),
-            Opd::R(r) => Src64::Narrow(self.row32(r)),
+            Opd::R(r) if r & WIDE != 0 => self.row64(r),
+            Opd::R(r) => {
+                let p = self.row32(r);
+                for (l, v) in buf.iter_mut().enumerate() {
+                    // SAFETY: a whole row (checked by `row32`).
+                    *v = unsafe { *p.add(l) } as u64;
+                }
+                buf.as_ptr()
+            }
             Opd::K(k) => {
                 let at = k as usize * LANES;
-                Src64::Wide(self.consts[at..at + LANES].as_ptr())
+                self.consts[at..at + LANES].as_ptr()
             }
         }
     }
 
-    /// A destination of the general kernels.
+    /// Writes the general kernels' result: the lanes of `m` get `r` (a 32-bit row their low
+    /// halves, as the interpreter's `store`), the others keep theirs.
     #[inline(always)]
-    fn dst(&self, d: u32) -> Dst64 {
+    fn store64(&self, d: u32, m: u32, r: &[u64; LANES]) {
         if d & WIDE != 0 {
-            Dst64::Wide(self.row64(d))
-        } else {
-            Dst64::Narrow(self.row32(d))
-        }
-    }
-}
-
-/// A row the general kernels read as 64-bit values.
-#[derive(Clone, Copy)]
-enum Src64 {
-    Wide(*const u64),
-    Narrow(*const u32),
-}
-
-/// A row the general kernels write.
-#[derive(Clone, Copy)]
-enum Dst64 {
-    Wide(*mut u64),
-    Narrow(*mut u32),
-}
-
-impl Src64 {
-    /// Chunk `k` of the row.
-    ///
-    /// # Safety
-    /// The row is a whole one ([`Rows`] checks) and `k + CHUNK <= LANES`.
-    #[inline(always)]
-    unsafe fn chunk(self, k: usize) -> [u64; CHUNK] {
-        match self {
-            Src64::Wide(p) => std::ptr::read_unaligned(p.add(k) as *const [u64; CHUNK]),
-            Src64::Narrow(p) => {
-                let x = std::ptr::read_unaligned(p.add(k) as *const [u32; CHUNK]);
-                let mut r = [0u64; CHUNK];
-                for l in 0..CHUNK {
-                    r[l] = x[l] as u64;
+            let p = self.row64(d);
+            for (l, v) in r.iter().enumerate() {
+                if m >> l & 1 != 0 {
+                    // SAFETY: a whole row (checked by `row64`).
+                    unsafe { *p.add(l) = *v };
                 }
-                r
             }
-        }
-    }
-}
-
-impl Dst64 {
-    /// Writes chunk `k`: the lanes of `m` get `r` (a 32-bit row its low halves), the others
-    /// keep theirs.
-    ///
-    /// # Safety
-    /// As [`Src64::chunk`], for a row the caller may write.
-    #[inline(always)]
-    unsafe fn put(self, k: usize, m: u32, r: [u64; CHUNK]) {
-        match self {
-            Dst64::Wide(p) => put(p, k, m, r),
-            Dst64::Narrow(p) => {
-                let mut n = [0u32; CHUNK];
-                for l in 0..CHUNK {
-                    n[l] = r[l] as u32;
+        } else {
+            let p = self.row32(d);
+            for (l, v) in r.iter().enumerate() {
+                if m >> l & 1 != 0 {
+                    // SAFETY: a whole row (checked by `row32`).
+                    unsafe { *p.add(l) = *v as u32 };
                 }
-                put(p, k, m, n)
             }
         }
     }
@@ -976,83 +983,64 @@ unsafe fn put<T: Copy>(d: *mut T, k: usize, m: u32, mut r: [T; CHUNK]) {
     std::ptr::write_unaligned(d.add(k) as *mut [T; CHUNK], r);
 }
 
+// The general kernels compute all lanes into a staging array from sources of one kind
+// (`Rows::src64`), then store it (`Rows::store64`): the loops that depend on the closure have
+// no branch on the rows' kinds, which would be unswitched into a copy per combination.
+
 #[inline(always)]
 fn lanes1(rows: &Rows, m: u32, d: u32, a: Opd, f: impl Fn(u64) -> u64) {
-    let pa = rows.src(a);
-    let pd = rows.dst(d);
-    for k in (0..LANES).step_by(CHUNK) {
-        // SAFETY: each row is a whole one (checked by `Rows`) and k + CHUNK <= LANES.
-        unsafe {
-            let x = pa.chunk(k);
-            let mut r = [0u64; CHUNK];
-            for l in 0..CHUNK {
-                r[l] = f(x[l]);
-            }
-            pd.put(k, m, r);
-        }
+    let mut ba = [0u64; LANES];
+    let pa = rows.src64(a, &mut ba);
+    let mut r = [0u64; LANES];
+    for (l, v) in r.iter_mut().enumerate() {
+        // SAFETY: a whole row (checked by `Rows`).
+        *v = f(unsafe { *pa.add(l) });
     }
+    rows.store64(d, m, &r);
 }
 
 #[inline(always)]
 fn lanes2(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> u64) {
-    let (pa, pb) = (rows.src(a), rows.src(b));
-    let pd = rows.dst(d);
-    for k in (0..LANES).step_by(CHUNK) {
-        // SAFETY: as in `lanes1`.
-        unsafe {
-            let (x, y) = (pa.chunk(k), pb.chunk(k));
-            let mut r = [0u64; CHUNK];
-            for l in 0..CHUNK {
-                r[l] = f(x[l], y[l]);
-            }
-            pd.put(k, m, r);
-        }
+    let (mut ba, mut bb) = ([0u64; LANES], [0u64; LANES]);
+    let (pa, pb) = (rows.src64(a, &mut ba), rows.src64(b, &mut bb));
+    let mut r = [0u64; LANES];
+    for (l, v) in r.iter_mut().enumerate() {
+        // SAFETY: whole rows (checked by `Rows`).
+        *v = unsafe { f(*pa.add(l), *pb.add(l)) };
     }
+    rows.store64(d, m, &r);
 }
 
 #[inline(always)]
 fn lanes3(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: Opd, f: impl Fn(u64, u64, u64) -> u64) {
-    let (pa, pb, pc) = (rows.src(a), rows.src(b), rows.src(c));
-    let pd = rows.dst(d);
-    for k in (0..LANES).step_by(CHUNK) {
-        // SAFETY: as in `lanes1`.
-        unsafe {
-            let (x, y, z) = (pa.chunk(k), pb.chunk(k), pc.chunk(k));
-            let mut r = [0u64; CHUNK];
-            for l in 0..CHUNK {
-                r[l] = f(x[l], y[l], z[l]);
-            }
-            pd.put(k, m, r);
-        }
+    let (mut ba, mut bb, mut bc) = ([0u64; LANES], [0u64; LANES], [0u64; LANES]);
+    let (pa, pb, pc) = (rows.src64(a, &mut ba), rows.src64(b, &mut bb), rows.src64(c, &mut bc));
+    let mut r = [0u64; LANES];
+    for (l, v) in r.iter_mut().enumerate() {
+        // SAFETY: whole rows (checked by `Rows`).
+        *v = unsafe { f(*pa.add(l), *pb.add(l), *pc.add(l)) };
     }
+    rows.store64(d, m, &r);
 }
 
 /// A compare: `d` gets the result, `d2` its negation (either may be [`NO_REG`]).
 #[inline(always)]
 fn preds2(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u64, u64) -> bool) {
-    let (pa, pb) = (rows.src(a), rows.src(b));
-    // Both destinations are checked before any is written; a destination that is also a
-    // source is read (chunk by chunk) before it is written, as in `lanes2`.
-    let pd = (d != NO_REG).then(|| rows.dst(d));
-    let pd2 = (d2 != NO_REG).then(|| rows.dst(d2));
-    for k in (0..LANES).step_by(CHUNK) {
-        // SAFETY: as in `lanes1`.
-        unsafe {
-            let (x, y) = (pa.chunk(k), pb.chunk(k));
-            let mut r = [0u64; CHUNK];
-            for l in 0..CHUNK {
-                r[l] = f(x[l], y[l]) as u64;
-            }
-            if let Some(pd) = pd {
-                pd.put(k, m, r);
-            }
-            if let Some(pd2) = pd2 {
-                for v in r.iter_mut() {
-                    *v ^= 1;
-                }
-                pd2.put(k, m, r);
-            }
+    let (mut ba, mut bb) = ([0u64; LANES], [0u64; LANES]);
+    let (pa, pb) = (rows.src64(a, &mut ba), rows.src64(b, &mut bb));
+    let mut r = [0u64; LANES];
+    for (l, v) in r.iter_mut().enumerate() {
+        // SAFETY: whole rows (checked by `Rows`).
+        *v = unsafe { f(*pa.add(l), *pb.add(l)) } as u64;
+    }
+    if d != NO_REG {
+        rows.store64(d, m, &r);
+    }
+    if d2 != NO_REG {
+        for v in r.iter_mut() {
+            *v ^= 1;
         }
+        rows.store64(d2, m, &r);
     }
 }
 
@@ -1140,6 +1128,15 @@ fn lanes3n_at<const FULL: bool>(rows: &Rows, m: u32, d: u32, a: Opd, b: Opd, c: 
 /// [`preds2`] where the operands and destinations are 32-bit rows.
 #[inline(always)]
 fn preds2n(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> bool) {
+    if m == u32::MAX {
+        preds2n_at::<true>(rows, m, d, d2, a, b, f)
+    } else {
+        preds2n_at::<false>(rows, m, d, d2, a, b, f)
+    }
+}
+
+#[inline(always)]
+fn preds2n_at<const FULL: bool>(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u32, u32) -> bool) {
     let (pa, pb) = (rows.src32(a), rows.src32(b));
     let pd = (d != NO_REG).then(|| rows.row32(d));
     let pd2 = (d2 != NO_REG).then(|| rows.row32(d2));
@@ -1152,13 +1149,13 @@ fn preds2n(rows: &Rows, m: u32, d: u32, d2: u32, a: Opd, b: Opd, f: impl Fn(u32,
                 r[l] = f(x[l], y[l]) as u32;
             }
             if let Some(pd) = pd {
-                put(pd, k, m, r);
+                put_at::<_, FULL>(pd, k, m, r);
             }
             if let Some(pd2) = pd2 {
                 for v in r.iter_mut() {
                     *v ^= 1;
                 }
-                put(pd2, k, m, r);
+                put_at::<_, FULL>(pd2, k, m, r);
             }
         }
     }
@@ -1187,6 +1184,7 @@ pub(crate) mod testing {
                 (Wrong::AddIsSub, Fast::Int { f: IntF::Add, mk, bits: 32, d, a, b }) => Fast::Int { f: IntF::Sub, mk, bits: 32, d, a, b },
                 (Wrong::AddIsSub, Fast::AddN { d, a, b }) => Fast::SubN { d, a, b },
                 (Wrong::LtIsLe, Fast::SetpI { cmp: Cmp::Lt, bits, signed, d, d2, a, b }) => Fast::SetpI { cmp: Cmp::Le, bits, signed, d, d2, a, b },
+                (Wrong::LtIsLe, Fast::SetpN { cmp: Cmp::Lt, signed, d, d2, a, b }) => Fast::SetpN { cmp: Cmp::Le, signed, d, d2, a, b },
                 (Wrong::MovMask, Fast::Mov { mk, d, a }) => {
                     // Every mov loses bit 0 (one mov of an even value would not show it).
                     p.compiled.set(pc, Fast::Mov { mk: mk & !1, d, a });
@@ -1204,5 +1202,23 @@ pub(crate) mod testing {
             return true;
         }
         hit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The accept-set form of an integer compare answers as `icmp` for every kind.
+    #[test]
+    fn integer_compares_accept_what_icmp_does() {
+        let all = [Cmp::Eq, Cmp::Ne, Cmp::Lt, Cmp::Le, Cmp::Gt, Cmp::Ge, Cmp::Equ, Cmp::Neu, Cmp::Ltu, Cmp::Leu, Cmp::Gtu, Cmp::Geu, Cmp::Num, Cmp::Nan];
+        for cmp in all {
+            let (lt, eq, gt) = int_cmp_accepts(cmp);
+            for (x, y) in [(-2i32, 3i32), (3, 3), (5, -7), (i32::MIN, i32::MAX)] {
+                let by_set = ((x < y) & lt) | ((x == y) & eq) | ((x > y) & gt);
+                assert_eq!(by_set, icmp(cmp, x, y), "{cmp:?} {x} {y}");
+            }
+        }
     }
 }
