@@ -63,15 +63,12 @@ pub(crate) enum Fast {
 /// The single-dispatch form of `f` where it has one ([`Fast::AddN`] and the others).
 fn flatten(f: Fast) -> Fast {
     match f {
-        Fast::Int { f, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => match f {
-            IntF::Add => Fast::AddN { d, a, b },
-            IntF::Sub => Fast::SubN { d, a, b },
-            IntF::MulLo => Fast::MulN { d, a, b },
-            IntF::And => Fast::AndN { d, a, b },
-            IntF::Or => Fast::OrN { d, a, b },
-            IntF::Xor => Fast::XorN { d, a, b },
-            _ => f_back(f, d, a, b),
-        },
+        Fast::Int { f: IntF::Add, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::AddN { d, a, b },
+        Fast::Int { f: IntF::Sub, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::SubN { d, a, b },
+        Fast::Int { f: IntF::MulLo, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::MulN { d, a, b },
+        Fast::Int { f: IntF::And, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::AndN { d, a, b },
+        Fast::Int { f: IntF::Or, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::OrN { d, a, b },
+        Fast::Int { f: IntF::Xor, bits: 32, d, a, b, .. } if narrow(d, &[a, b]) => Fast::XorN { d, a, b },
         Fast::Mad { f: MadF::Lo, bits: 32, d, a, b, c, .. } if narrow(d, &[a, b, c]) => Fast::MadN { d, a, b, c },
         Fast::Mov { mk: 0xffff_ffff, d, a } if narrow(d, &[a]) => Fast::MovN { d, a },
         Fast::F32 { f, fm, d, a, b } if fm == FMod::default() && narrow(d, &[a, b]) => match f {
@@ -93,10 +90,7 @@ fn flatten(f: Fast) -> Fast {
     }
 }
 
-/// A 32-bit integer op [`flatten`] keeps as it is.
-fn f_back(f: IntF, d: u32, a: Opd, b: Opd) -> Fast {
-    Fast::Int { f, mk: 0xffff_ffff, bits: 32, d, a, b }
-}
+
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IntF {
@@ -592,13 +586,7 @@ impl BlockRunner<'_> {
                         preds2n(regs, m, d, d2, a, b, |x, y| ((x < y) & lt) | ((x == y) & eq) | ((x > y) & gt))
                     }
                 }
-                Fast::Mov { mk, d, a } => {
-                    if mk == 0xffff_ffff && narrow(d, &[a]) {
-                        lanes1n(regs, m, d, a, |x| x)
-                    } else {
-                        lanes1(regs, m, d, a, |x| x & mk)
-                    }
-                }
+                Fast::Mov { mk, d, a } => lanes1(regs, m, d, a, |x| x & mk),
                 Fast::Int { f, mk, bits, d, a, b } => int_lanes(regs, m, f, mk, bits, d, a, b),
                 Fast::Mad { f, mk, bits, d, a, b, c } => {
                     let sx = |x: u64| sign_extend(x & mk, bits as u32) as i64;
@@ -645,12 +633,9 @@ impl BlockRunner<'_> {
                 Fast::Fma32 { fm, d, a, b, c } => {
                     let n = narrow(d, &[a, b, c]);
                     let z = fm.ftz;
+                    // Without modifiers and on 32-bit rows it is `FmaN`.
                     match (fm == FMod::default(), n) {
-                        (true, true) => {
-                            let g = |x: u32| f32::from_bits(x);
-                            lanes3n(regs, m, d, a, b, c, |x, y, v| canon32(g(x).mul_add(g(y), g(v))) as u32)
-                        }
-                        (true, false) => lanes3(regs, m, d, a, b, c, |x, y, v| canon32(f32_in(x, false).mul_add(f32_in(y, false), f32_in(v, false)))),
+                        (true, _) => lanes3(regs, m, d, a, b, c, |x, y, v| canon32(f32_in(x, false).mul_add(f32_in(y, false), f32_in(v, false)))),
                         (false, true) => lanes3n(regs, m, d, a, b, c, |x, y, v| {
                             fin32(f32_in(x as u64, z).mul_add(f32_in(y as u64, z), f32_in(v as u64, z)), fm) as u32
                         }),
@@ -678,16 +663,14 @@ impl BlockRunner<'_> {
                     }
                 }
                 Fast::SetpI { cmp, bits, signed, d, d2, a, b } => {
-                    let n = bits == 32 && narrow_preds(d, d2, &[a, b]);
+                    // A 32-bit compare on 32-bit rows is `SetpN`.
                     macro_rules! go {
                         ($c:path) => {
-                            match (bits, signed, n) {
-                                (32, true, true) => preds2n(regs, m, d, d2, a, b, |x, y| icmp($c, x as i32, y as i32)),
-                                (32, false, true) => preds2n(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
-                                (32, true, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32 as i32, y as u32 as i32)),
-                                (32, false, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32, y as u32)),
-                                (_, true, _) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as i64, y as i64)),
-                                (_, false, _) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
+                            match (bits, signed) {
+                                (32, true) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32 as i32, y as u32 as i32)),
+                                (32, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as u32, y as u32)),
+                                (_, true) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x as i64, y as i64)),
+                                (_, false) => preds2(regs, m, d, d2, a, b, |x, y| icmp($c, x, y)),
                             }
                         };
                     }
@@ -725,8 +708,6 @@ impl BlockRunner<'_> {
                     }
                 }
                 Fast::CvtIF { f64, bits, signed, d, a } => match (f64, bits, signed) {
-                    (false, 32, false) if narrow(d, &[a]) => lanes1n(regs, m, d, a, |x| (x as f32).to_bits()),
-                    (false, 32, true) if narrow(d, &[a]) => lanes1n(regs, m, d, a, |x| (x as i32 as f32).to_bits()),
                     (false, 32, false) => lanes1(regs, m, d, a, |x| (x as u32 as f32).to_bits() as u64),
                     (false, 32, true) => lanes1(regs, m, d, a, |x| (x as u32 as i32 as f32).to_bits() as u64),
                     (false, _, false) => lanes1(regs, m, d, a, |x| (x as f32).to_bits() as u64),
@@ -758,14 +739,7 @@ impl BlockRunner<'_> {
 #[inline(always)]
 fn int_lanes(regs: &Rows, m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b: Opd) {
     if bits == 32 && narrow(d, &[a, b]) {
-        let n = |f: fn(u32, u32) -> u32| lanes2n(regs, m, d, a, b, f);
         match f {
-            IntF::Add => return n(|x, y| x.wrapping_add(y)),
-            IntF::Sub => return n(|x, y| x.wrapping_sub(y)),
-            IntF::MulLo => return n(|x, y| x.wrapping_mul(y)),
-            IntF::And => return n(|x, y| x & y),
-            IntF::Or => return n(|x, y| x | y),
-            IntF::Xor => return n(|x, y| x ^ y),
             IntF::Shl => return lanes2n(regs, m, d, a, b, |x, s| if s >= 32 { 0 } else { x << s }),
             IntF::ShrS => return lanes2n(regs, m, d, a, b, |x, s| ((x as i32) >> s.min(31)) as u32),
             IntF::ShrU => return lanes2n(regs, m, d, a, b, |x, s| if s >= 32 { 0 } else { x >> s }),
@@ -773,8 +747,9 @@ fn int_lanes(regs: &Rows, m: u32, f: IntF, mk: u64, bits: u8, d: u32, a: Opd, b:
             IntF::MinU => return lanes2n(regs, m, d, a, b, |x, y| x.min(y)),
             IntF::MaxS => return lanes2n(regs, m, d, a, b, |x, y| (x as i32).max(y as i32) as u32),
             IntF::MaxU => return lanes2n(regs, m, d, a, b, |x, y| x.max(y)),
-            // A 64-bit result: the general kernels below.
-            IntF::MulWideS | IntF::MulWideU => {}
+            // Add, sub, mul.lo and the bit operations are `AddN` and the others (or a test's
+            // replacement kernel); a 64-bit result is the general kernels'.
+            _ => {}
         }
     }
     let sx = move |x: u64| sign_extend(x & mk, bits as u32) as i64;
