@@ -53,6 +53,9 @@ enum Command {
 }
 
 fn main() {
+    // First, before any thread: may restart the binary, so that the servers
+    // and programs it starts inherit the fix (docs/performance.md, "TLS").
+    rgpu_transport::rep_movsb::reexec_if_slow();
     // Like any Unix tool, end quietly when the reader of our output goes
     // away (`rgpu servers | head`), instead of panicking on a write.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };

@@ -10,6 +10,8 @@ use tracing::{info, warn};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    // First, before any thread: may restart the binary (docs/performance.md, "TLS").
+    rgpu_transport::rep_movsb::reexec_if_slow();
     // Before logging starts: `--help` and bad flags print and exit here.
     let settings = Settings::from_process().unwrap_or_else(|e| e.exit()).settings;
     let filter = EnvFilter::try_from_env("RGPU_LOG").unwrap_or_else(|_| EnvFilter::new("info"));

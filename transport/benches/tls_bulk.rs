@@ -6,7 +6,15 @@
 //! the connections do), and what TLS would reach if sealing were its only
 //! cost on the sender's core: the bound no record layer in user space beats.
 //!
+//! Then the round trip of a 64-byte request and answer in clear and under
+//! TLS, and what rustls spends sealing and opening one such record.
+//!
 //! `cargo bench -p rgpu-transport --bench tls_bulk -- [MIB] [BATCH_KIB] [ROUNDS]`
+//!
+//! Like the rgpu binaries, it first restarts itself with glibc's `rep movsb`
+//! off where that copy is slow here (`rgpu_transport::rep_movsb`); with
+//! `RGPU_MEMCPY_PROBE=off` it runs with glibc's default instead, for the
+//! comparison. Its first line says which.
 
 use std::net::{TcpListener, TcpStream};
 use std::time::Instant;
@@ -54,6 +62,28 @@ fn rate((mut a, mut b): (TcpTransport, TcpTransport), total: usize, batch: usize
     total as f64 / took
 }
 
+/// Median nanoseconds of a round trip: `n` requests of 64 bytes, each
+/// answered by 64 bytes before the next leaves (a synchronising call's shape).
+fn round_trip_ns((mut a, mut b): (TcpTransport, TcpTransport), n: usize) -> f64 {
+    let echo = std::thread::spawn(move || {
+        let mut m = [0u8; 64];
+        for _ in 0..n {
+            b.recv_exact(&mut m).unwrap();
+            b.send(&[&m]).unwrap();
+        }
+    });
+    let mut times = Vec::with_capacity(n);
+    let mut m = [7u8; 64];
+    for _ in 0..n {
+        let t = Instant::now();
+        a.send(&[&m]).unwrap();
+        a.recv_exact(&mut m).unwrap();
+        times.push(t.elapsed().as_nanos() as f64);
+    }
+    echo.join().unwrap();
+    median(times)
+}
+
 fn data_last(batch: usize) -> u8 {
     ((batch - 1) * 31 + 7) as u8
 }
@@ -70,9 +100,35 @@ fn seal_rate() -> f64 {
         nonce[4..].copy_from_slice(&seq.to_be_bytes());
         let aad = Aad::from([23u8, 3, 3, 0x40, 0x11]);
         let tag = key.seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), aad, &mut record).unwrap();
-        std::hint::black_box(tag);
+        let _ = std::hint::black_box(tag);
     }
     (n * (16 << 10)) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Nanoseconds rustls takes to seal a 64-byte record on one connection and
+/// open it on the other, in memory: what TLS adds to each direction of a
+/// round trip beside the bytes on the wire.
+fn record_ns() -> f64 {
+    use std::io::{Read, Write};
+    let ((_, mut c), (_, mut s)) = rgpu_tls::testing::loopback_pair();
+    let n = 100_000;
+    let (msg, mut out, mut wire) = ([7u8; 64], [0u8; 64], Vec::with_capacity(4096));
+    let start = Instant::now();
+    for _ in 0..n {
+        c.writer().write_all(&msg).unwrap();
+        wire.clear();
+        while c.wants_write() {
+            c.write_tls(&mut wire).unwrap();
+        }
+        let mut r = &wire[..];
+        while !r.is_empty() {
+            s.read_tls(&mut r).unwrap();
+        }
+        s.process_new_packets().unwrap();
+        s.reader().read_exact(&mut out).unwrap();
+    }
+    assert_eq!(out, msg);
+    start.elapsed().as_nanos() as f64 / n as f64
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -81,25 +137,38 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    rgpu_transport::rep_movsb::reexec_if_slow();
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let mib = args.first().copied().unwrap_or(512);
     let batch = args.get(1).copied().unwrap_or(1024) << 10;
     let rounds = args.get(2).copied().unwrap_or(5);
     let total = (mib << 20) / batch * batch;
     let (mut plain, mut tls, mut seal) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_rt, mut tls_rt) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         plain.push(rate(plain_pair(), total, batch));
         tls.push(rate(tls_pair(), total, batch));
         seal.push(seal_rate());
+        plain_rt.push(round_trip_ns(plain_pair(), 20_000));
+        tls_rt.push(round_trip_ns(tls_pair(), 20_000));
     }
+    let (prt, trt) = (median(plain_rt), median(tls_rt));
     let (p, t, s) = (median(plain), median(tls), median(seal));
     // Sealing adds its time per byte to the sender's plaintext time per byte.
     let bound = 1.0 / (1.0 / p + 1.0 / s);
     let gib = |r: f64| r / (1u64 << 30) as f64;
     println!("{mib} MiB in {} KiB batches, {rounds} rounds, medians:", batch >> 10);
+    let (slow, reference) = rgpu_transport::rep_movsb::measure();
+    let tunables = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    println!(
+        "  memcpy of 16 KiB at a slow alignment {slow} ns, elsewhere {reference} ns; {}",
+        if tunables.contains(rgpu_transport::rep_movsb::TUNABLE) { "rep movsb off (GLIBC_TUNABLES)" } else { "glibc's default" }
+    );
     println!("  plaintext {:.2} GiB/s", gib(p));
     println!("  TLS       {:.2} GiB/s", gib(t));
     println!("  TLS/plaintext {:.2}x", t / p);
+    println!("  round trip of 64 bytes: plaintext {:.2} us, TLS {:.2} us, TLS/plaintext {:.3}x", prt / 1e3, trt / 1e3, trt / prt);
+    println!("  rustls sealing and opening one 64-byte record in memory: {:.0} ns (twice per round trip)", record_ns());
     println!("  AES-128-GCM sealing on one core {:.2} GiB/s", gib(s));
     println!("  TLS with sealing its only cost {:.2} GiB/s, {:.2}x of plaintext", gib(bound), bound / p);
 }

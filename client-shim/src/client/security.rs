@@ -38,6 +38,7 @@ pub fn secure(t: TcpTransport, addr: &str, timeout: Duration) -> Result<TcpTrans
     stream.set_read_timeout(Some(timeout)).map_err(io)?;
     let conn = rgpu_tls::client::handshake_blocking(tls, addr, &mut stream).map_err(fail)?;
     stream.set_read_timeout(None).map_err(io)?;
+    rgpu_transport::rep_movsb::hint_if_slow();
     TcpTransport::with_tls(stream, conn.into()).map_err(io)
 }
 
