@@ -34,6 +34,9 @@ pub enum ControlError {
     /// The lease token is bound to a client key this process cannot use.
     #[error("{reason}")]
     ClientKey { reason: String },
+    /// A local file a call reads or writes (a snapshot copied off or onto a server).
+    #[error("{reason}")]
+    Local { reason: String },
 }
 
 type ClientError = ControlError;

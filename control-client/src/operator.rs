@@ -155,6 +155,114 @@ pub fn restore(
     })
 }
 
+/// Copies snapshot `name` off the server at `addr` into `out`, in pieces of
+/// [`SNAPSHOT_READ_MAX`] bytes (each an operator call of its own); returns
+/// its size. `limit` bounds the whole copy.
+///
+/// [`SNAPSHOT_READ_MAX`]: rgpu_protocol::auth::SNAPSHOT_READ_MAX
+pub fn read_snapshot(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    out: &mut dyn std::io::Write,
+    limit: Duration,
+) -> Result<u64, ControlError> {
+    use rgpu_protocol::auth::{snapshot_read_name, SNAPSHOT_READ_MAX};
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let mut nonce = hello_and_nonce(addr, &server).await?;
+            let mut offset = 0u64;
+            loop {
+                let named = snapshot_read_name(name, SNAPSHOT_READ_MAX);
+                let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::ReadSnapshot, offset, &named));
+                let mut req = server.read_snapshot_request();
+                let mut p = req.get();
+                p.set_name(name);
+                p.set_offset(offset);
+                p.set_max_bytes(SNAPSHOT_READ_MAX);
+                p.set_nonce(&nonce);
+                p.set_proof(&proof);
+                let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+                let r = reply.get().map_err(|e| rpc_err(addr, e))?;
+                let (data, size) = (r.get_data().map_err(|e| rpc_err(addr, e))?, r.get_size());
+                if data.len() > SNAPSHOT_READ_MAX as usize || offset + data.len() as u64 > size {
+                    return Err(ControlError::Protocol { addr: addr.into(), reason: "a snapshot piece larger than asked".into() });
+                }
+                out.write_all(data).map_err(|e| ControlError::Local { reason: format!("writing the snapshot: {e}") })?;
+                offset += data.len() as u64;
+                if offset == size {
+                    return Ok(size);
+                }
+                if data.is_empty() {
+                    return Err(ControlError::Protocol {
+                        addr: addr.into(),
+                        reason: format!("the snapshot ended at {offset} of its {size} bytes"),
+                    });
+                }
+                let reply = server.challenge_request().send().promise.await.map_err(|e| refused(addr, e))?;
+                nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
+            }
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
+/// Writes the snapshot read from `input` (`size` bytes) to the server at
+/// `addr` as `name`, in pieces of [`SNAPSHOT_WRITE_MAX`] bytes (each an
+/// operator call whose proof covers its bytes). `limit` bounds the whole copy.
+///
+/// [`SNAPSHOT_WRITE_MAX`]: rgpu_protocol::auth::SNAPSHOT_WRITE_MAX
+pub fn write_snapshot(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    input: &mut dyn std::io::Read,
+    size: u64,
+    limit: Duration,
+) -> Result<(), ControlError> {
+    use rgpu_protocol::auth::{snapshot_write_name, SNAPSHOT_WRITE_MAX};
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let mut nonce = hello_and_nonce(addr, &server).await?;
+            let mut offset = 0u64;
+            let mut piece = vec![0u8; SNAPSHOT_WRITE_MAX as usize];
+            loop {
+                let n = (size - offset).min(SNAPSHOT_WRITE_MAX as u64) as usize;
+                input
+                    .read_exact(&mut piece[..n])
+                    .map_err(|e| ControlError::Local { reason: format!("reading the snapshot at byte {offset}: {e}") })?;
+                let last = offset + n as u64 == size;
+                let named = snapshot_write_name(name, last, &piece[..n]);
+                let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::WriteSnapshot, offset, &named));
+                let mut req = server.write_snapshot_request();
+                let mut p = req.get();
+                p.set_name(name);
+                p.set_offset(offset);
+                p.set_data(&piece[..n]);
+                p.set_last(last);
+                p.set_nonce(&nonce);
+                p.set_proof(&proof);
+                req.send().promise.await.map_err(|e| refused(addr, e))?;
+                offset += n as u64;
+                if last {
+                    return Ok(());
+                }
+                let reply = server.challenge_request().send().promise.await.map_err(|e| refused(addr, e))?;
+                nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
+            }
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
 /// What a live migration did, as the source server measured it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Migrated {

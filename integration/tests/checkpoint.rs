@@ -22,7 +22,11 @@ impl Drop for Dir {
 }
 
 fn scratch() -> Dir {
-    let d = std::env::temp_dir().join(format!("rgpu-checkpoint-{}-{:?}", std::process::id(), std::thread::current().id()));
+    scratch_named("a")
+}
+
+fn scratch_named(which: &str) -> Dir {
+    let d = std::env::temp_dir().join(format!("rgpu-checkpoint-{}-{:?}-{which}", std::process::id(), std::thread::current().id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(d.join("snapshots")).unwrap();
     std::fs::write(d.join("admin.key"), KEY).unwrap();
@@ -105,6 +109,10 @@ enum Then {
     /// `rgpu restore --forward-from A` on another server B, reading the same
     /// snapshot folder: A redirects the program's resume to B.
     Elsewhere,
+    /// `rgpu checkpoint --save FILE` copies the snapshot off A, A's copy is
+    /// deleted, and `rgpu restore --load FILE --forward-from A` puts it on
+    /// B, whose snapshot folder is its own.
+    ElsewhereFromFile,
 }
 
 /// Runs rt_checkpoint (holding `mib` MiB beyond its small arrays) against a
@@ -135,7 +143,13 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
     assert!(!dir.0.join("snapshots/job.snap").exists());
 
     let before = measure_disk.then(|| dd(&dir.0.join("snapshots")));
-    let (ok, checkpoint) = rgpu(&["checkpoint", &id, "--server", &addr, "--to", "job.snap"], &key);
+    let saved = dir.0.join("saved.snap");
+    let saved_arg = saved.display().to_string();
+    let mut args = vec!["checkpoint", &id, "--server", &addr, "--to", "job.snap"];
+    if then == Then::ElsewhereFromFile {
+        args.extend(["--save", &saved_arg]);
+    }
+    let (ok, checkpoint) = rgpu(&args, &key);
     assert!(ok, "checkpoint failed: {checkpoint}\n{}", a.describe());
     let disk = before.map(|b| (b, dd(&dir.0.join("snapshots"))));
     assert!(dir.0.join("snapshots/job.snap").exists());
@@ -165,13 +179,34 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
             assert!(!ok, "a second restore of a session served on B succeeded: {again}");
             (b, restore)
         }
+        Then::ElsewhereFromFile => {
+            let on_a = dir.0.join("snapshots/job.snap");
+            assert_eq!(std::fs::read(&saved).unwrap(), std::fs::read(&on_a).unwrap(), "the saved file is the snapshot");
+            assert!(checkpoint.contains("Saved job.snap"), "{checkpoint}");
+            // A's disk is gone: only the saved file is left.
+            std::fs::remove_file(&on_a).unwrap();
+            let dir_b = scratch_named("b");
+            let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &server_flags(&dir_b.0));
+            let ba = b.addr_string();
+            // Refused without the admin key: nothing lands on B.
+            let (ok, err) = rgpu(&["restore", "job.snap", "--server", &ba, "--load", &saved_arg], &wrong);
+            assert!(!ok && err.contains("refused"), "an upload with a wrong key was not refused: {err}");
+            assert!(!dir_b.0.join("snapshots/job.snap").exists());
+            let (ok, restore) = rgpu(&["restore", "job.snap", "--server", &ba, "--load", &saved_arg, "--forward-from", &addr], &key);
+            assert!(ok, "restore from the file on B failed: {restore}\n{}\n{}", a.describe(), b.describe());
+            assert!(restore.contains("Copied") && dir_b.0.join("snapshots/job.snap").exists(), "{restore}");
+            // The name is taken on B now: a second upload is refused whole.
+            let (ok, again) = rgpu(&["restore", "job.snap", "--server", &ba, "--load", &saved_arg], &key);
+            assert!(!ok && again.contains("exists"), "a second upload of job.snap was not refused: {again}");
+            (b, restore)
+        }
     };
 
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[&b]);
     let restore = match then {
         Then::Restart => b.log().lines().filter(|l| l.contains("session restored")).collect::<Vec<_>>().join("\n"),
-        Then::InPlace | Then::Elsewhere => restore,
+        Then::InPlace | Then::Elsewhere | Then::ElsewhereFromFile => restore,
     };
     let report = out.describe(&[&b]);
     for r in 0..6 {
@@ -194,6 +229,15 @@ fn a_checkpointed_session_restored_on_a_restarted_server_finishes_right() {
 #[test]
 fn a_checkpointed_session_restored_on_another_server_is_redirected_there() {
     let m = checkpoint_and_restore(16, 300, Then::Elsewhere, false);
+    assert!(m.restore.contains("forwarded from"), "{}", m.restore);
+}
+
+/// `rgpu checkpoint --save FILE` on A, A's copy deleted, `rgpu restore
+/// --load FILE --forward-from A` on B (its own snapshot folder): the
+/// program finishes right on B.
+#[test]
+fn a_checkpoint_saved_to_a_file_is_restored_on_another_server_from_it() {
+    let m = checkpoint_and_restore(16, 300, Then::ElsewhereFromFile, false);
     assert!(m.restore.contains("forwarded from"), "{}", m.restore);
 }
 

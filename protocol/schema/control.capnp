@@ -80,6 +80,24 @@ interface GpuServer {
   # next resume here is redirected there, as after a live migration, and
   # the session ends here. Refused for a session still served here.
   forward @11 (sessionId :UInt64, target :Text, nonce :Data, proof :Data) -> ();
+
+  # Up to `maxBytes` (at most 4 MiB) of snapshot `name` in --checkpoint-dir
+  # from `offset` (an operator call, as above; the proof names the offset,
+  # the snapshot and `maxBytes`): how a snapshot is copied off its server
+  # (`rgpu checkpoint --save FILE`). `size`: the whole snapshot's. Fewer
+  # bytes than asked only at its end.
+  readSnapshot @12 (name :Text, offset :UInt64, maxBytes :UInt32, nonce :Data, proof :Data)
+        -> (data :Data, size :UInt64);
+
+  # Writes snapshot `name` into --checkpoint-dir in pieces of at most
+  # 56 KiB (within the server's 64 KiB control-message bound), in order (an operator call, as above; the proof names the
+  # offset, the snapshot, `last` and the SHA-256 of `data`): how a snapshot
+  # saved elsewhere comes back (`rgpu restore --load FILE`). Offset 0
+  # starts it afresh; each next piece starts where the last ended; `last`
+  # syncs it and puts it in place under `name` (refused if a snapshot of
+  # that name exists). A snapshot larger than the server's devices could
+  # hold (their memory and a lease's modules) is refused.
+  writeSnapshot @13 (name :Text, offset :UInt64, data :Data, last :Bool, nonce :Data, proof :Data) -> ();
 }
 
 struct SessionInfo {

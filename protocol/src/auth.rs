@@ -101,6 +101,33 @@ pub enum ServerOp {
     InjectFault,
     /// The operator clears a device's injected fault (session: its ordinal, no name).
     ClearFault,
+    /// The operator reads a piece of a snapshot (session: the offset; name:
+    /// [`snapshot_read_name`]).
+    ReadSnapshot,
+    /// The operator writes a piece of a snapshot (session: the offset; name:
+    /// [`snapshot_write_name`], which covers the bytes).
+    WriteSnapshot,
+}
+
+/// Bytes one `readSnapshot` answer carries at most.
+pub const SNAPSHOT_READ_MAX: u32 = 4 << 20;
+/// Bytes one `writeSnapshot` carries at most: what fits in the GPU
+/// server's largest control-plane message (64 KiB, which bounds what an
+/// unauthenticated peer can make it allocate) with the rest of the call.
+pub const SNAPSHOT_WRITE_MAX: u32 = 56 << 10;
+
+/// What a `readSnapshot` proof names beside the offset: the snapshot and
+/// the most bytes asked.
+pub fn snapshot_read_name(name: &str, max_bytes: u32) -> String {
+    format!("{name}:{max_bytes}")
+}
+
+/// What a `writeSnapshot` proof names beside the offset: the snapshot,
+/// whether the piece is the last, and the SHA-256 of its bytes, so a proof
+/// admits those bytes only.
+pub fn snapshot_write_name(name: &str, last: bool, data: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, data);
+    format!("{name}:{}:{}", u8::from(last), to_hex(digest.as_ref()))
 }
 
 /// What an operator operation's proof is the HMAC of, under the server's
@@ -116,6 +143,8 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Forward => "forward",
         ServerOp::InjectFault => "inject-fault",
         ServerOp::ClearFault => "clear-fault",
+        ServerOp::ReadSnapshot => "read-snapshot",
+        ServerOp::WriteSnapshot => "write-snapshot",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }

@@ -351,6 +351,48 @@ impl gpu_server::Server for GpuServer {
         Ok(())
     }
 
+    async fn read_snapshot(
+        self: Rc<Self>,
+        params: gpu_server::ReadSnapshotParams,
+        mut results: gpu_server::ReadSnapshotResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (name, offset, max) = (text(p.get_name()), p.get_offset(), p.get_max_bytes());
+        let named = rgpu_protocol::auth::snapshot_read_name(&name, max);
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::ReadSnapshot, offset, &named)?;
+        let (data, size) = crate::relocate::read_snapshot(&self.service, &name, offset, max).await.map_err(|e| {
+            warn!(peer = %self.peer, %name, offset, "snapshot read refused: {e}");
+            capnp::Error::from(e)
+        })?;
+        self.activity.call();
+        let mut r = results.get();
+        r.set_data(&data);
+        r.set_size(size);
+        Ok(())
+    }
+
+    async fn write_snapshot(
+        self: Rc<Self>,
+        params: gpu_server::WriteSnapshotParams,
+        _results: gpu_server::WriteSnapshotResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let (name, offset, last, data) = (text(p.get_name()), p.get_offset(), p.get_last(), p.get_data()?);
+        let named = rgpu_protocol::auth::snapshot_write_name(&name, last, data);
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::WriteSnapshot, offset, &named)?;
+        if offset == 0 {
+            info!(peer = %self.peer, %name, "snapshot upload started");
+        }
+        crate::relocate::write_snapshot(&self.service, &name, offset, data.to_vec(), last).await.map_err(|e| {
+            warn!(peer = %self.peer, %name, offset, "snapshot write refused: {e}");
+            capnp::Error::from(e)
+        })?;
+        self.activity.call();
+        Ok(())
+    }
+
     async fn forward(
         self: Rc<Self>,
         params: gpu_server::ForwardParams,

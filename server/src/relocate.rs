@@ -19,7 +19,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +64,14 @@ pub enum OpError {
     TooManySuspended,
     #[error("{0:?} is not a host:port of at most 255 bytes")]
     BadTarget(String),
+    #[error("no snapshot named {0:?} here")]
+    NoSnapshot(String),
+    #[error("snapshot pieces come in order: this upload of {name:?} is at byte {at}, not {offset}")]
+    OutOfOrder { name: String, at: u64, offset: u64 },
+    #[error("a snapshot of more than {0} bytes is more than this server's devices could hold")]
+    TooLarge(u64),
+    #[error("a piece of a snapshot is at most {0} bytes")]
+    PieceTooLarge(u32),
 }
 
 /// What a checkpoint or restore did.
@@ -81,6 +89,93 @@ fn path_of(service: &Service, name: &str) -> Result<PathBuf, OpError> {
         return Err(OpError::BadName);
     }
     Ok(dir.join(name))
+}
+
+/// Up to `max` bytes of snapshot `name` from `offset`, and the snapshot's size.
+pub async fn read_snapshot(service: &Arc<Service>, name: &str, offset: u64, max: u32) -> Result<(Vec<u8>, u64), OpError> {
+    let path = path_of(service, name)?;
+    if max > rgpu_protocol::auth::SNAPSHOT_READ_MAX {
+        return Err(OpError::PieceTooLarge(rgpu_protocol::auth::SNAPSHOT_READ_MAX));
+    }
+    let name = name.to_string();
+    // Off the control plane's thread: it must not wait on a disk.
+    tokio::task::spawn_blocking(move || read_piece(&path, &name, offset, max))
+        .await
+        .map_err(|_| OpError::ShuttingDown)?
+}
+
+fn read_piece(path: &Path, name: &str, offset: u64, max: u32) -> Result<(Vec<u8>, u64), OpError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => OpError::NoSnapshot(name.to_string()),
+        _ => OpError::File(e),
+    })?;
+    let size = f.metadata()?.len();
+    let want = size.saturating_sub(offset).min(max as u64) as usize;
+    let mut data = vec![0u8; want];
+    f.seek(SeekFrom::Start(offset.min(size)))?;
+    f.read_exact(&mut data)?;
+    Ok((data, size))
+}
+
+/// The largest snapshot this server takes in: all its devices' memory, a
+/// lease's modules, and room for the tables (a snapshot of one of its own
+/// sessions is smaller).
+fn snapshot_bound(service: &Service) -> u64 {
+    let memory: u64 = service.backend.devices().iter().map(|d| d.total_mem).sum();
+    memory.saturating_add(service.limits.max_module_bytes_per_lease).saturating_add(64 << 20)
+}
+
+/// Writes a piece of snapshot `name`: offset 0 starts `.NAME.upload` afresh,
+/// each next piece must start where that file ends, and `last` syncs it and
+/// puts it in place as NAME (refused if NAME exists: a file named NAME is
+/// always a whole snapshot, as a checkpoint leaves it).
+pub async fn write_snapshot(service: &Arc<Service>, name: &str, offset: u64, data: Vec<u8>, last: bool) -> Result<(), OpError> {
+    let path = path_of(service, name)?;
+    let bound = snapshot_bound(service);
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || write_piece(&path, &name, offset, &data, last, bound))
+        .await
+        .map_err(|_| OpError::ShuttingDown)?
+}
+
+fn write_piece(path: &Path, name: &str, offset: u64, data: &[u8], last: bool, bound: u64) -> Result<(), OpError> {
+    use std::io::Write;
+    if data.len() > rgpu_protocol::auth::SNAPSHOT_WRITE_MAX as usize {
+        return Err(OpError::PieceTooLarge(rgpu_protocol::auth::SNAPSHOT_WRITE_MAX));
+    }
+    if offset.saturating_add(data.len() as u64) > bound {
+        return Err(OpError::TooLarge(bound));
+    }
+    let partial = path.with_file_name(format!(".{name}.upload"));
+    let mut f = if offset == 0 {
+        File::create(&partial)?
+    } else {
+        let f = std::fs::OpenOptions::new().append(true).open(&partial).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => OpError::OutOfOrder { name: name.to_string(), at: 0, offset },
+            _ => OpError::File(e),
+        })?;
+        let at = f.metadata()?.len();
+        if at != offset {
+            return Err(OpError::OutOfOrder { name: name.to_string(), at, offset });
+        }
+        f
+    };
+    f.write_all(data)?;
+    if last {
+        f.sync_all()?;
+        drop(f);
+        // A link fails where the name exists, and puts the whole file
+        // there at once where it does not: never a clobbered snapshot.
+        match std::fs::hard_link(&partial, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(OpError::Exists(name.to_string())),
+            Err(e) => return Err(OpError::File(e)),
+        }
+        std::fs::remove_file(&partial)?;
+        info!(snapshot = %name, bytes = offset + data.len() as u64, "snapshot uploaded");
+    }
+    Ok(())
 }
 
 /// Forwards session `id`, whose state left here in a checkpoint, to
@@ -341,5 +436,53 @@ pub(crate) fn serve_rebuilt(
 impl From<OpError> for capnp::Error {
     fn from(e: OpError) -> Self {
         capnp::Error::failed(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rgpu-upload-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn snapshot_pieces_go_in_order_and_land_whole_or_not_at_all() {
+        let d = dir();
+        let path = d.join("job.snap");
+        let bytes: Vec<u8> = (0..150_000u32).map(|i| (i * 31 + 7) as u8).collect();
+        let piece = rgpu_protocol::auth::SNAPSHOT_WRITE_MAX as usize;
+        let bound = 1 << 20;
+        // Out of order: nothing started, or a gap.
+        assert!(matches!(write_piece(&path, "job.snap", 10, &bytes[..10], false, bound), Err(OpError::OutOfOrder { at: 0, .. })));
+        write_piece(&path, "job.snap", 0, &bytes[..piece], false, bound).unwrap();
+        let gap = (piece + 1) as u64;
+        assert!(matches!(write_piece(&path, "job.snap", gap, &bytes[..10], false, bound), Err(OpError::OutOfOrder { .. })));
+        assert!(!path.exists(), "no snapshot before the last piece");
+        assert!(matches!(read_piece(&path, "job.snap", 0, 10), Err(OpError::NoSnapshot(_))));
+        write_piece(&path, "job.snap", piece as u64, &bytes[piece..2 * piece], false, bound).unwrap();
+        write_piece(&path, "job.snap", 2 * piece as u64, &bytes[2 * piece..], true, bound).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "the pieces, in order");
+        assert!(!d.join(".job.snap.upload").exists());
+        // Read back in pieces, past the end included.
+        let (a, size) = read_piece(&path, "job.snap", 0, 100_000).unwrap();
+        let (b, _) = read_piece(&path, "job.snap", 100_000, 100_000).unwrap();
+        let (c, _) = read_piece(&path, "job.snap", 1 << 30, 100).unwrap();
+        assert_eq!(size, bytes.len() as u64);
+        assert_eq!([a, b].concat(), bytes);
+        assert!(c.is_empty());
+        // A second upload of the name is refused at its end; the first stays.
+        write_piece(&path, "job.snap", 0, b"other", false, bound).unwrap();
+        assert!(matches!(write_piece(&path, "job.snap", 5, b"!", true, bound), Err(OpError::Exists(_))));
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        // Bounds: a piece too large, a snapshot past what the server holds.
+        let big = vec![0u8; piece + 1];
+        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", 0, &big, false, bound), Err(OpError::PieceTooLarge(_))));
+        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", bound - 5, &bytes[..10], false, bound), Err(OpError::TooLarge(_))));
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -1,4 +1,4 @@
-//! `rgpu checkpoint SESSION --server ADDR --to NAME --key-file FILE`
+//! `rgpu checkpoint SESSION --server ADDR --to NAME [--save FILE] --key-file FILE`
 
 use std::time::Duration;
 
@@ -22,6 +22,11 @@ pub struct Args {
     /// The snapshot's name in the server's --checkpoint-dir (a file name, not a path).
     #[arg(long)]
     to: String,
+    /// Also copy the snapshot off the server into FILE (a new file), so that
+    /// it outlives the server's disk: `rgpu restore NAME --load FILE` puts
+    /// it on any server again.
+    #[arg(long, value_name = "FILE")]
+    save: Option<std::path::PathBuf>,
     /// Keep serving the session on this server after it is written.
     #[arg(long = "continue")]
     keep_running: bool,
@@ -39,6 +44,11 @@ pub fn exec(a: Args) -> Result<i32> {
     let session = parse_session(&a.session)?;
     if !rgpu_protocol::auth::valid_snapshot_name(&a.to) {
         bail!("--to {:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.to);
+    }
+    if let Some(f) = &a.save {
+        if f.exists() {
+            bail!("--save {}: the file exists; name a new one", f.display());
+        }
     }
     let (key, security) = a.operator.open()?;
     let r = rgpu_control_client::operator::checkpoint(
@@ -62,5 +72,45 @@ pub fn exec(a: Args) -> Result<i32> {
         r.bytes as f64 / (1 << 20) as f64 / secs.max(1e-9),
         if a.keep_running { "" } else { "; the session left the server until it is restored" }
     );
+    if let Some(file) = &a.save {
+        save(&a.server, &security, &key, &a.to, file, Duration::from_secs(a.timeout))?;
+    }
     Ok(0)
+}
+
+/// Copies snapshot `name` off `server` into `file`, through `FILE.partial`
+/// renamed when whole, so that a file of that name is always a whole snapshot.
+fn save(
+    server: &str,
+    security: &rgpu_tls::ClientSecurity,
+    key: &[u8],
+    name: &str,
+    file: &std::path::Path,
+    limit: Duration,
+) -> Result<()> {
+    use anyhow::Context as _;
+    let started = std::time::Instant::now();
+    let mut partial = file.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let mut out = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let copied = rgpu_control_client::operator::read_snapshot(server, security, key, name, &mut out, limit)
+        .and_then(|n| out.sync_all().map(|()| n).map_err(|e| rgpu_control_client::ControlError::Local { reason: e.to_string() }));
+    let bytes = match copied {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            bail!("the snapshot {name} is on {server}, but copying it to {} failed: {e}", file.display());
+        }
+    };
+    std::fs::hard_link(&partial, file)
+        .with_context(|| format!("cannot put the snapshot at {} (it is whole at {})", file.display(), partial.display()))?;
+    let _ = std::fs::remove_file(&partial);
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "Saved {name} from {server} to {}: {bytes} bytes in {secs:.3} s, {:.0} MiB/s",
+        file.display(),
+        bytes as f64 / (1 << 20) as f64 / secs.max(1e-9)
+    );
+    Ok(())
 }

@@ -1,4 +1,4 @@
-//! `rgpu restore NAME --server ADDR --key-file FILE`
+//! `rgpu restore NAME --server ADDR [--load FILE] --key-file FILE`
 
 use std::time::Duration;
 
@@ -20,6 +20,11 @@ pub struct Args {
     /// its program's next resume there is redirected here.
     #[arg(long, value_name = "ADDR")]
     forward_from: Option<String>,
+    /// First copy the snapshot from FILE (one `rgpu checkpoint --save`
+    /// wrote) onto the server as NAME: a checkpoint restored on a server
+    /// other than the one that wrote it, or after that server's disk is gone.
+    #[arg(long, value_name = "FILE")]
+    load: Option<std::path::PathBuf>,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -32,6 +37,21 @@ pub fn exec(a: Args) -> Result<i32> {
         bail!("{:?}: a snapshot name is 1-128 of A-Za-z0-9._- not starting with a dot", a.name);
     }
     let (key, security) = a.operator.open()?;
+    if let Some(file) = &a.load {
+        use anyhow::Context as _;
+        let started = std::time::Instant::now();
+        let mut f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
+        let size = f.metadata().with_context(|| format!("cannot read {}", file.display()))?.len();
+        rgpu_control_client::operator::write_snapshot(&a.server, &security, &key, &a.name, &mut f, size, Duration::from_secs(a.timeout))?;
+        let secs = started.elapsed().as_secs_f64();
+        eprintln!(
+            "Copied {} onto {} as {}: {size} bytes in {secs:.3} s, {:.0} MiB/s",
+            file.display(),
+            a.server,
+            a.name,
+            size as f64 / (1 << 20) as f64 / secs.max(1e-9)
+        );
+    }
     let r = rgpu_control_client::operator::restore(&a.server, &security, &key, &a.name, Duration::from_secs(a.timeout))?;
     let secs = r.took.as_secs_f64();
     eprintln!(
