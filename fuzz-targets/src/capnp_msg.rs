@@ -84,7 +84,7 @@ fn debug(r: &impl std::fmt::Debug) {
 }
 
 fn control_params(method: u16, c: any_pointer::Reader<'_>) {
-    use gpu_server::{hello_params, list_devices_params, open_session_params};
+    use gpu_server::{hello_params, list_devices_params, open_session_params, read_snapshot_params, write_snapshot_params};
     match method {
         0 => {
             if let Some(p) = walk::<hello_params::Reader>(c) {
@@ -97,6 +97,20 @@ fn control_params(method: u16, c: any_pointer::Reader<'_>) {
         2 => {
             if let Some(p) = walk::<open_session_params::Reader>(c) {
                 admit(p.get_token().unwrap_or_default());
+            }
+        }
+        // What the server computes from a snapshot call before its proof is
+        // checked: the name and the piece's digest.
+        12 => {
+            if let Some(p) = walk::<read_snapshot_params::Reader>(c) {
+                let name = p.get_name().ok().and_then(|t| t.to_str().ok()).unwrap_or_default();
+                let _ = rgpu_protocol::auth::snapshot_read_name(name, p.get_max_bytes());
+            }
+        }
+        13 => {
+            if let Some(p) = walk::<write_snapshot_params::Reader>(c) {
+                let name = p.get_name().ok().and_then(|t| t.to_str().ok()).unwrap_or_default();
+                let _ = rgpu_protocol::auth::snapshot_write_name(name, p.get_last(), p.get_data().unwrap_or_default());
             }
         }
         _ => {}
@@ -210,5 +224,6 @@ fn results(broker: bool, c: any_pointer::Reader<'_>) {
         walk::<gpu_server::hello_results::Reader>(c);
         walk::<gpu_server::list_devices_results::Reader>(c);
         walk::<gpu_server::open_session_results::Reader>(c);
+        walk::<gpu_server::read_snapshot_results::Reader>(c);
     }
 }
