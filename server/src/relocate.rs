@@ -168,11 +168,13 @@ fn write_piece(path: &Path, name: &str, offset: u64, data: &[u8], last: bool, bo
         // A link fails where the name exists, and puts the whole file
         // there at once where it does not: never a clobbered snapshot.
         match std::fs::hard_link(&partial, path) {
-            Ok(()) => {}
+            Ok(()) => std::fs::remove_file(&partial)?,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(OpError::Exists(name.to_string())),
-            Err(e) => return Err(OpError::File(e)),
+            // A file system without links (some network ones): check, then
+            // rename, as a checkpoint does.
+            Err(_) if !path.exists() => std::fs::rename(&partial, path)?,
+            Err(_) => return Err(OpError::Exists(name.to_string())),
         }
-        std::fs::remove_file(&partial)?;
         info!(snapshot = %name, bytes = offset + data.len() as u64, "snapshot uploaded");
     }
     Ok(())
