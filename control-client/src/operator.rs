@@ -156,7 +156,8 @@ pub fn restore(
 }
 
 /// Copies snapshot `name` off the server at `addr` into `out`, in pieces of
-/// [`SNAPSHOT_READ_MAX`] bytes (each an operator call of its own); returns
+/// [`SNAPSHOT_READ_MAX`] bytes (each an operator call of its own, proved
+/// over the nonce the previous one's answer carried); returns
 /// its size. `limit` bounds the whole copy.
 ///
 /// [`SNAPSHOT_READ_MAX`]: rgpu_protocol::auth::SNAPSHOT_READ_MAX
@@ -201,8 +202,7 @@ pub fn read_snapshot(
                         reason: format!("the snapshot ended at {offset} of its {size} bytes"),
                     });
                 }
-                let reply = server.challenge_request().send().promise.await.map_err(|e| refused(addr, e))?;
-                nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
+                nonce = r.get_next_nonce().map_err(|e| rpc_err(addr, e))?.to_vec();
             }
         }
         .await;
@@ -248,13 +248,12 @@ pub fn write_snapshot(
                 p.set_last(last);
                 p.set_nonce(&nonce);
                 p.set_proof(&proof);
-                req.send().promise.await.map_err(|e| refused(addr, e))?;
+                let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
                 offset += n as u64;
                 if last {
                     return Ok(());
                 }
-                let reply = server.challenge_request().send().promise.await.map_err(|e| refused(addr, e))?;
-                nonce = reply.get().and_then(|r| r.get_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
+                nonce = reply.get().and_then(|r| r.get_next_nonce()).map_err(|e| rpc_err(addr, e))?.to_vec();
             }
         }
         .await;

@@ -225,5 +225,6 @@ fn results(broker: bool, c: any_pointer::Reader<'_>) {
         walk::<gpu_server::list_devices_results::Reader>(c);
         walk::<gpu_server::open_session_results::Reader>(c);
         walk::<gpu_server::read_snapshot_results::Reader>(c);
+        walk::<gpu_server::write_snapshot_results::Reader>(c);
     }
 }

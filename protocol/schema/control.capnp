@@ -85,9 +85,10 @@ interface GpuServer {
   # from `offset` (an operator call, as above; the proof names the offset,
   # the snapshot and `maxBytes`): how a snapshot is copied off its server
   # (`rgpu checkpoint --save FILE`). `size`: the whole snapshot's. Fewer
-  # bytes than asked only at its end.
+  # bytes than asked only at its end. `nextNonce`: this connection's next
+  # challenge, as `challenge` would answer (one call per piece, not two).
   readSnapshot @12 (name :Text, offset :UInt64, maxBytes :UInt32, nonce :Data, proof :Data)
-        -> (data :Data, size :UInt64);
+        -> (data :Data, size :UInt64, nextNonce :Data);
 
   # Writes snapshot `name` into --checkpoint-dir in pieces of at most
   # 56 KiB (within the server's 64 KiB control-message bound), in order (an operator call, as above; the proof names the
@@ -97,7 +98,9 @@ interface GpuServer {
   # syncs it and puts it in place under `name` (refused if a snapshot of
   # that name exists). A snapshot larger than the server's devices could
   # hold (their memory and a lease's modules) is refused.
-  writeSnapshot @13 (name :Text, offset :UInt64, data :Data, last :Bool, nonce :Data, proof :Data) -> ();
+  # `nextNonce` as for readSnapshot.
+  writeSnapshot @13 (name :Text, offset :UInt64, data :Data, last :Bool, nonce :Data, proof :Data)
+        -> (nextNonce :Data);
 }
 
 struct SessionInfo {

@@ -56,6 +56,14 @@ struct GpuServer {
 }
 
 impl GpuServer {
+    /// A new challenge for this connection, replacing any unused one.
+    fn fresh_nonce(&self) -> Result<[u8; rgpu_protocol::auth::NONCE_LEN], capnp::Error> {
+        let mut n = [0u8; rgpu_protocol::auth::NONCE_LEN];
+        getrandom::fill(&mut n).map_err(|e| capnp::Error::failed(format!("no randomness: {e}")))?;
+        self.nonce.set(Some(n));
+        Ok(n)
+    }
+
     /// Checks an operator call's proof over this connection's nonce (used up
     /// whatever the outcome) under the server's admin key.
     fn check_operator(&self, nonce: &[u8], proof: &[u8], op: ServerOp, session: u64, name: &str) -> Result<(), capnp::Error> {
@@ -297,10 +305,7 @@ impl gpu_server::Server for GpuServer {
         mut results: gpu_server::ChallengeResults,
     ) -> Result<(), capnp::Error> {
         self.activity.call();
-        let mut n = [0u8; rgpu_protocol::auth::NONCE_LEN];
-        getrandom::fill(&mut n).map_err(|e| capnp::Error::failed(format!("no randomness: {e}")))?;
-        self.nonce.set(Some(n));
-        results.get().set_nonce(&n);
+        results.get().set_nonce(&self.fresh_nonce()?);
         Ok(())
     }
 
@@ -366,16 +371,18 @@ impl gpu_server::Server for GpuServer {
             capnp::Error::from(e)
         })?;
         self.activity.call();
+        let next = self.fresh_nonce()?;
         let mut r = results.get();
         r.set_data(&data);
         r.set_size(size);
+        r.set_next_nonce(&next);
         Ok(())
     }
 
     async fn write_snapshot(
         self: Rc<Self>,
         params: gpu_server::WriteSnapshotParams,
-        _results: gpu_server::WriteSnapshotResults,
+        mut results: gpu_server::WriteSnapshotResults,
     ) -> Result<(), capnp::Error> {
         self.activity.call();
         let p = params.get()?;
@@ -390,6 +397,7 @@ impl gpu_server::Server for GpuServer {
             capnp::Error::from(e)
         })?;
         self.activity.call();
+        results.get().set_next_nonce(&self.fresh_nonce()?);
         Ok(())
     }
 
