@@ -52,6 +52,8 @@ impl From<rgpu_control_client::ControlError> for ClientError {
             // Only operator calls are refused this way; the shim makes none.
             C::Refused { addr, reason } => ClientError::Protocol { addr, reason },
             C::ClientKey { reason } => ClientError::NotPermitted { reason },
+            // Local files are read and written by operator calls only.
+            C::Local { reason } => ClientError::Protocol { addr: String::new(), reason },
         }
     }
 }
