@@ -53,6 +53,20 @@ struct GpuServer {
     /// This connection's TLS exporter value, which a bound token's proof
     /// covers; None in plaintext.
     channel: Option<[u8; 32]>,
+    /// Names this connection's snapshot uploads' partial files, so that two
+    /// uploads of one name (two operators at once) never write one file.
+    upload_tag: u64,
+    /// The partial file of an upload this connection started and has not
+    /// finished: removed when the connection ends.
+    upload_partial: std::cell::RefCell<Option<std::path::PathBuf>>,
+}
+
+impl Drop for GpuServer {
+    fn drop(&mut self) {
+        if let Some(p) = self.upload_partial.get_mut().take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 impl GpuServer {
@@ -392,10 +406,18 @@ impl gpu_server::Server for GpuServer {
         if offset == 0 {
             info!(peer = %self.peer, %name, "snapshot upload started");
         }
-        crate::relocate::write_snapshot(&self.service, &name, offset, data.to_vec(), last).await.map_err(|e| {
-            warn!(peer = %self.peer, %name, offset, "snapshot write refused: {e}");
-            capnp::Error::from(e)
-        })?;
+        let pending = crate::relocate::write_snapshot(&self.service, &name, self.upload_tag, offset, data.to_vec(), last)
+            .await
+            .map_err(|e| {
+                warn!(peer = %self.peer, %name, offset, "snapshot write refused: {e}");
+                capnp::Error::from(e)
+            })?;
+        // One upload at a time per connection: a new one's partial file
+        // replaces the last one's (removed if it was left unfinished).
+        let old = self.upload_partial.replace(pending.clone());
+        if let Some(o) = old.filter(|o| Some(o) != pending.as_ref()) {
+            let _ = std::fs::remove_file(o);
+        }
         self.activity.call();
         results.get().set_next_nonce(&self.fresh_nonce()?);
         Ok(())
@@ -536,6 +558,12 @@ pub async fn serve<S>(
         activity: activity.clone(),
         nonce: Cell::new(None),
         channel,
+        upload_tag: {
+            let mut t = [0u8; 8];
+            let _ = getrandom::fill(&mut t);
+            u64::from_le_bytes(t)
+        },
+        upload_partial: std::cell::RefCell::new(None),
     };
     let client: gpu_server::Client = capnp_rpc::new_client(server);
     let rpc = RpcSystem::new(Box::new(network), Some(client.client));

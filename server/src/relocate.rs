@@ -126,20 +126,32 @@ fn snapshot_bound(service: &Service) -> u64 {
     memory.saturating_add(service.limits.max_module_bytes_per_lease).saturating_add(64 << 20)
 }
 
-/// Writes a piece of snapshot `name`: offset 0 starts `.NAME.upload` afresh,
-/// each next piece must start where that file ends, and `last` syncs it and
-/// puts it in place as NAME (refused if NAME exists: a file named NAME is
-/// always a whole snapshot, as a checkpoint leaves it).
-pub async fn write_snapshot(service: &Arc<Service>, name: &str, offset: u64, data: Vec<u8>, last: bool) -> Result<(), OpError> {
+/// Writes a piece of snapshot `name`: offset 0 starts `.NAME.upload-TAG`
+/// afresh, each next piece must start where that file ends, and `last` syncs
+/// it and puts it in place as NAME (refused if NAME exists: a file named
+/// NAME is always a whole snapshot, as a checkpoint leaves it).
+///
+/// `tag` names the partial file (`.NAME.upload-TAG`): one per connection,
+/// so that two uploads of one name never interleave their pieces in one
+/// file (a snapshot has no checksum: a mixture could rebuild with the wrong
+/// bytes). Returns the partial file while the upload is unfinished.
+pub async fn write_snapshot(
+    service: &Arc<Service>,
+    name: &str,
+    tag: u64,
+    offset: u64,
+    data: Vec<u8>,
+    last: bool,
+) -> Result<Option<PathBuf>, OpError> {
     let path = path_of(service, name)?;
     let bound = snapshot_bound(service);
     let name = name.to_string();
-    tokio::task::spawn_blocking(move || write_piece(&path, &name, offset, &data, last, bound))
+    tokio::task::spawn_blocking(move || write_piece(&path, &name, tag, offset, &data, last, bound))
         .await
         .map_err(|_| OpError::ShuttingDown)?
 }
 
-fn write_piece(path: &Path, name: &str, offset: u64, data: &[u8], last: bool, bound: u64) -> Result<(), OpError> {
+fn write_piece(path: &Path, name: &str, tag: u64, offset: u64, data: &[u8], last: bool, bound: u64) -> Result<Option<PathBuf>, OpError> {
     use std::io::Write;
     if data.len() > rgpu_protocol::auth::SNAPSHOT_WRITE_MAX as usize {
         return Err(OpError::PieceTooLarge(rgpu_protocol::auth::SNAPSHOT_WRITE_MAX));
@@ -147,7 +159,7 @@ fn write_piece(path: &Path, name: &str, offset: u64, data: &[u8], last: bool, bo
     if offset.saturating_add(data.len() as u64) > bound {
         return Err(OpError::TooLarge(bound));
     }
-    let partial = path.with_file_name(format!(".{name}.upload"));
+    let partial = path.with_file_name(format!(".{name}.upload-{tag:016x}"));
     let mut f = if offset == 0 {
         File::create(&partial)?
     } else {
@@ -169,15 +181,22 @@ fn write_piece(path: &Path, name: &str, offset: u64, data: &[u8], last: bool, bo
         // there at once where it does not: never a clobbered snapshot.
         match std::fs::hard_link(&partial, path) {
             Ok(()) => std::fs::remove_file(&partial)?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(OpError::Exists(name.to_string())),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(OpError::Exists(name.to_string()));
+            }
             // A file system without links (some network ones): check, then
             // rename, as a checkpoint does.
             Err(_) if !path.exists() => std::fs::rename(&partial, path)?,
-            Err(_) => return Err(OpError::Exists(name.to_string())),
+            Err(_) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(OpError::Exists(name.to_string()));
+            }
         }
         info!(snapshot = %name, bytes = offset + data.len() as u64, "snapshot uploaded");
+        return Ok(None);
     }
-    Ok(())
+    Ok(Some(partial))
 }
 
 /// Forwards session `id`, whose state left here in a checkpoint, to
@@ -460,16 +479,16 @@ mod tests {
         let piece = rgpu_protocol::auth::SNAPSHOT_WRITE_MAX as usize;
         let bound = 1 << 20;
         // Out of order: nothing started, or a gap.
-        assert!(matches!(write_piece(&path, "job.snap", 10, &bytes[..10], false, bound), Err(OpError::OutOfOrder { at: 0, .. })));
-        write_piece(&path, "job.snap", 0, &bytes[..piece], false, bound).unwrap();
+        assert!(matches!(write_piece(&path, "job.snap", 1, 10, &bytes[..10], false, bound), Err(OpError::OutOfOrder { at: 0, .. })));
+        write_piece(&path, "job.snap", 1, 0, &bytes[..piece], false, bound).unwrap();
         let gap = (piece + 1) as u64;
-        assert!(matches!(write_piece(&path, "job.snap", gap, &bytes[..10], false, bound), Err(OpError::OutOfOrder { .. })));
+        assert!(matches!(write_piece(&path, "job.snap", 1, gap, &bytes[..10], false, bound), Err(OpError::OutOfOrder { .. })));
         assert!(!path.exists(), "no snapshot before the last piece");
         assert!(matches!(read_piece(&path, "job.snap", 0, 10), Err(OpError::NoSnapshot(_))));
-        write_piece(&path, "job.snap", piece as u64, &bytes[piece..2 * piece], false, bound).unwrap();
-        write_piece(&path, "job.snap", 2 * piece as u64, &bytes[2 * piece..], true, bound).unwrap();
+        write_piece(&path, "job.snap", 1, piece as u64, &bytes[piece..2 * piece], false, bound).unwrap();
+        write_piece(&path, "job.snap", 1, 2 * piece as u64, &bytes[2 * piece..], true, bound).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), bytes, "the pieces, in order");
-        assert!(!d.join(".job.snap.upload").exists());
+        assert!(!d.join(".job.snap.upload-0000000000000001").exists());
         // Read back in pieces, past the end included.
         let (a, size) = read_piece(&path, "job.snap", 0, 100_000).unwrap();
         let (b, _) = read_piece(&path, "job.snap", 100_000, 100_000).unwrap();
@@ -478,13 +497,25 @@ mod tests {
         assert_eq!([a, b].concat(), bytes);
         assert!(c.is_empty());
         // A second upload of the name is refused at its end; the first stays.
-        write_piece(&path, "job.snap", 0, b"other", false, bound).unwrap();
-        assert!(matches!(write_piece(&path, "job.snap", 5, b"!", true, bound), Err(OpError::Exists(_))));
+        write_piece(&path, "job.snap", 1, 0, b"other", false, bound).unwrap();
+        assert!(matches!(write_piece(&path, "job.snap", 1, 5, b"!", true, bound), Err(OpError::Exists(_))));
         assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        assert!(!d.join(".job.snap.upload-0000000000000001").exists(), "a refused upload leaves nothing");
+        // Two uploads of one name at once (two connections' tags) keep their
+        // pieces apart: each file is its own pieces, in order.
+        let two = d.join("two.snap");
+        write_piece(&two, "two.snap", 7, 0, b"AAAA", false, bound).unwrap();
+        write_piece(&two, "two.snap", 8, 0, b"BB", false, bound).unwrap();
+        write_piece(&two, "two.snap", 7, 4, b"aaaa", false, bound).unwrap();
+        assert!(matches!(write_piece(&two, "two.snap", 8, 4, b"bb", false, bound), Err(OpError::OutOfOrder { at: 2, .. })));
+        write_piece(&two, "two.snap", 8, 2, b"bb", true, bound).unwrap();
+        assert_eq!(std::fs::read(&two).unwrap(), b"BBbb");
+        assert!(matches!(write_piece(&two, "two.snap", 7, 8, b"!", true, bound), Err(OpError::Exists(_))));
+        assert_eq!(std::fs::read(&two).unwrap(), b"BBbb", "the later upload never mixes into the first");
         // Bounds: a piece too large, a snapshot past what the server holds.
         let big = vec![0u8; piece + 1];
-        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", 0, &big, false, bound), Err(OpError::PieceTooLarge(_))));
-        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", bound - 5, &bytes[..10], false, bound), Err(OpError::TooLarge(_))));
+        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", 1, 0, &big, false, bound), Err(OpError::PieceTooLarge(_))));
+        assert!(matches!(write_piece(&d.join("b.snap"), "b.snap", 1, bound - 5, &bytes[..10], false, bound), Err(OpError::TooLarge(_))));
         let _ = std::fs::remove_dir_all(&d);
     }
 }
