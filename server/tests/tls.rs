@@ -33,13 +33,26 @@ fn trusting(ca: &Authority, name: Option<&str>) -> ClientSecurity {
 /// Attaches session (`id`, `key`) on `addr` as the shim does, TLS first
 /// when `security` says so; the server's status and the transport.
 fn attach(addr: &str, security: &ClientSecurity, id: u64, key: &[u8]) -> Result<(u32, TcpTransport), String> {
+    attach_with(addr, security, id, key, true)
+}
+
+/// [`attach`], the client offering rgpu's own records after the handshake
+/// or not (an older client: rustls' records throughout).
+fn attach_with(
+    addr: &str,
+    security: &ClientSecurity,
+    id: u64,
+    key: &[u8],
+    records: bool,
+) -> Result<(u32, TcpTransport), String> {
     let t = tcp::connect(addr, IO_TIMEOUT).map_err(|e| e.to_string())?;
     let mut t = match security {
         ClientSecurity::Plaintext => t,
         ClientSecurity::Tls(tls) => {
             let mut s = t.into_stream().unwrap();
             s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-            let conn = rgpu_tls::client::handshake_blocking(tls, addr, &mut s).map_err(|e| e.to_string())?;
+            let conn =
+                rgpu_tls::client::handshake_blocking_with(tls, addr, &mut s, records).map_err(|e| e.to_string())?;
             TcpTransport::with_tls(s, conn.into()).unwrap()
         }
     };
@@ -61,13 +74,16 @@ fn canary() -> Vec<u8> {
 
 /// Opens a session through a recording relay, copies the canary to the
 /// device and back; returns the relay and the session key.
-fn session_through_a_tap(server: &TestServer, security: &ClientSecurity) -> (Tap, Vec<u8>) {
+/// `records`: the client offers rgpu's own records (the server accepts
+/// them), else it keeps rustls' records as an older client does.
+fn session_through_a_tap(server: &TestServer, security: &ClientSecurity, records: bool) -> (Tap, Vec<u8>) {
     let tap = Tap::start(&server.addr.to_string()).unwrap();
     let hello = rgpu_control_client::open(&tap.addr, "tls test", security).expect("control plane");
     assert!(!hello.devices.is_empty());
-    let (status, t) = attach(&tap.addr, security, hello.session_id, &hello.key).expect("data plane");
+    let (status, t) = attach_with(&tap.addr, security, hello.session_id, &hello.key, records).expect("data plane");
     assert_eq!(status, 0);
     assert_eq!(t.is_tls(), security.is_tls());
+    assert_eq!(t.has_own_records(), security.is_tls() && records);
     let mut c = DataClient::over(t, &tap.addr, hello.session_id, &hello.key, security.clone());
     let payload = canary();
     let ptr = c.alloc_ok(payload.len() as u64);
@@ -83,16 +99,21 @@ fn session_through_a_tap(server: &TestServer, security: &ClientSecurity) -> (Tap
 fn both_planes_under_tls_and_the_wire_shows_neither_key_nor_data() {
     let (ca, security) = pki(&["127.0.0.1"]);
     let server = TestServer::start_secured(security);
-    let (tap, key) = session_through_a_tap(&server, &trusting(&ca, None));
-    let payload = canary();
-    assert!(tap.captured().len() > payload.len(), "the copy crossed the relay");
-    assert!(!tap.saw(&key), "the session key crossed the wire in clear");
-    assert!(!tap.saw(&payload[..64]), "the copied data crossed the wire in clear");
-    assert!(!tap.saw(b"RGPUCTL1") && !tap.saw(b"RGPUDAT1"), "the planes' preambles are inside TLS");
+    // rgpu's own records after the handshake, and rustls' throughout (an
+    // older client on a newer server).
+    for records in [true, false] {
+        let (tap, key) = session_through_a_tap(&server, &trusting(&ca, None), records);
+        let payload = canary();
+        assert!(tap.captured().len() > payload.len(), "the copy crossed the relay");
+        assert!(!tap.saw(&key), "the session key crossed the wire in clear");
+        assert!(!tap.saw(&payload[..64]), "the copied data crossed the wire in clear");
+        assert!(!tap.saw(b"RGPUCTL1") && !tap.saw(b"RGPUDAT1"), "the planes' preambles are inside TLS");
+    }
 
     // The same exchange in plaintext: the recorder sees all of it.
+    let payload = canary();
     let server = TestServer::start();
-    let (tap, key) = session_through_a_tap(&server, &ClientSecurity::Plaintext);
+    let (tap, key) = session_through_a_tap(&server, &ClientSecurity::Plaintext, false);
     assert!(tap.saw(&key) && tap.saw(&payload[..64]) && tap.saw(b"RGPUDAT1"));
 }
 

@@ -29,6 +29,8 @@ pub const PLAINTEXT_ENV: &str = "RGPU_PLAINTEXT";
 #[derive(Debug)]
 pub struct TlsClient {
     config: Arc<ClientConfig>,
+    /// The same, offering [`crate::DATA_RECORDS_ALPN`]: the data plane's.
+    data_config: Arc<ClientConfig>,
     server_name: Option<String>,
 }
 
@@ -105,7 +107,9 @@ impl TlsClient {
         if let Some(n) = &server_name {
             ServerName::try_from(n.clone()).map_err(|_| format!("{SERVER_NAME_ENV}={n:?} is not a host name or address"))?;
         }
-        Ok(TlsClient { config: Arc::new(config), server_name })
+        let mut data_config = config.clone();
+        data_config.alpn_protocols = vec![crate::DATA_RECORDS_ALPN.to_vec()];
+        Ok(TlsClient { config: Arc::new(config), data_config: Arc::new(data_config), server_name })
     }
 
     /// The name the certificate of the server at `addr` must carry.
@@ -120,9 +124,12 @@ impl TlsClient {
         self.config.clone()
     }
 
-    /// A fresh client connection to `addr`, handshake not yet done.
-    pub fn connection(&self, addr: &str) -> Result<rustls::ClientConnection, TlsError> {
-        rustls::ClientConnection::new(self.config.clone(), self.server_name(addr)?)
+    /// A fresh data-plane connection to `addr`, handshake not yet done;
+    /// `records`: offer rgpu's own records after the handshake
+    /// ([`crate::DATA_RECORDS_ALPN`]).
+    pub fn connection(&self, addr: &str, records: bool) -> Result<rustls::ClientConnection, TlsError> {
+        let config = if records { &self.data_config } else { &self.config };
+        rustls::ClientConnection::new(config.clone(), self.server_name(addr)?)
             .map_err(|e| TlsError::Handshake { addr: addr.into(), why: e.to_string() })
     }
 }
@@ -200,7 +207,18 @@ pub fn handshake_blocking(
     addr: &str,
     stream: &mut std::net::TcpStream,
 ) -> Result<rustls::ClientConnection, TlsError> {
-    let mut conn = tls.connection(addr)?;
+    handshake_blocking_with(tls, addr, stream, true)
+}
+
+/// [`handshake_blocking`], choosing whether to offer rgpu's records (a
+/// client that does not keeps rustls' records; tests of older peers).
+pub fn handshake_blocking_with(
+    tls: &TlsClient,
+    addr: &str,
+    stream: &mut std::net::TcpStream,
+    records: bool,
+) -> Result<rustls::ClientConnection, TlsError> {
+    let mut conn = tls.connection(addr, records)?;
     while conn.is_handshaking() {
         if let Err(e) = conn.complete_io(stream) {
             return Err(explain(addr, &e));

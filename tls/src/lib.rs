@@ -32,6 +32,13 @@ pub use server::ServerSecurity;
 
 pub use rustls;
 
+/// The ALPN protocol a data-plane client offers and a GPU server accepts:
+/// both then seal the data plane's records themselves, keyed from the TLS
+/// exporter (`rgpu_transport`'s `records` module). A peer that does not
+/// offer or accept it keeps rustls' records, so either side may be older.
+/// Control-plane clients never offer it.
+pub const DATA_RECORDS_ALPN: &[u8] = b"rgpu-records/1";
+
 /// What a TLS endpoint answers a plaintext client with before it closes,
 /// so that the client can say why it was refused (see [`guard`]).
 pub const NEEDS_TLS: &[u8; 8] = b"RGPUTLS!";

@@ -73,6 +73,7 @@ impl ServerSecurity {
         // ticket written after the handshake would have to be flushed by the
         // data plane's first write.
         config.send_tls13_tickets = 0;
+        config.alpn_protocols = vec![crate::DATA_RECORDS_ALPN.to_vec()];
         Ok(ServerSecurity::Tls(Arc::new(config)))
     }
 

@@ -62,7 +62,15 @@ impl Tap {
 /// Two ends of one TLS connection over loopback, handshakes done with
 /// rustls' blocking API under a throwaway CA: (client, server), each its
 /// socket and its connection, for tests and benches of what runs over TLS.
+///
+/// The client offers rgpu's own records ([`crate::DATA_RECORDS_ALPN`]), as
+/// the data plane's clients do; [`loopback_pair_with`] chooses.
 pub fn loopback_pair() -> ((TcpStream, rustls::Connection), (TcpStream, rustls::Connection)) {
+    loopback_pair_with(true)
+}
+
+/// [`loopback_pair`], the client offering rgpu's records or not.
+pub fn loopback_pair_with(records: bool) -> ((TcpStream, rustls::Connection), (TcpStream, rustls::Connection)) {
     let ca = crate::pki::Authority::new("loopback CA").expect("CA");
     let issued = ca.issue(&["127.0.0.1"]).expect("certificate");
     let crate::ServerSecurity::Tls(server) =
@@ -82,6 +90,6 @@ pub fn loopback_pair() -> ((TcpStream, rustls::Connection), (TcpStream, rustls::
         (s, rustls::Connection::from(conn))
     });
     let mut s = TcpStream::connect(&addr).expect("connect");
-    let conn = crate::client::handshake_blocking(&client, &addr, &mut s).expect("client handshake");
+    let conn = crate::client::handshake_blocking_with(&client, &addr, &mut s, records).expect("client handshake");
     ((s, conn.into()), t.join().expect("server side"))
 }

@@ -8,6 +8,7 @@
 use std::io;
 
 pub mod rdma;
+pub mod records;
 pub mod rep_movsb;
 pub mod select;
 pub mod tcp;

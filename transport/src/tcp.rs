@@ -18,6 +18,9 @@ const KEEPALIVE_RETRIES: u32 = 3;
 /// Unacknowledged data older than this fails the connection.
 const USER_TIMEOUT: Duration = Duration::from_secs(15);
 const READ_BUFFER: usize = 256 << 10;
+// A record is opened whole in the read buffer when the reader wants less
+// than all of it.
+const _: () = assert!(READ_BUFFER >= crate::records::HEADER + crate::records::MAX_RECORD + crate::records::TAG);
 
 pub struct TcpTransport {
     stream: TcpStream,
@@ -94,11 +97,19 @@ impl TcpTransport {
     }
 
     /// A connection whose TLS handshake `conn` has completed over `stream`
-    /// (what `conn` has read and not yet handed out stays with it).
+    /// (what `conn` has read and not yet handed out stays with it). Where
+    /// both ends negotiated rgpu's records, they seal the data from here
+    /// on (a client's opening aside: see `tls.rs`).
     pub fn with_tls(stream: TcpStream, conn: rustls::Connection) -> io::Result<Self> {
         let mut t = TcpTransport::new(stream)?;
-        t.tls = Some(crate::tls::Tls::new(conn));
+        t.tls = Some(crate::tls::Tls::new(conn, &t.peer)?);
         Ok(t)
+    }
+
+    /// Whether the connection runs rgpu's own records under TLS (both ends
+    /// negotiated them), not rustls'.
+    pub fn has_own_records(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.is_records())
     }
 
     /// Whether the connection is under TLS.
