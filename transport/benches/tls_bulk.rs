@@ -1,13 +1,16 @@
 //! What TLS costs the TCP transport itself, without the shim or a server
 //! around it: one thread sends `MIB` MiB in batches of `BATCH_KIB` KiB over
 //! loopback, another receives them, in clear and under TLS in turns,
-//! `ROUNDS` times; prints each mode's median rate and TLS/plaintext. Beside
+//! `ROUNDS` times; prints each mode's median rate and its ratio to plaintext. Beside
 //! them, how fast one core seals 16 KiB records with AES-128-GCM (ring, as
 //! the connections do), and what TLS would reach if sealing were its only
 //! cost on the sender's core: the bound no record layer in user space beats.
 //!
 //! Then the round trip of a 64-byte request and answer in clear and under
-//! TLS, and what rustls spends sealing and opening one such record.
+//! TLS, and what rustls and rgpu's records spend sealing and opening one
+//! such record. TLS runs both ways: with rustls sealing every record (a
+//! peer that does not offer rgpu's records) and with rgpu's records after
+//! the handshake (`rgpu_transport::records`), as rgpu's ends use.
 //!
 //! `cargo bench -p rgpu-transport --bench tls_bulk -- [MIB] [BATCH_KIB] [ROUNDS]`
 //!
@@ -30,9 +33,30 @@ fn plain_pair() -> (TcpTransport, TcpTransport) {
     (c, t.join().unwrap())
 }
 
-fn tls_pair() -> (TcpTransport, TcpTransport) {
-    let ((cs, cc), (ss, sc)) = rgpu_tls::testing::loopback_pair();
-    (TcpTransport::with_tls(cs, cc).unwrap(), TcpTransport::with_tls(ss, sc).unwrap())
+/// A TLS pair opened as the data plane opens one (the client's opening
+/// read through rustls by the server, then the server's answer); `records`:
+/// rgpu's own records after that, else rustls' throughout.
+fn tls_pair(records: bool) -> (TcpTransport, TcpTransport) {
+    let ((cs, cc), (mut ss, mut sc)) = rgpu_tls::testing::loopback_pair_with(records);
+    let mut c = TcpTransport::with_tls(cs, cc).unwrap();
+    c.send(&[b"RGPUBNCH"]).unwrap();
+    let mut opening = [0u8; 8];
+    let mut done = 0;
+    while done < opening.len() {
+        use std::io::Read;
+        match sc.reader().read(&mut opening[done..]) {
+            Ok(n) => done += n,
+            Err(_) => {
+                sc.read_tls(&mut ss).unwrap();
+                sc.process_new_packets().unwrap();
+            }
+        }
+    }
+    let mut s = TcpTransport::with_tls(ss, sc).unwrap();
+    assert_eq!(s.has_own_records(), records);
+    s.send(&[b"k"]).unwrap();
+    c.recv_exact(&mut [0u8; 1]).unwrap();
+    (c, s)
 }
 
 /// Bytes per second moving `total` bytes from `a` to `b` in `batch`-byte sends,
@@ -131,6 +155,25 @@ fn record_ns() -> f64 {
     start.elapsed().as_nanos() as f64 / n as f64
 }
 
+/// The same for rgpu's records: sealing on one end, opening on the other.
+fn own_record_ns() -> f64 {
+    use rgpu_transport::records::{Dir, Keys, AES_128_GCM, HEADER, TAG};
+    let keys = Keys::from_secret(&[5u8; 32], &AES_128_GCM);
+    let (mut tx, mut rx) = (keys.half(Dir::ClientToServer).unwrap(), keys.half(Dir::ClientToServer).unwrap());
+    let n = 100_000;
+    let (msg, mut wire) = ([7u8; 64], Vec::with_capacity(4096));
+    let start = Instant::now();
+    for _ in 0..n {
+        wire.clear();
+        tx.seal(&mut wire, &[&msg]).unwrap();
+        let header: [u8; HEADER] = wire[..HEADER].try_into().unwrap();
+        let tag: [u8; TAG] = wire[HEADER + 64..].try_into().unwrap();
+        rx.open(header, &mut wire[HEADER..HEADER + 64], tag).unwrap();
+    }
+    assert_eq!(&wire[HEADER..HEADER + 64], &msg);
+    start.elapsed().as_nanos() as f64 / n as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -143,17 +186,19 @@ fn main() {
     let batch = args.get(1).copied().unwrap_or(1024) << 10;
     let rounds = args.get(2).copied().unwrap_or(5);
     let total = (mib << 20) / batch * batch;
-    let (mut plain, mut tls, mut seal) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut plain_rt, mut tls_rt) = (Vec::new(), Vec::new());
+    let (mut plain, mut tls, mut own, mut seal) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut plain_rt, mut tls_rt, mut own_rt) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         plain.push(rate(plain_pair(), total, batch));
-        tls.push(rate(tls_pair(), total, batch));
+        tls.push(rate(tls_pair(false), total, batch));
+        own.push(rate(tls_pair(true), total, batch));
         seal.push(seal_rate());
         plain_rt.push(round_trip_ns(plain_pair(), 20_000));
-        tls_rt.push(round_trip_ns(tls_pair(), 20_000));
+        tls_rt.push(round_trip_ns(tls_pair(false), 20_000));
+        own_rt.push(round_trip_ns(tls_pair(true), 20_000));
     }
-    let (prt, trt) = (median(plain_rt), median(tls_rt));
-    let (p, t, s) = (median(plain), median(tls), median(seal));
+    let (prt, trt, ort) = (median(plain_rt), median(tls_rt), median(own_rt));
+    let (p, t, o, s) = (median(plain), median(tls), median(own), median(seal));
     // Sealing adds its time per byte to the sender's plaintext time per byte.
     let bound = 1.0 / (1.0 / p + 1.0 / s);
     let gib = |r: f64| r / (1u64 << 30) as f64;
@@ -165,10 +210,13 @@ fn main() {
         if tunables.contains(rgpu_transport::rep_movsb::TUNABLE) { "rep movsb off (GLIBC_TUNABLES)" } else { "glibc's default" }
     );
     println!("  plaintext {:.2} GiB/s", gib(p));
-    println!("  TLS       {:.2} GiB/s", gib(t));
-    println!("  TLS/plaintext {:.2}x", t / p);
-    println!("  round trip of 64 bytes: plaintext {:.2} us, TLS {:.2} us, TLS/plaintext {:.3}x", prt / 1e3, trt / 1e3, trt / prt);
-    println!("  rustls sealing and opening one 64-byte record in memory: {:.0} ns (twice per round trip)", record_ns());
+    println!("  TLS, rustls' records {:.2} GiB/s, {:.2}x of plaintext", gib(t), t / p);
+    println!("  TLS, rgpu's records  {:.2} GiB/s, {:.2}x of plaintext", gib(o), o / p);
+    println!("  round trip of 64 bytes: plaintext {:.2} us", prt / 1e3);
+    println!("    TLS, rustls' records {:.2} us, {:.3}x of plaintext", trt / 1e3, trt / prt);
+    println!("    TLS, rgpu's records  {:.2} us, {:.3}x of plaintext", ort / 1e3, ort / prt);
+    println!("  sealing and opening one 64-byte record in memory (twice per round trip):");
+    println!("    rustls {:.0} ns, rgpu's records {:.0} ns", record_ns(), own_record_ns());
     println!("  AES-128-GCM sealing on one core {:.2} GiB/s", gib(s));
     println!("  TLS with sealing its only cost {:.2} GiB/s, {:.2}x of plaintext", gib(bound), bound / p);
 }
