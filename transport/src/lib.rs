@@ -7,6 +7,7 @@
 
 use std::io;
 
+pub mod chunks;
 pub mod rdma;
 pub mod records;
 pub mod rep_movsb;
