@@ -5,6 +5,7 @@
 
 pub mod client_key;
 pub mod operator;
+pub mod snapshot_copy;
 
 use std::time::Duration;
 

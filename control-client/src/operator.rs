@@ -155,13 +155,59 @@ pub fn restore(
     })
 }
 
+/// Copies snapshot `name` off the server at `addr` into `out` in one stream
+/// ([`crate::snapshot_copy`]), or, from a server older than the stream, in
+/// control-plane calls ([`read_snapshot_in_calls`]); returns its size. Keep
+/// `out` only when this returns Ok.
+pub fn read_snapshot(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    out: &mut dyn std::io::Write,
+    limit: Duration,
+) -> Result<u64, ControlError> {
+    use crate::snapshot_copy::{copy_off, CopyError};
+    match copy_off(addr, security, admin_key, name, out, limit) {
+        Ok(n) => Ok(n),
+        Err(CopyError::Unsupported(_)) => {
+            tracing::info!(%addr, "the server takes no snapshot streams; copying in control-plane calls");
+            read_snapshot_in_calls(addr, security, admin_key, name, out, limit)
+        }
+        Err(CopyError::Control(e)) => Err(e),
+    }
+}
+
+/// Writes the snapshot read from `input` (`size` bytes) onto the server at
+/// `addr` as `name` in one stream, or, to a server older than the stream,
+/// in control-plane calls ([`write_snapshot_in_calls`]).
+pub fn write_snapshot(
+    addr: &str,
+    security: &ClientSecurity,
+    admin_key: &[u8],
+    name: &str,
+    input: &mut dyn std::io::Read,
+    size: u64,
+    limit: Duration,
+) -> Result<(), ControlError> {
+    use crate::snapshot_copy::{copy_onto, CopyError};
+    match copy_onto(addr, security, admin_key, name, input, size, limit) {
+        Ok(()) => Ok(()),
+        Err(CopyError::Unsupported(_)) => {
+            tracing::info!(%addr, "the server takes no snapshot streams; copying in control-plane calls");
+            write_snapshot_in_calls(addr, security, admin_key, name, input, size, limit)
+        }
+        Err(CopyError::Control(e)) => Err(e),
+    }
+}
+
 /// Copies snapshot `name` off the server at `addr` into `out`, in pieces of
 /// [`SNAPSHOT_READ_MAX`] bytes (each an operator call of its own, proved
 /// over the nonce the previous one's answer carried); returns
 /// its size. `limit` bounds the whole copy.
 ///
 /// [`SNAPSHOT_READ_MAX`]: rgpu_protocol::auth::SNAPSHOT_READ_MAX
-pub fn read_snapshot(
+pub fn read_snapshot_in_calls(
     addr: &str,
     security: &ClientSecurity,
     admin_key: &[u8],
@@ -216,7 +262,7 @@ pub fn read_snapshot(
 /// operator call whose proof covers its bytes). `limit` bounds the whole copy.
 ///
 /// [`SNAPSHOT_WRITE_MAX`]: rgpu_protocol::auth::SNAPSHOT_WRITE_MAX
-pub fn write_snapshot(
+pub fn write_snapshot_in_calls(
     addr: &str,
     security: &ClientSecurity,
     admin_key: &[u8],

@@ -3,7 +3,8 @@
 //! lease token (`server/src/lease.rs`), `Claims` decoding and verification
 //! (`protocol/src/token.rs`), key files, credential files
 //! (`broker-client/src/credential.rs`) and the broker's login check
-//! (`pool-broker/src/identity.rs`).
+//! (`pool-broker/src/identity.rs`), and a snapshot stream's request and
+//! sealed records (`protocol/src/snapshot_stream.rs`).
 //!
 //! Input: a token, a key file or a credential file; each reader gets it.
 //! A decodable token is also signed again with the test key, so the checks
@@ -37,6 +38,7 @@ pub fn run(data: &[u8]) {
         );
     }
     admit(data);
+    snapshot_stream(data);
     if let Ok(c) = claims {
         // Past the signature: the claims, signed with the key.
         let signed = c.sign(KEY);
@@ -81,6 +83,47 @@ pub fn run(data: &[u8]) {
                     "login accepts exactly the genuine credentials"
                 );
             }
+        }
+    }
+}
+
+/// A snapshot stream's request as the server reads it, then the rest as
+/// the records that follow: a request that decodes encodes back to the
+/// same bytes, and no record opens that the key did not seal.
+pub fn snapshot_stream(data: &[u8]) {
+    use rgpu_protocol::snapshot_stream::{Opener, Request, Way, RECORD_HEAD, RECORD_TAG, REQUEST_HEAD};
+    let mut rest = data;
+    if data.len() >= REQUEST_HEAD {
+        let head = [data[0], data[1]];
+        if let Ok(n) = Request::rest_len(head) {
+            if data.len() >= REQUEST_HEAD + n {
+                if let Ok(r) = Request::decode(head, &data[REQUEST_HEAD..REQUEST_HEAD + n]) {
+                    assert_eq!(r.encode(), &data[..REQUEST_HEAD + n], "a request decodes to what encodes it");
+                    let _ = r.verify(KEY, NONCE);
+                }
+                rest = &data[REQUEST_HEAD + n..];
+            }
+        }
+    }
+    let nonce = [7u8; 32];
+    for way in [Way::Off, Way::Onto] {
+        let mut o = Opener::new(KEY, &nonce, way, "fuzz.snap", 0);
+        let mut at = rest;
+        while at.len() >= RECORD_HEAD + RECORD_TAG {
+            let head: [u8; RECORD_HEAD] = at[..RECORD_HEAD].try_into().unwrap();
+            let Ok(n) = Opener::record_len(head) else { break };
+            let tag: [u8; RECORD_TAG] = at[RECORD_HEAD..RECORD_HEAD + RECORD_TAG].try_into().unwrap();
+            if n == 0 {
+                assert!(Opener::new(KEY, &nonce, way, "fuzz.snap", 0).end(&tag).is_err(), "a forged end record opened");
+                break;
+            }
+            let body = &at[RECORD_HEAD + RECORD_TAG..];
+            if body.len() < n {
+                break;
+            }
+            let mut b = body[..n].to_vec();
+            assert!(o.open(&mut b, &tag).is_err(), "a forged record opened");
+            at = &body[n..];
         }
     }
 }

@@ -107,6 +107,12 @@ pub enum ServerOp {
     /// The operator writes a piece of a snapshot (session: the offset; name:
     /// [`snapshot_write_name`], which covers the bytes).
     WriteSnapshot,
+    /// The operator opens a stream the server sends a snapshot down
+    /// ([`crate::snapshot_stream`]; session: 0; name: the snapshot).
+    SendSnapshot,
+    /// The operator opens a stream that carries a snapshot onto the server
+    /// (session: its size in bytes; name: the snapshot).
+    ReceiveSnapshot,
 }
 
 /// Bytes one `readSnapshot` answer carries at most.
@@ -145,6 +151,8 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::ClearFault => "clear-fault",
         ServerOp::ReadSnapshot => "read-snapshot",
         ServerOp::WriteSnapshot => "write-snapshot",
+        ServerOp::SendSnapshot => "send-snapshot",
+        ServerOp::ReceiveSnapshot => "receive-snapshot",
     };
     format!("rgpu-server-op:v1:{}:{op}:{session:016x}:{name}", to_hex(nonce)).into_bytes()
 }

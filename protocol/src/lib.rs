@@ -38,6 +38,7 @@ pub mod bundle;
 pub mod frame;
 pub mod message;
 pub mod scope;
+pub mod snapshot_stream;
 pub mod token;
 
 /// Bumped on any incompatible change of the schemas or the framing; client
@@ -57,6 +58,9 @@ pub const RESUME_PREAMBLE: &[u8; 8] = b"RGPURES1";
 /// migration): the receiver sends a nonce, the sender proves the shared
 /// admin key over it, then the session's snapshot follows in chunks. Always TCP.
 pub const MIGRATE_PREAMBLE: &[u8; 8] = b"RGPUMIG1";
+/// An operator copying a snapshot off or onto a server in one stream
+/// ([`snapshot_stream`], docs/migration.md). Always TCP.
+pub const SNAPSHOT_PREAMBLE: &[u8; 8] = b"RGPUSNP1";
 
 /// A resume's status when the session moved to another server: the answer's
 /// 8 bytes (this status, the version) are followed by the new address

@@ -32,6 +32,7 @@ pub mod quota;
 pub mod relocate;
 pub mod service;
 pub mod session;
+pub mod snapshot_copy;
 pub mod state;
 pub mod telemetry;
 pub mod transport_select;

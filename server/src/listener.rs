@@ -7,7 +7,11 @@
 //!
 //! - `RGPUCTL1`: capnp-rpc control plane, served on this (local) task set;
 //! - `RGPUDAT1` + session id + key: a session's data connection, handed to a
-//!   dedicated thread with blocking I/O.
+//!   dedicated thread with blocking I/O;
+//! - `RGPURES1`: a data connection coming back to its session;
+//! - `RGPUMIG1`: another server handing over a session (`migration`);
+//! - `RGPUSNP1`: an operator copying a snapshot off or onto this server
+//!   (`snapshot_copy`).
 //!
 //! Shutdown: stop accepting, close every session's socket, then wait until
 //! every handler has dropped its guard (a clone of one mpsc sender).
@@ -17,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use rgpu_protocol::{
     CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED, SESSION_KEY_LEN,
+    SNAPSHOT_PREAMBLE,
 };
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
 use rgpu_transport::tcp::TcpTransport;
@@ -157,6 +162,8 @@ async fn handle(
         resume(sock, peer, service, shutdown, held, deadline).await;
     } else if &preamble == MIGRATE_PREAMBLE {
         crate::migration::intake(sock, peer, service, Box::new((held, guard)));
+    } else if &preamble == SNAPSHOT_PREAMBLE {
+        crate::snapshot_copy::serve(sock, peer, service, Box::new((held, guard)));
     } else {
         warn!(%peer, preamble = ?String::from_utf8_lossy(&preamble), "unknown preamble; closing");
     }

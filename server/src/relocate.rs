@@ -83,7 +83,7 @@ pub struct Done {
     pub took: Duration,
 }
 
-fn path_of(service: &Service, name: &str) -> Result<PathBuf, OpError> {
+pub(crate) fn path_of(service: &Service, name: &str) -> Result<PathBuf, OpError> {
     let dir = service.checkpoint_dir.as_ref().ok_or(OpError::NoDirectory)?;
     if !rgpu_protocol::auth::valid_snapshot_name(name) {
         return Err(OpError::BadName);
@@ -121,7 +121,7 @@ fn read_piece(path: &Path, name: &str, offset: u64, max: u32) -> Result<(Vec<u8>
 /// The largest snapshot this server takes in: all its devices' memory, a
 /// lease's modules, and room for the tables (a snapshot of one of its own
 /// sessions is smaller).
-fn snapshot_bound(service: &Service) -> u64 {
+pub(crate) fn snapshot_bound(service: &Service) -> u64 {
     let memory: u64 = service.backend.devices().iter().map(|d| d.total_mem).sum();
     memory.saturating_add(service.limits.max_module_bytes_per_lease).saturating_add(64 << 20)
 }
@@ -177,26 +177,33 @@ fn write_piece(path: &Path, name: &str, tag: u64, offset: u64, data: &[u8], last
     if last {
         f.sync_all()?;
         drop(f);
-        // A link fails where the name exists, and puts the whole file
-        // there at once where it does not: never a clobbered snapshot.
-        match std::fs::hard_link(&partial, path) {
-            Ok(()) => std::fs::remove_file(&partial)?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(OpError::Exists(name.to_string()));
-            }
-            // A file system without links (some network ones): check, then
-            // rename, as a checkpoint does.
-            Err(_) if !path.exists() => std::fs::rename(&partial, path)?,
-            Err(_) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(OpError::Exists(name.to_string()));
-            }
-        }
+        put_in_place(&partial, path, name)?;
         info!(snapshot = %name, bytes = offset + data.len() as u64, "snapshot uploaded");
         return Ok(None);
     }
     Ok(Some(partial))
+}
+
+/// The partial file of an upload, synced, becomes snapshot `name` at
+/// `path`, unless a snapshot of that name exists (then it is removed).
+pub(crate) fn put_in_place(partial: &Path, path: &Path, name: &str) -> Result<(), OpError> {
+    // A link fails where the name exists, and puts the whole file there at
+    // once where it does not: never a clobbered snapshot.
+    match std::fs::hard_link(partial, path) {
+        Ok(()) => std::fs::remove_file(partial)?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_file(partial);
+            return Err(OpError::Exists(name.to_string()));
+        }
+        // A file system without links (some network ones): check, then
+        // rename, as a checkpoint does.
+        Err(_) if !path.exists() => std::fs::rename(partial, path)?,
+        Err(_) => {
+            let _ = std::fs::remove_file(partial);
+            return Err(OpError::Exists(name.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// Forwards session `id`, whose state left here in a checkpoint, to

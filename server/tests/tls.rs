@@ -270,3 +270,42 @@ fn a_long_request_under_tls_hears_sealed_keepalives() {
     assert_eq!(r.bulk, n.to_le_bytes());
     assert!(c.keepalives >= 1, "no keepalive during a {:?} wait", t0.elapsed());
 }
+
+/// A snapshot copied onto a server and off it again in one stream each
+/// (`rgpu restore --load`, `rgpu checkpoint --save`), through a recording
+/// relay: under TLS the relay sees neither the bytes nor the preamble; in
+/// plaintext it sees the preamble but still not the bytes, which travel in
+/// records sealed under a key derived from the admin key.
+#[test]
+fn snapshot_copies_arrive_whole_and_hidden_with_and_without_tls() {
+    use rgpu_control_client::snapshot_copy::{copy_off, copy_onto};
+    let key = b"the admin key of the snapshot copy test".to_vec();
+    let bytes: Vec<u8> = canary().iter().copied().cycle().take(3 << 20).collect();
+    let (ca, tls) = pki(&["127.0.0.1"]);
+    for (name, security, client) in [
+        ("tls", tls, trusting(&ca, None)),
+        ("plaintext", rgpu_tls::ServerSecurity::Plaintext, ClientSecurity::Plaintext),
+    ] {
+        let dir = std::env::temp_dir().join(format!("rgpu-tls-snapshot-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let checkpoint = rgpu_server::config::CheckpointConfig {
+            admin_key: Some(key.clone()),
+            dir: Some(dir.clone()),
+            ..Default::default()
+        };
+        let server = TestServer::start_secured_checkpointing(security, checkpoint);
+        let tap = Tap::start(&server.addr.to_string()).unwrap();
+        let limit = std::time::Duration::from_secs(30);
+        copy_onto(&tap.addr, &client, &key, "job.snap", &mut &bytes[..], bytes.len() as u64, limit).expect("copy onto");
+        assert!(std::fs::read(dir.join("job.snap")).unwrap() == bytes, "{name}: the server's copy differs");
+        let mut back = Vec::new();
+        let n = copy_off(&tap.addr, &client, &key, "job.snap", &mut back, limit).expect("copy off");
+        assert!(n == bytes.len() as u64 && back == bytes, "{name}: the copy off differs");
+        assert!(tap.captured().len() > 2 * bytes.len(), "{name}: both copies crossed the relay");
+        assert!(!tap.saw(&bytes[..64]), "{name}: the snapshot's bytes crossed the wire in clear");
+        assert!(!tap.saw(&key), "{name}: the admin key crossed the wire");
+        assert_eq!(tap.saw(b"RGPUSNP1"), name == "plaintext", "{name}: the preamble is inside TLS only under TLS");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

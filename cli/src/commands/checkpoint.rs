@@ -27,6 +27,11 @@ pub struct Args {
     /// it on any server again.
     #[arg(long, value_name = "FILE")]
     save: Option<std::path::PathBuf>,
+    /// Copy with --save in control-plane calls, one piece each, as servers
+    /// before the one-stream copy took it (slower; chosen by itself for
+    /// such a server).
+    #[arg(long, requires = "save")]
+    copy_in_calls: bool,
     /// Keep serving the session on this server after it is written.
     #[arg(long = "continue")]
     keep_running: bool,
@@ -73,7 +78,7 @@ pub fn exec(a: Args) -> Result<i32> {
         if a.keep_running { "" } else { "; the session left the server until it is restored" }
     );
     if let Some(file) = &a.save {
-        save(&a.server, &security, &key, &a.to, file, Duration::from_secs(a.timeout))?;
+        save(&a.server, &security, &key, &a.to, file, a.copy_in_calls, Duration::from_secs(a.timeout))?;
     }
     Ok(0)
 }
@@ -86,6 +91,7 @@ fn save(
     key: &[u8],
     name: &str,
     file: &std::path::Path,
+    in_calls: bool,
     limit: Duration,
 ) -> Result<()> {
     use anyhow::Context as _;
@@ -94,7 +100,12 @@ fn save(
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
     let mut out = std::fs::File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
-    let copied = rgpu_control_client::operator::read_snapshot(server, security, key, name, &mut out, limit)
+    let read = if in_calls {
+        rgpu_control_client::operator::read_snapshot_in_calls
+    } else {
+        rgpu_control_client::operator::read_snapshot
+    };
+    let copied = read(server, security, key, name, &mut out, limit)
         .and_then(|n| out.sync_all().map(|()| n).map_err(|e| rgpu_control_client::ControlError::Local { reason: e.to_string() }));
     let bytes = match copied {
         Ok(n) => n,

@@ -25,6 +25,11 @@ pub struct Args {
     /// other than the one that wrote it, or after that server's disk is gone.
     #[arg(long, value_name = "FILE")]
     load: Option<std::path::PathBuf>,
+    /// Copy with --load in control-plane calls, one piece each, as servers
+    /// before the one-stream copy took it (slower; chosen by itself for
+    /// such a server).
+    #[arg(long, requires = "load")]
+    copy_in_calls: bool,
     /// How long the whole call may take, in seconds.
     #[arg(long, default_value_t = 600)]
     timeout: u64,
@@ -42,7 +47,12 @@ pub fn exec(a: Args) -> Result<i32> {
         let started = std::time::Instant::now();
         let mut f = std::fs::File::open(file).with_context(|| format!("cannot open {}", file.display()))?;
         let size = f.metadata().with_context(|| format!("cannot read {}", file.display()))?.len();
-        rgpu_control_client::operator::write_snapshot(&a.server, &security, &key, &a.name, &mut f, size, Duration::from_secs(a.timeout))?;
+        let write = if a.copy_in_calls {
+            rgpu_control_client::operator::write_snapshot_in_calls
+        } else {
+            rgpu_control_client::operator::write_snapshot
+        };
+        write(&a.server, &security, &key, &a.name, &mut f, size, Duration::from_secs(a.timeout))?;
         let secs = started.elapsed().as_secs_f64();
         eprintln!(
             "Copied {} onto {} as {}: {size} bytes in {secs:.3} s, {:.0} MiB/s",

@@ -80,7 +80,16 @@ impl TestServer {
     /// As `start_secured`, with these limits.
     pub fn start_secured_limited(security: rgpu_tls::ServerSecurity, limits: rgpu_server::limits::Limits) -> TestServer {
         Self::start_inner(1, 256 << 20, Duration::from_secs(30), Default::default(), limits,
-            rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false, security)
+            rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false, security, Default::default())
+    }
+
+    /// As `start_secured`, with checkpoints (an admin key, a snapshot folder).
+    pub fn start_secured_checkpointing(
+        security: rgpu_tls::ServerSecurity,
+        checkpoint: rgpu_server::config::CheckpointConfig,
+    ) -> TestServer {
+        Self::start_inner(1, 256 << 20, Duration::from_secs(30), Default::default(), Default::default(),
+            rgpu_server::backend::sim::kernels::DEFAULT_TIME_LIMIT, false, security, checkpoint)
     }
 
     /// As `start`, with this kernel time limit.
@@ -99,7 +108,7 @@ impl TestServer {
     ) -> TestServer {
         // The tests of TLS itself start theirs with `start_secured`.
         let plaintext = rgpu_tls::ServerSecurity::Plaintext;
-        Self::start_inner(devices, memory, attach_timeout, pool, limits, kernel_time_limit, metrics, plaintext)
+        Self::start_inner(devices, memory, attach_timeout, pool, limits, kernel_time_limit, metrics, plaintext, Default::default())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -112,6 +121,7 @@ impl TestServer {
         kernel_time_limit: Duration,
         metrics: bool,
         security: rgpu_tls::ServerSecurity,
+        checkpoint: rgpu_server::config::CheckpointConfig,
     ) -> TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
@@ -131,7 +141,7 @@ impl TestServer {
             pool,
             metrics: None,
             security,
-            checkpoint: Default::default(),
+            checkpoint,
         };
         let backend: Arc<dyn rgpu_server::backend::Backend> =
             Arc::new(SimBackend::new(&config.sim).expect("sim backend"));
