@@ -124,7 +124,13 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
     let dir = scratch();
     let flags = server_flags(&dir.0);
     let seed = format!("rgpu-checkpoint-{}", std::process::id());
-    let mut a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &seed, &flags);
+    // Snapshot copies are counted on both ends' metrics.
+    let metrics_a = metrics_addr();
+    let mut flags_a = flags.clone();
+    if matches!(then, Then::ElsewhereFromFile { .. }) {
+        flags_a.extend(["--metrics".to_string(), metrics_a.clone()]);
+    }
+    let mut a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &seed, &flags_a);
     let addr = a.addr_string();
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client::connection=info")];
     let (mib, wait) = (mib.to_string(), wait_ms.to_string());
@@ -191,7 +197,10 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
             // A's disk is gone: only the saved file is left.
             std::fs::remove_file(&on_a).unwrap();
             let dir_b = scratch_named("b");
-            let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &server_flags(&dir_b.0));
+            let metrics_b = metrics_addr();
+            let mut flags_b = server_flags(&dir_b.0);
+            flags_b.extend(["--metrics".to_string(), metrics_b.clone()]);
+            let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags_b);
             let ba = b.addr_string();
             // Refused without the admin key: nothing lands on B.
             let (ok, err) = rgpu(&["restore", "job.snap", "--server", &ba, "--load", &saved_arg], &wrong);
@@ -208,6 +217,31 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
             // The name is taken on B now: a second upload is refused whole.
             let (ok, again) = rgpu(&["restore", "job.snap", "--server", &ba, "--load", &saved_arg], &key);
             assert!(!ok && again.contains("exists"), "a second upload of job.snap was not refused: {again}");
+            if !in_calls {
+                // A: one copy off; B: one onto, and two refused (the wrong
+                // key before its request proved anything, the name taken after).
+                let size = std::fs::metadata(&saved).unwrap().len() as f64;
+                // The server counts a copy just after its last answer: wait a little.
+                let settled = |m: &str, sample: String, want: f64| {
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        let got = scrape(m, &sample);
+                        if got == Some(want) || Instant::now() > deadline {
+                            return got;
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                };
+                let copies = |m: &str, way: &str, result: &str| {
+                    settled(m, format!(r#"rgpu_server_snapshot_copies_total{{way="{way}",result="{result}"}}"#), 1.0)
+                };
+                assert_eq!(copies(&metrics_a, "off", "ok"), Some(1.0));
+                assert_eq!(settled(&metrics_a, r#"rgpu_server_snapshot_copy_bytes_total{way="off"}"#.into(), size), Some(size));
+                assert_eq!(copies(&metrics_b, "onto", "ok"), Some(1.0));
+                assert_eq!(copies(&metrics_b, "unproved", "failed"), Some(1.0));
+                assert_eq!(copies(&metrics_b, "onto", "failed"), Some(1.0));
+                assert_eq!(settled(&metrics_b, r#"rgpu_server_snapshot_copy_bytes_total{way="onto"}"#.into(), size), Some(size));
+            }
             let restore = match disk {
                 Some(d) => format!("{restore}\ndisk just after the upload: dd if=/dev/zero bs=8M count=128 conv=fdatasync: {d}"),
                 None => restore,

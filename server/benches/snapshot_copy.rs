@@ -33,7 +33,7 @@ fn server(dir: PathBuf) -> (String, std::thread::JoinHandle<()>) {
         rgpu_transport::Transport::recv_exact(&mut t, &mut pre).unwrap();
         let path_of = |name: &str| Ok(dir.join(name));
         let place = Place { admin_key: Some(KEY), path_of: &path_of, bound: u64::MAX };
-        serve_on(&mut t, &place, |_| {}).unwrap();
+        serve_on(&mut t, &place, |_, _| {}).unwrap();
     });
     (addr, h)
 }

@@ -52,6 +52,20 @@ struct MigrationLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CopyLabel {
+    /// off: a snapshot sent to an operator; onto: one taken from an
+    /// operator; unproved: a stream refused before its request proved the
+    /// admin key.
+    way: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WayLabel {
+    way: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
     /// precopy: sent while the program ran; held: while it was held still.
     phase: &'static str,
@@ -69,6 +83,8 @@ pub struct ServerMetrics {
     migrations: Family<MigrationLabel, Counter>,
     migration_held: Histogram,
     migration_bytes: Family<PhaseLabel, Counter>,
+    snapshot_copies: Family<CopyLabel, Counter>,
+    snapshot_copy_bytes: Family<WayLabel, Counter>,
     // Read at scrape time.
     sessions: Family<StateLabel, Gauge>,
     memory_used: Family<DeviceLabel, Gauge>,
@@ -134,6 +150,22 @@ impl ServerMetrics {
         for (direction, result) in [("out", "ok"), ("out", "failed"), ("in", "ok"), ("in", "failed")] {
             let _ = migrations.get_or_create(&MigrationLabel { direction, result });
         }
+        let snapshot_copies = Family::<CopyLabel, Counter>::default();
+        r.register(
+            "snapshot_copies",
+            "Snapshots copied off or onto this server in one stream (rgpu checkpoint --save, rgpu restore --load), by way (off, onto, unproved: refused before its request proved the admin key) and result (ok, failed)",
+            snapshot_copies.clone(),
+        );
+        for (way, result) in [("off", "ok"), ("off", "failed"), ("onto", "ok"), ("onto", "failed"), ("unproved", "failed")] {
+            let _ = snapshot_copies.get_or_create(&CopyLabel { way, result });
+        }
+        let snapshot_copy_bytes = Family::<WayLabel, Counter>::default();
+        r.register_with_unit(
+            "snapshot_copy",
+            "Bytes of the snapshots copied whole off or onto this server, by way",
+            Unit::Bytes,
+            snapshot_copy_bytes.clone(),
+        );
         let sessions = Family::<StateLabel, Gauge>::default();
         r.register("sessions", "Sessions now: pending (opened, no data connection yet), active, or suspended (on disk for a preempted lease)", sessions.clone());
         let memory_used = Family::<DeviceLabel, Gauge>::default();
@@ -172,6 +204,8 @@ impl ServerMetrics {
             migrations,
             migration_held,
             migration_bytes,
+            snapshot_copies,
+            snapshot_copy_bytes,
             sessions,
             memory_used,
             healthy,
@@ -219,6 +253,22 @@ impl ServerMetrics {
     pub fn migration(&self, out: bool, ok: bool) {
         let direction = if out { "out" } else { "in" };
         self.migrations.get_or_create(&MigrationLabel { direction, result: if ok { "ok" } else { "failed" } }).inc();
+    }
+
+    /// A snapshot stream ended: its way (None: refused before its request
+    /// proved the admin key; `onto`: a snapshot taken in), and the bytes
+    /// of a whole copy (None: it failed).
+    pub fn snapshot_copy(&self, onto: Option<bool>, bytes: Option<u64>) {
+        let way = match onto {
+            None => "unproved",
+            Some(true) => "onto",
+            Some(false) => "off",
+        };
+        let result = if bytes.is_some() { "ok" } else { "failed" };
+        self.snapshot_copies.get_or_create(&CopyLabel { way, result }).inc();
+        if let Some(b) = bytes {
+            self.snapshot_copy_bytes.get_or_create(&WayLabel { way }).inc_by(b);
+        }
     }
 
     /// The text of a scrape, gauges read from `service` now.

@@ -85,10 +85,15 @@ pub fn serve(sock: Accepted, peer: String, service: Arc<Service>, hold: Box<dyn 
             bound: crate::relocate::snapshot_bound(&service),
         };
         let started = Instant::now();
-        let admitted = |t: &mut TcpTransport| {
+        let mut way = None;
+        let admitted = |t: &mut TcpTransport, w: Way| {
+            way = Some(w);
             let _ = t.stream().set_read_timeout(Some(PEER_IO_TIMEOUT));
         };
-        match serve_on(&mut t, &place, admitted) {
+        let served = serve_on(&mut t, &place, admitted);
+        let bytes = served.as_ref().ok().map(|c| c.bytes);
+        service.metrics.snapshot_copy(way.map(|w| w == Way::Onto), bytes);
+        match served {
             Ok(c) => {
                 let secs = started.elapsed().as_secs_f64();
                 info!(%peer, snapshot = %c.name, bytes = c.bytes, ms = (secs * 1e3) as u64,
@@ -106,9 +111,9 @@ pub fn serve(sock: Accepted, peer: String, service: Arc<Service>, hold: Box<dyn 
 
 /// The stream's server side over any transport: nonce, request, then the
 /// bytes one way or the other. Every refusal is answered with its reason.
-/// `admitted` runs once the request's proof verified (the caller lengthens
-/// its timeouts there).
-pub fn serve_on<T: Transport + ?Sized>(t: &mut T, place: &Place<'_>, admitted: impl FnOnce(&mut T)) -> Result<Copied, CopyError> {
+/// `admitted` runs once the request's proof verified, with its way (the
+/// caller lengthens its timeouts there).
+pub fn serve_on<T: Transport + ?Sized>(t: &mut T, place: &Place<'_>, admitted: impl FnOnce(&mut T, Way)) -> Result<Copied, CopyError> {
     let refuse = |t: &mut T, e: CopyError| {
         let _ = answer(t, 1, &format!("refused: {e}"), 0, 0);
         Err(e)
@@ -140,7 +145,7 @@ pub fn serve_on<T: Transport + ?Sized>(t: &mut T, place: &Place<'_>, admitted: i
         Ok(p) => p,
         Err(e) => return refuse(t, e.into()),
     };
-    admitted(t);
+    admitted(t, request.way);
     let bytes = match request.way {
         Way::Off => {
             let sealer = Sealer::new(admin_key, &nonce, request.way, &request.name, request.size);
@@ -320,7 +325,7 @@ mod tests {
         let dir = d.to_path_buf();
         let path_of = move |name: &str| Ok(dir.join(name));
         let place = Place { admin_key: key, path_of: &path_of, bound };
-        let served = serve_on(&mut t, &place, |_| {});
+        let served = serve_on(&mut t, &place, |_, _| {});
         t.shutdown();
         (served, c.join().unwrap())
     }
