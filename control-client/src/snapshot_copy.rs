@@ -154,16 +154,31 @@ pub fn copy_onto(
         let (head, tag) = sealer
             .seal(&mut buf[..n])
             .map_err(|e| ControlError::Local { reason: format!("sealing the snapshot: {e}") })?;
-        t.send(&[&head, &buf[..n], &tag]).map_err(|e| lost(addr, e))?;
+        if let Err(e) = t.send(&[&head, &buf[..n], &tag]) {
+            return Err(why_cut(&mut t, addr, e).into());
+        }
         left -= n as u64;
         check_deadline(addr, started, limit)?;
     }
-    t.send(&[&sealer.end()]).map_err(|e| lost(addr, e))?;
+    if let Err(e) = t.send(&[&sealer.end()]) {
+        return Err(why_cut(&mut t, addr, e).into());
+    }
     // The sync of a large file can take a while on a slow disk.
     let _ = t.stream().set_read_timeout(Some(IO_TIMEOUT.max(limit.saturating_sub(started.elapsed()))));
     match read_answer(&mut t).map_err(|e| lost(addr, e))? {
         Ok(_) => Ok(()),
         Err(reason) => Err(ControlError::Refused { addr: addr.into(), reason }.into()),
+    }
+}
+
+/// A server that stops a copy coming in (a full disk, a record that did
+/// not open) answers why before it closes: that reason, where it came,
+/// rather than the broken pipe the send met.
+fn why_cut(t: &mut TcpTransport, addr: &str, sent: io::Error) -> ControlError {
+    let _ = t.stream().set_read_timeout(Some(Duration::from_secs(5)));
+    match read_answer(t) {
+        Ok(Err(reason)) => ControlError::Refused { addr: addr.into(), reason },
+        _ => lost(addr, sent),
     }
 }
 
@@ -236,6 +251,33 @@ mod tests {
             h.join().unwrap();
             assert!(e.to_string().contains(says), "{e}");
         }
+    }
+
+    #[test]
+    fn a_server_that_stops_a_copy_mid_way_is_heard_saying_why() {
+        let (addr, h) = fake(|mut t| {
+            let mut pre = [0u8; 8];
+            t.recv_exact(&mut pre).unwrap();
+            t.send(&[&[5u8; NONCE_LEN]]).unwrap();
+            let mut head = [0u8; 2];
+            t.recv_exact(&mut head).unwrap();
+            let mut rest = vec![0u8; Request::rest_len(head).unwrap()];
+            t.recv_exact(&mut rest).unwrap();
+            answer(&mut t, 0, "", 0, 0).unwrap();
+            // One record in, then the disk fills.
+            let mut first = vec![0u8; RECORD_HEAD + SEND_RECORD + RECORD_TAG];
+            t.recv_exact(&mut first).unwrap();
+            answer(&mut t, 2, "refused: the connection: No space left on device (os error 28)", 0, 0).unwrap();
+            t.shutdown();
+        });
+        let big = vec![1u8; 64 << 20];
+        let e = copy_onto(&addr, &ClientSecurity::Plaintext, KEY, "s", &mut &big[..], big.len() as u64, Duration::from_secs(20))
+            .unwrap_err();
+        h.join().unwrap();
+        assert!(
+            matches!(&e, CopyError::Control(ControlError::Refused { reason, .. }) if reason.contains("No space left")),
+            "{e}"
+        );
     }
 
     #[test]
