@@ -201,19 +201,26 @@ mod tests {
         (addr, h)
     }
 
+    /// A fake server's side of the opening: the preamble in, `nonce` out,
+    /// the request in.
+    fn take_request(t: &mut TcpTransport, nonce: &[u8; NONCE_LEN]) -> Request {
+        let mut pre = [0u8; 8];
+        t.recv_exact(&mut pre).unwrap();
+        assert_eq!(&pre, SNAPSHOT_PREAMBLE);
+        t.send(&[nonce]).unwrap();
+        let mut head = [0u8; 2];
+        t.recv_exact(&mut head).unwrap();
+        let mut rest = vec![0u8; Request::rest_len(head).unwrap()];
+        t.recv_exact(&mut rest).unwrap();
+        Request::decode(head, &rest).unwrap()
+    }
+
     /// A server that sends `data` as snapshot "s", sealed as `seal` says,
     /// its records altered by `alter`.
     fn sender(data: Vec<u8>, alter: fn(&mut Vec<Vec<u8>>)) -> impl FnOnce(TcpTransport) {
         move |mut t| {
-            let mut pre = [0u8; 8];
-            t.recv_exact(&mut pre).unwrap();
             let nonce = [3u8; NONCE_LEN];
-            t.send(&[&nonce]).unwrap();
-            let mut head = [0u8; 2];
-            t.recv_exact(&mut head).unwrap();
-            let mut rest = vec![0u8; Request::rest_len(head).unwrap()];
-            t.recv_exact(&mut rest).unwrap();
-            let r = Request::decode(head, &rest).unwrap();
+            let r = take_request(&mut t, &nonce);
             assert!(r.verify(KEY, &nonce));
             answer(&mut t, 0, "", data.len() as u64, 0).unwrap();
             let mut s = Sealer::new(KEY, &nonce, Way::Off, "s", 0);
@@ -256,13 +263,7 @@ mod tests {
     #[test]
     fn a_server_that_stops_a_copy_mid_way_is_heard_saying_why() {
         let (addr, h) = fake(|mut t| {
-            let mut pre = [0u8; 8];
-            t.recv_exact(&mut pre).unwrap();
-            t.send(&[&[5u8; NONCE_LEN]]).unwrap();
-            let mut head = [0u8; 2];
-            t.recv_exact(&mut head).unwrap();
-            let mut rest = vec![0u8; Request::rest_len(head).unwrap()];
-            t.recv_exact(&mut rest).unwrap();
+            take_request(&mut t, &[5u8; NONCE_LEN]);
             answer(&mut t, 0, "", 0, 0).unwrap();
             // One record in, then the disk fills.
             let mut first = vec![0u8; RECORD_HEAD + SEND_RECORD + RECORD_TAG];
@@ -295,13 +296,7 @@ mod tests {
         }
         // A refusal after the request is no reason to fall back.
         let (addr, h) = fake(|mut t| {
-            let mut pre = [0u8; 8];
-            t.recv_exact(&mut pre).unwrap();
-            t.send(&[&[5u8; NONCE_LEN]]).unwrap();
-            let mut head = [0u8; 2];
-            t.recv_exact(&mut head).unwrap();
-            let mut rest = vec![0u8; Request::rest_len(head).unwrap()];
-            t.recv_exact(&mut rest).unwrap();
+            take_request(&mut t, &[5u8; NONCE_LEN]);
             answer(&mut t, 1, "refused: no room", 0, 0).unwrap();
         });
         let e = copy_onto(&addr, &ClientSecurity::Plaintext, KEY, "s", &mut &b"abc"[..], 3, Duration::from_secs(20)).unwrap_err();
