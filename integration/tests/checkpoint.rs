@@ -302,6 +302,53 @@ fn a_checkpointed_session_restored_in_place_by_the_cli_finishes_right() {
     checkpoint_and_restore(16, 300, Then::InPlace, false);
 }
 
+/// A checkpoint that takes longer than both the server's
+/// `--reconnect-grace` and the shim's `RGPU_RECONNECT_TIMEOUT` (as one of
+/// many GiB does at a disk's rate) costs the program nothing but time:
+/// meanwhile the server answers its resumes "held", and the grace starts
+/// when the checkpoint ends. Before, the program lost its session.
+#[test]
+fn a_checkpoint_longer_than_every_reconnect_bound_costs_the_program_nothing_but_time() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let bound = 0.3;
+    let mut flags = server_flags(&dir.0);
+    flags.extend(["--reconnect-grace".to_string(), bound.to_string()]);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("rgpu-held-{}", std::process::id()), &flags);
+    let addr = a.addr_string();
+    let envs = [("RGPU_RECONNECT_TIMEOUT", bound.to_string()), ("RGPU_LOG", "warn,cuda::client::connection=info".to_string())];
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    // Cut mid-run: the program goes straight on from round 1.
+    let run = spawn_rgpu_env(&addr, &exe, &["--rounds", "6", "--mib", "512"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
+    }
+    let id = session_id(&a).unwrap_or_else(|| panic!("no session id in the server's log\n{}", a.describe()));
+    let key = dir.0.join("admin.key");
+    let (ok, report) = rgpu(&["checkpoint", &id, "--server", &addr, "--to", "job.snap", "--continue"], &key);
+    assert!(ok, "checkpoint failed: {report}\n{}", a.describe());
+    assert!(dir.0.join("snapshots/job.snap").exists());
+    // The capture itself (the server's figure) outlasted both bounds,
+    // or this test shows nothing.
+    let took: f64 = report
+        .split(" in ")
+        .nth(1)
+        .and_then(|t| t.split(" s").next())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no time in the checkpoint's report: {report}"));
+    assert!(took > 2.0 * bound, "the checkpoint took {took} s: too short to outlast the bounds of {bound} s; hold more memory");
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a]);
+    let report_all = out.describe(&[&a]);
+    for r in 0..6 {
+        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report_all}");
+    }
+    assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report_all}");
+    assert!(a.log().contains("session resumed on a new connection"), "{report_all}");
+    eprintln!("{}", report.trim());
+}
+
 /// Checkpoint, copy-off, copy-on and restore throughput of a session
 /// holding 1 GiB, with the disk's write rate (the same size, synced, into
 /// the same directory) measured just before and just after the checkpoint

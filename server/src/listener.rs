@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rgpu_protocol::{
-    CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED, SESSION_KEY_LEN,
+    CONTROL_PREAMBLE, DATA_PREAMBLE, MIGRATE_PREAMBLE, PROTOCOL_VERSION, RESUME_HELD, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED, SESSION_KEY_LEN,
     SNAPSHOT_PREAMBLE,
 };
 use rgpu_transport::select::RDMA_DATA_PREAMBLE;
@@ -179,6 +179,13 @@ fn status_bytes(status: u32) -> [u8; 8] {
 
 /// A client coming back to its session: handed to the session's thread,
 /// which answers it (see `session::Session::resume`).
+/// How long a resume waits for its session's visit to end before its
+/// client is told "held, try again": well under any reconnect time a
+/// client would set, so the answer comes before the client gives up.
+const HELD_WAIT: Duration = Duration::from_millis(200);
+/// How often a waiting resume looks whether the visit ended.
+const HELD_POLL: Duration = Duration::from_millis(2);
+
 async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdown: CancellationToken, held: Held, deadline: Instant) {
     let mut creds = [0u8; 8 + SESSION_KEY_LEN + 8];
     let got = tokio::select! {
@@ -197,13 +204,35 @@ async fn resume(mut sock: Accepted, peer: String, service: Arc<Service>, shutdow
         Err(e) => return warn!(%peer, "cannot set up resumed data connection: {e}"),
     };
     let _ = client_timeouts(transport.stream(), &service);
-    let registered = match transport.stream().try_clone() {
-        Ok(c) => c,
-        Err(e) => return warn!(%peer, "cannot clone socket: {e}"),
+    let key = &creds[8..8 + SESSION_KEY_LEN];
+    let mut r = Resume { transport, last_reply, hold: Box::new(held) };
+    // A session held for a visit is waited for a little before the client
+    // is told to try again: most visits (a pre-copy's plan, a migration's
+    // last copy) end sooner, and the resume then goes straight on.
+    let held_until = Instant::now() + HELD_WAIT;
+    let answered = loop {
+        let registered = match r.transport.stream().try_clone() {
+            Ok(c) => c,
+            Err(e) => return warn!(%peer, "cannot clone socket: {e}"),
+        };
+        match service.sessions.resume(id, key, registered, r) {
+            Err((ResumeError::Held, back)) if Instant::now() < held_until => {
+                r = back;
+                tokio::select! {
+                    _ = tokio::time::sleep(HELD_POLL) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+            }
+            answered => break answered,
+        }
     };
-    let r = Resume { transport, last_reply, hold: Box::new(held) };
-    match service.sessions.resume(id, &creds[8..8 + SESSION_KEY_LEN], registered, r) {
+    match answered {
         Ok(()) => info!(%peer, session = format_args!("{id:#x}"), last_reply, "data connection resumed"),
+        Err((ResumeError::Held, mut r)) => {
+            debug!(%peer, session = format_args!("{id:#x}"), "resume deferred: the session is held for a checkpoint or a move");
+            let _ = r.transport.send(&[&status_bytes(RESUME_HELD)]);
+            r.transport.shutdown();
+        }
         Err((ResumeError::Moved(to), mut r)) => {
             info!(%peer, session = format_args!("{id:#x}"), %to, "resume redirected: the session moved");
             let len = (to.len() as u16).to_le_bytes();

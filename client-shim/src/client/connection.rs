@@ -52,6 +52,10 @@ const INVALID_VALUE: u32 = 1;
 /// How often a suspended session's server is asked again: a resumed lease
 /// is back within this.
 const SUSPENDED_POLL: Duration = Duration::from_millis(500);
+/// How long after a "held" answer the server is asked again: it waited
+/// before answering, so this only keeps a misbehaving one from being
+/// dialled in a tight loop.
+const HELD_POLL: Duration = Duration::from_millis(10);
 
 pub struct Connection<T: Transport = DataTransport> {
     addr: String,
@@ -475,8 +479,9 @@ impl<T: Transport> Inner<T> {
         let mut backoff = Duration::from_millis(20);
         let mut last = broke.to_string();
         let mut attempt = 0;
-        // Since when the server has said the session's lease is suspended.
-        let mut suspended: Option<Instant> = None;
+        // Since when the server has said, and what: the lease is
+        // suspended, or the session held for a checkpoint or a move.
+        let mut waiting: Option<(Instant, Redialed)> = None;
         while attempt < policy.attempts {
             let left = policy.reconnect_timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
@@ -487,8 +492,12 @@ impl<T: Transport> Inner<T> {
                     self.core.resume(executed)?;
                     self.transport = t;
                     self.active_at = Instant::now();
-                    if let Some(since) = suspended {
-                        tracing::info!("the session's lease was resumed after {:?} suspended", since.elapsed());
+                    match waiting {
+                        Some((since, Redialed::Suspended)) => {
+                            tracing::info!("the session's lease was resumed after {:?} suspended", since.elapsed())
+                        }
+                        Some((since, _)) => tracing::info!("the server let the session go on after holding it {:?}", since.elapsed()),
+                        None => {}
                     }
                     tracing::info!(
                         "session resumed on {addr} after {:?} ({} attempt(s)); the server had run requests up to #{executed}",
@@ -500,24 +509,34 @@ impl<T: Transport> Inner<T> {
                 Err(Redialed::Refused(why)) => {
                     return Err(IoFail::Io(std::io::Error::other(format!("{last}; the server refused to resume the session: {why}"))));
                 }
-                Err(Redialed::Suspended) => {
-                    let since = *suspended.get_or_insert_with(|| {
-                        tracing::warn!(
-                            "the session's lease is suspended (preempted by a lease of higher priority); waiting up to {:?} for it to resume (RGPU_SUSPEND_TIMEOUT)",
-                            policy.suspend_timeout
-                        );
-                        Instant::now()
-                    });
-                    let waited = since.elapsed();
-                    if waited >= policy.suspend_timeout {
+                Err(said @ (Redialed::Suspended | Redialed::Held)) => {
+                    let suspended = matches!(said, Redialed::Suspended);
+                    let (bound, what, var) = if suspended {
+                        (policy.suspend_timeout, "the session's lease is suspended (preempted by a lease of higher priority)", "RGPU_SUSPEND_TIMEOUT")
+                    } else {
+                        (policy.hold_timeout, "the server holds the session (a checkpoint being written, or a move)", "RGPU_HOLD_TIMEOUT")
+                    };
+                    // A session held, then suspended (a preemption's
+                    // checkpoint), starts the longer wait afresh.
+                    let fresh = !matches!(&waiting, Some((_, w)) if matches!(w, Redialed::Suspended) == suspended);
+                    if fresh {
+                        tracing::warn!("{what}; waiting up to {bound:?} for it to go on ({var})");
+                        waiting = Some((Instant::now(), said));
+                    }
+                    let waited = waiting.as_ref().map_or(Duration::ZERO, |(since, _)| since.elapsed());
+                    if waited >= bound {
+                        let how = if suspended { "the session's lease stayed suspended" } else { "the server held the session" };
                         return Err(IoFail::Io(std::io::Error::new(
                             std::io::ErrorKind::TimedOut,
-                            format!("{last}; the session's lease stayed suspended for {waited:?} (RGPU_SUSPEND_TIMEOUT)"),
+                            format!("{last}; {how} for {waited:?} ({var})"),
                         )));
                     }
                     // The server answered: the reconnect bounds are for a
-                    // silent one, and start again from here.
-                    std::thread::sleep(SUSPENDED_POLL.min(policy.suspend_timeout - waited));
+                    // silent one, and start again from here. A held
+                    // session's server waited before answering, so the next
+                    // try goes at once.
+                    let pause = if suspended { SUSPENDED_POLL } else { HELD_POLL };
+                    std::thread::sleep(pause.min(bound - waited));
                     (start, attempt, backoff) = (Instant::now(), 0, Duration::from_millis(20));
                 }
                 Err(Redialed::Failed(e)) => {

@@ -607,6 +607,77 @@ impl super::redial::Redial<MemTransport> for SuspendedFor {
     }
 }
 
+/// A redial whose server holds the session (a checkpoint being written)
+/// until `until`: each try is answered "held" after the server's short wait.
+struct HeldUntil {
+    until: Instant,
+    then: Option<(MemTransport, u64)>,
+    tries: u32,
+}
+
+impl super::redial::Redial<MemTransport> for HeldUntil {
+    fn redial(&mut self, _last_reply: u64, timeout: Duration) -> Result<(MemTransport, u64), super::redial::Redialed> {
+        self.tries += 1;
+        let now = Instant::now();
+        if now < self.until {
+            // The server waits up to 200 ms for the hold to end, never
+            // past the client's own bound on the try.
+            let wait = (self.until - now).min(Duration::from_millis(200));
+            if wait >= timeout {
+                std::thread::sleep(timeout);
+                return Err(super::redial::Redialed::Failed(std::io::Error::other("no answer in time")));
+            }
+            std::thread::sleep(wait);
+            if Instant::now() < self.until {
+                return Err(super::redial::Redialed::Held);
+            }
+        }
+        self.then.take().ok_or_else(|| super::redial::Redialed::Failed(std::io::Error::other("nobody listens")))
+    }
+}
+
+#[test]
+fn a_session_held_for_a_long_checkpoint_is_waited_for_beyond_the_reconnect_bounds() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        let (t2, s2) = pair();
+        drop(s1);
+        let second = well_behaved(s2);
+        // Held for 1.5 s: five times the reconnect time, and more tries
+        // than its attempts; a server that answers is not a silent one.
+        let policy = super::redial::Policy { reconnect_timeout: Duration::from_millis(300), attempts: 2, ..Default::default() };
+        let held = Duration::from_millis(1500);
+        let redial = HeldUntil { until: Instant::now() + held, then: Some((t2, 0)), tries: 0 };
+        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(redial), policy).unwrap();
+        let t0 = Instant::now();
+        ping(&c).unwrap();
+        let took = t0.elapsed();
+        // Resumed as the hold ended, not a poll interval later.
+        assert!(took >= held - Duration::from_millis(50) && took < held + Duration::from_millis(300), "resumed after {took:?}");
+        drop(c);
+        assert_eq!(second.join().unwrap().iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1], "the ping, once");
+    });
+}
+
+#[test]
+fn a_session_held_past_its_bound_fails_the_call() {
+    within(LIMIT, || {
+        let (t1, s1) = pair();
+        drop(s1);
+        let bound = Duration::from_millis(700);
+        let policy = super::redial::Policy { hold_timeout: bound, ..Default::default() };
+        let redial = HeldUntil { until: Instant::now() + Duration::from_secs(3600), then: None, tries: 0 };
+        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(redial), policy).unwrap();
+        let t0 = Instant::now();
+        match ping(&c) {
+            Err(e @ ClientError::Lost { .. }) => assert!(e.to_string().contains("RGPU_HOLD_TIMEOUT"), "{e}"),
+            other => panic!("{other:?}"),
+        }
+        let took = t0.elapsed();
+        assert!(took >= bound && took < bound + Duration::from_millis(800), "gave up after {took:?}");
+    });
+}
+
 #[test]
 fn a_suspended_lease_is_waited_for_beyond_the_reconnect_bounds_and_the_call_then_resumes() {
     within(LIMIT, || {

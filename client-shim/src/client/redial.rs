@@ -17,6 +17,10 @@
 //!   suspended (preempted by a lease of higher priority, its state on the
 //!   server's disk). The server answers each try, so this wait spends none
 //!   of the reconnect attempts or time; they start again once it ends.
+//! - `RGPU_HOLD_TIMEOUT` (seconds, default 3600; 0: do not wait): the same,
+//!   while the server says it holds the session still for a checkpoint
+//!   being written or a migration's last copy, which may take minutes for
+//!   a session holding many GiB.
 //!
 //! So a server that stops answering becomes an error within
 //! `RGPU_SERVER_TIMEOUT + RGPU_RECONNECT_TIMEOUT` (30 s by default).
@@ -24,7 +28,7 @@
 use std::io;
 use std::time::Duration;
 
-use rgpu_protocol::{MAX_REDIRECT_LEN, PROTOCOL_VERSION, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED};
+use rgpu_protocol::{MAX_REDIRECT_LEN, PROTOCOL_VERSION, RESUME_HELD, RESUME_MOVED, RESUME_PREAMBLE, RESUME_SUSPENDED};
 use rgpu_transport::select::DataTransport;
 use rgpu_transport::tcp;
 use rgpu_transport::Transport;
@@ -34,6 +38,9 @@ pub const DEFAULT_RECONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 pub const DEFAULT_RECONNECT_ATTEMPTS: u32 = 50;
 /// A preempting lease may run for hours; a day bounds the wait all the same.
 pub const DEFAULT_SUSPEND_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// A checkpoint writes at the disk's rate: an hour covers a GPU's worth of
+/// memory on a slow disk.
+pub const DEFAULT_HOLD_TIMEOUT: Duration = Duration::from_secs(3_600);
 
 /// How a connection comes back, and for how long it tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +51,9 @@ pub struct Policy {
     pub attempts: u32,
     /// How long a suspended lease is waited for; zero: not at all.
     pub suspend_timeout: Duration,
+    /// How long a session held by its server (a checkpoint, a move) is
+    /// waited for; zero: not at all.
+    pub hold_timeout: Duration,
 }
 
 impl Default for Policy {
@@ -53,6 +63,7 @@ impl Default for Policy {
             reconnect_timeout: DEFAULT_RECONNECT_TIMEOUT,
             attempts: DEFAULT_RECONNECT_ATTEMPTS,
             suspend_timeout: DEFAULT_SUSPEND_TIMEOUT,
+            hold_timeout: DEFAULT_HOLD_TIMEOUT,
         }
     }
 }
@@ -79,6 +90,7 @@ impl Policy {
             reconnect_timeout: secs("RGPU_RECONNECT_TIMEOUT").unwrap_or(d.reconnect_timeout),
             attempts: var("RGPU_RECONNECT_ATTEMPTS").and_then(|v| v.trim().parse().ok()).unwrap_or(d.attempts),
             suspend_timeout: secs("RGPU_SUSPEND_TIMEOUT").unwrap_or(d.suspend_timeout),
+            hold_timeout: secs("RGPU_HOLD_TIMEOUT").unwrap_or(d.hold_timeout),
         }
     }
 }
@@ -94,6 +106,10 @@ pub enum Redialed {
     /// The server has the session on disk: its lease is suspended. Worth
     /// trying again, for as long as the policy's `suspend_timeout`.
     Suspended,
+    /// The server holds the session still (a checkpoint being written, a
+    /// move's last copy). Worth trying again at once, for as long as the
+    /// policy's `hold_timeout`.
+    Held,
 }
 
 /// Opens a new connection to a session's server.
@@ -150,6 +166,9 @@ impl TcpRedial {
         }
         if status == RESUME_SUSPENDED {
             return Err(Redialed::Suspended);
+        }
+        if status == RESUME_HELD {
+            return Err(Redialed::Held);
         }
         if status == RESUME_MOVED {
             let mut len = [0u8; 2];
@@ -210,6 +229,8 @@ mod tests {
         assert_eq!(p, Policy { server_timeout: Duration::from_millis(1500), reconnect_timeout: Duration::ZERO, attempts: 3, ..Policy::default() });
         assert_eq!(policy(&[("RGPU_SUSPEND_TIMEOUT", "0")]).suspend_timeout, Duration::ZERO);
         assert_eq!(policy(&[("RGPU_SUSPEND_TIMEOUT", "later")]).suspend_timeout, DEFAULT_SUSPEND_TIMEOUT);
+        assert_eq!(policy(&[("RGPU_HOLD_TIMEOUT", "90")]).hold_timeout, Duration::from_secs(90));
+        assert_eq!(policy(&[("RGPU_HOLD_TIMEOUT", "long")]).hold_timeout, DEFAULT_HOLD_TIMEOUT);
         assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "soon")]).server_timeout, DEFAULT_SERVER_TIMEOUT);
         assert_eq!(policy(&[("RGPU_SERVER_TIMEOUT", "0")]).server_timeout, DEFAULT_SERVER_TIMEOUT, "0 would mean no bound");
     }

@@ -12,7 +12,9 @@
 //! when the connection was lost and raises the session's `ended` flag (which
 //! stops its running and queued work) only once the grace has passed with
 //! no new connection, or at once when the connection's last bytes are the
-//! client's orderly Close, or when the grace is zero.
+//! client's orderly Close, or when the grace is zero. While the session
+//! is held for a visit (a checkpoint being written) the grace does not run:
+//! it starts when the visit ends, however long the visit took.
 //!
 //! While the session thread runs a request (`busy`), the watcher sends a
 //! Keepalive frame every [`KEEPALIVE_EVERY`] on TCP connections, so a
@@ -57,6 +59,8 @@ struct LinkState {
     /// When the current connection was seen to end.
     lost_at: Option<Instant>,
     busy: bool,
+    /// The session thread is in a visit: no grace runs out meanwhile.
+    held: bool,
     /// The session is over: the watcher ends.
     over: bool,
 }
@@ -75,6 +79,19 @@ impl Link {
     /// go) runs out.
     pub fn grace_deadline(&self) -> Instant {
         self.lock().lost_at.unwrap_or_else(Instant::now) + self.grace
+    }
+
+    /// The session thread starts (true) or ended (false) a visit. A
+    /// connection lost before or during the visit gets its whole grace from
+    /// the visit's end.
+    pub fn set_held(&self, held: bool) {
+        let mut st = self.lock();
+        st.held = held;
+        if !held && st.sock.is_none() {
+            st.lost_at = Some(Instant::now());
+        }
+        drop(st);
+        self.changed.notify_all();
     }
 
     /// The session continues on `sock` (a handle on its new connection).
@@ -118,6 +135,7 @@ impl Watch {
                 sealer,
                 lost_at: None,
                 busy: false,
+                held: false,
                 over: false,
             }),
             changed: Condvar::new(),
@@ -143,6 +161,7 @@ impl Watch {
                 sealer: None,
                 lost_at: Some(Instant::now()),
                 busy: false,
+                held: false,
                 over: false,
             }),
             changed: Condvar::new(),
@@ -179,6 +198,10 @@ fn watch(link: &Link) {
                             st.lost_at.get_or_insert_with(Instant::now);
                         }
                     }
+                }
+                if st.held {
+                    st = link.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                    continue;
                 }
                 // No connection: wait for one until the grace runs out.
                 let deadline = *st.lost_at.get_or_insert_with(Instant::now) + link.grace;
@@ -342,6 +365,22 @@ mod tests {
         assert!(!raised_within(&ended, Duration::from_millis(400)), "raised although the session came back");
         drop(client2);
         assert!(raised_within(&ended, Duration::from_millis(600)), "not raised after the grace");
+    }
+
+    #[test]
+    fn no_grace_runs_out_while_the_session_is_held_and_it_starts_again_after() {
+        let grace = Duration::from_millis(200);
+        let (server, client) = pair();
+        let ended = Arc::new(AtomicBool::new(false));
+        let w = Watch::start(server, ended.clone(), grace, true, None).unwrap();
+        w.link().set_held(true);
+        drop(client);
+        // A checkpoint longer than the grace: the session stays.
+        assert!(!raised_within(&ended, grace * 3), "raised while held");
+        w.link().set_held(false);
+        // The grace starts at the end of the visit, whole.
+        assert!(!raised_within(&ended, grace / 2), "raised before the grace after the visit");
+        assert!(raised_within(&ended, grace * 2), "not raised after the grace");
     }
 
     #[test]

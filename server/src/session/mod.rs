@@ -343,9 +343,20 @@ impl<T: Transport + Pending + FromTcp> Session<T> {
         if let Some(e) = self.state.backend.take_async_error() {
             self.deferred.get_or_insert(e);
         }
+        // However long the visit takes (a checkpoint of many GiB), the
+        // client's resume is answered "held" meanwhile and the grace for it
+        // starts when the visit ends.
+        let link = self.resumer.as_ref().map(|r| r.link.clone());
+        if let Some(l) = &link {
+            l.set_held(true);
+        }
         let parts =
             Parts { state: &mut self.state, executed: self.executed, deferred: self.deferred, window: &self.window, left: self.left };
-        match v(parts) {
+        let after = v(parts);
+        if let Some(l) = &link {
+            l.set_held(false);
+        }
+        match after {
             After::Serve => {}
             After::Leave => self.left = true,
             After::Gone => self.gone = Some("the session moved to another server"),

@@ -22,6 +22,12 @@
 //! resume here is answered with the new address. Notes are bounded in count
 //! and time; a session adopted here again drops its note.
 //!
+//! While a visit runs, the session is *held*: a resume is not queued
+//! behind the visit (its client would wait unanswered, spending its
+//! reconnect time, for as long as a checkpoint takes) but answered "held,
+//! try again" ([`ResumeError::Held`]); the listener waits a little for the
+//! visit to end before it answers so, so short visits cost no extra try.
+//!
 //! A session whose lease was preempted leaves a suspension note
 //! ([`Registry::suspend`]): its key and its lease, so that its client's
 //! resume is answered "suspended, try again" until the session is restored
@@ -30,7 +36,7 @@
 
 use std::collections::HashMap;
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -87,6 +93,19 @@ struct Active {
     /// The session's ended flag, once it has one: closing raises it, which
     /// stops its work.
     ended: Option<Arc<AtomicBool>>,
+    /// Visits handed to the session and not yet over: while any is, the
+    /// session is held still and resumes are answered "held".
+    visits: Arc<AtomicUsize>,
+}
+
+/// One visit not yet over; dropped when the visit ends, or with it unmade
+/// (its session ended first).
+struct VisitPending(Arc<AtomicUsize>);
+
+impl Drop for VisitPending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Active {
@@ -143,6 +162,9 @@ pub enum ResumeError {
     /// The session's lease is suspended (its key was right): it comes back
     /// here when the lease resumes.
     Suspended,
+    /// The session is held still for a visit (its key was right): it is
+    /// served again once the visit ends.
+    Held,
 }
 
 /// Most suspension notes kept: a preempted lease's sessions beyond this are
@@ -194,7 +216,7 @@ impl Registry {
         let p = inner.pending.remove(&id).ok_or(AttachError::Unknown)?;
         let (tx, rx) = mpsc::channel();
         let client_name = p.client_name.clone();
-        inner.active.insert(id, Active { key: p.key, client_name, socket: Some(socket), resume: tx, ended: None });
+        inner.active.insert(id, Active { key: p.key, client_name, socket: Some(socket), resume: tx, ended: None, visits: Default::default() });
         Ok((p.client_name, rx))
     }
 
@@ -237,6 +259,9 @@ impl Registry {
         let Some(a) = inner.active.get_mut(&id).filter(|a| constant_time_eq(&a.key, key)) else {
             return Err((ResumeError::Refused(AttachError::Unknown), resume));
         };
+        if a.visits.load(Ordering::Acquire) > 0 {
+            return Err((ResumeError::Held, resume));
+        }
         if let Err(mpsc::SendError(w)) = a.resume.send(Wake::Resume(resume)) {
             // Its thread is gone: the resume comes back to be answered.
             return match w {
@@ -256,6 +281,13 @@ impl Registry {
     pub fn visit(&self, id: u64, visit: Visit) -> bool {
         let inner = self.lock();
         let Some(a) = inner.active.get(&id) else { return false };
+        a.visits.fetch_add(1, Ordering::AcqRel);
+        let pending = VisitPending(a.visits.clone());
+        let visit: Visit = Box::new(move |p| {
+            let after = visit(p);
+            drop(pending);
+            after
+        });
         if a.resume.send(Wake::Visit(visit)).is_err() {
             return false;
         }
@@ -359,7 +391,7 @@ impl Registry {
                     inner.moved.remove(&id);
                     inner.suspended.remove(&id);
                     let socket = inner.arriving.remove(&id).and_then(|a| a.socket);
-                    let a = Active { key, client_name: client_name.to_string(), socket, resume: tx, ended: None };
+                    let a = Active { key, client_name: client_name.to_string(), socket, resume: tx, ended: None, visits: Default::default() };
                     inner.active.insert(id, a);
                     return Ok(rx);
                 }
@@ -497,6 +529,39 @@ mod tests {
         assert_eq!(r.unsuspend_lease(0x12), vec![8]);
         let (c, res) = resume_on_loopback();
         assert!(matches!(r.resume(8, &key, c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
+    }
+
+    /// A resume while a visit (a checkpoint) holds the session is told to
+    /// wait, not queued behind the visit, where its client would wait
+    /// unanswered for as long as the visit takes.
+    #[test]
+    fn a_held_session_is_told_to_wait_until_its_visits_are_over() {
+        let r = Registry::default();
+        let key = [5u8; SESSION_KEY_LEN];
+        let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        assert!(r.visit(7, Box::new(|_| crate::session::After::Serve)));
+        assert!(r.visit(7, Box::new(|_| crate::session::After::Serve)));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Held, _))));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &[6u8; SESSION_KEY_LEN], c, res), Err((ResumeError::Refused(AttachError::Unknown), _))),
+            "without the key nothing is said of the session");
+        // One visit over (here dropped unmade, as when its session ends
+        // first): the other still holds it.
+        let Ok(Wake::Visit(first)) = rx.try_recv() else { panic!("no visit queued") };
+        drop(first);
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Held, _))));
+        let Ok(Wake::Visit(second)) = rx.try_recv() else { panic!("no second visit queued") };
+        drop(second);
+        let (c, res) = resume_on_loopback();
+        assert!(r.resume(7, &key, c, res).is_ok(), "a resume after the visits was not handed on");
+        assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+        // A visit to a session whose thread is gone is refused and holds nothing.
+        drop(rx);
+        assert!(!r.visit(7, Box::new(|_| crate::session::After::Serve)));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
     }
 
     /// A restore in place of a session still ending here: a resume that
