@@ -349,6 +349,42 @@ fn a_checkpoint_longer_than_every_reconnect_bound_costs_the_program_nothing_but_
     eprintln!("{}", report.trim());
 }
 
+/// The program paused between a checkpoint and a restore that comes long
+/// after its reconnect time and the server's grace: the server answers its
+/// resumes "held" until the restore, and it finishes right. Before, it
+/// lost its session once its reconnect time passed.
+#[test]
+fn a_program_waits_for_a_restore_that_comes_long_after_its_checkpoint() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let bound = "0.3";
+    let mut flags = server_flags(&dir.0);
+    flags.extend(["--reconnect-grace".to_string(), bound.to_string()]);
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("rgpu-parked-{}", std::process::id()), &flags);
+    let addr = a.addr_string();
+    let envs = [("RGPU_RECONNECT_TIMEOUT", bound), ("RGPU_LOG", "warn,cuda::client::connection=info")];
+    let run = spawn_rgpu_env(&addr, &exe, &["--rounds", "6"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
+    }
+    let id = session_id(&a).unwrap_or_else(|| panic!("no session id in the server's log\n{}", a.describe()));
+    let key = dir.0.join("admin.key");
+    let (ok, report) = rgpu(&["checkpoint", &id, "--server", &addr, "--to", "job.snap"], &key);
+    assert!(ok, "checkpoint failed: {report}\n{}", a.describe());
+    // Ten times the client's reconnect time and the server's grace.
+    std::thread::sleep(Duration::from_secs(3));
+    let (ok, restore) = rgpu(&["restore", "job.snap", "--server", &addr], &key);
+    assert!(ok, "restore failed: {restore}\n{}", a.describe());
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a]);
+    let report_all = out.describe(&[&a]);
+    for r in 0..6 {
+        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report_all}");
+    }
+    assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report_all}");
+}
+
 /// Checkpoint, copy-off, copy-on and restore throughput of a session
 /// holding 1 GiB, with the disk's write rate (the same size, synced, into
 /// the same directory) measured just before and just after the checkpoint

@@ -74,13 +74,14 @@ pub const RESUME_MOVED: u32 = 0x4d4f_5645;
 /// `RGPU_SUSPEND_TIMEOUT`, until the broker resumes the lease. Not a
 /// CUresult: a client that does not know it reads it as a refusal.
 pub const RESUME_SUSPENDED: u32 = 0x5355_5350;
-/// A resume's status while the server holds the session still for work of
-/// its own (a checkpoint being written, a migration's last copy): the
-/// answer is these 8 bytes alone, sent after the server has waited a short
-/// while for that work to end; the client tries again at once, within its
-/// `RGPU_HOLD_TIMEOUT`, and its reconnect bounds start again from each such
-/// answer. Not a CUresult: a client that does not know it reads it as a
-/// refusal.
+/// A resume's status while the server holds the session: still, for work
+/// of its own (a checkpoint being written, a migration's last copy; the
+/// answer comes after the server has waited a short while for that work to
+/// end), or checkpointed out and not yet restored (the answer comes at
+/// once). The answer is these 8 bytes alone; the client tries again,
+/// within its `RGPU_HOLD_TIMEOUT`, and its reconnect bounds start again
+/// from each such answer. Not a CUresult: a client that does not know it
+/// reads it as a refusal.
 pub const RESUME_HELD: u32 = 0x484f_4c44;
 /// Longest address a redirect may carry.
 pub const MAX_REDIRECT_LEN: usize = 255;

@@ -328,6 +328,10 @@ impl Agent {
                 live.insert(l.get_id(), (l.get_generation(), l.get_deadline_ms()));
             }
             service.meters.retain_leases(|l| live.contains_key(&l));
+            let unparked = service.sessions.unpark_ended(|l| live.contains_key(&l));
+            if !unparked.is_empty() {
+                info!(sessions = unparked.len(), "checkpointed sessions' leases ended: their clients stop waiting for a restore");
+            }
             let n = live.len();
             let closing = service.leases.update(live, r.get_generation_floor(), now_ms());
             debug!(live = n, closing = closing.len(), "heartbeat");

@@ -263,6 +263,7 @@ async fn checkpoint_then(service: &Arc<Service>, id: u64, name: &str, quiesce: D
     }
     let (key, client_name) = service.sessions.identity(id).ok_or(OpError::NoSession(id))?;
     let admission = service.leases.admission(id);
+    let lease = admission.as_ref().map(|a| a.lease);
     let partial = path.with_file_name(format!("{name}.partial"));
     let file = File::create(&partial)?;
     let (tx, rx) = tokio::sync::oneshot::channel::<Result<Done, OpError>>();
@@ -290,6 +291,11 @@ async fn checkpoint_then(service: &Arc<Service>, id: u64, name: &str, quiesce: D
             (Ok(_), Then::Suspend(lease)) if !svc.sessions.suspend(id, key, lease) => {
                 let _ = std::fs::remove_file(&path2);
                 Err(OpError::TooManySuspended)
+            }
+            (Ok(c), Then::Leave) => {
+                // The program waits for the restore, however late it comes.
+                svc.sessions.park(id, key, lease);
+                Ok(c)
             }
             (w, _) => w,
         };

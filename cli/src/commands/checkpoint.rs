@@ -10,8 +10,9 @@ use crate::operator::parse_session;
 ///
 /// The session is held still (its queued work finished first) while it is
 /// written; its program waits, its calls do not fail. By default the session
-/// then leaves the server: its program keeps trying to resume until the
-/// snapshot is restored (`rgpu restore`), within its RGPU_RECONNECT_TIMEOUT.
+/// then leaves the server, and its program waits until the snapshot is
+/// restored (`rgpu restore`), within its RGPU_HOLD_TIMEOUT (an hour by
+/// default).
 #[derive(clap::Args)]
 pub struct Args {
     /// The session's id, as the server logs it at attach (`session{id=0x...}`).

@@ -52,10 +52,14 @@ const INVALID_VALUE: u32 = 1;
 /// How often a suspended session's server is asked again: a resumed lease
 /// is back within this.
 const SUSPENDED_POLL: Duration = Duration::from_millis(500);
-/// How long after a "held" answer the server is asked again: it waited
-/// before answering, so this only keeps a misbehaving one from being
-/// dialled in a tight loop.
+/// How long after a "held" answer the server is asked again when it waited
+/// before answering (a checkpoint or a move under way: it may end any
+/// moment). A server that answered at once holds a session checkpointed
+/// out, waiting for its restore: it is asked less and less often, up to
+/// [`SUSPENDED_POLL`].
 const HELD_POLL: Duration = Duration::from_millis(10);
+/// A "held" answer that came sooner than this came at once.
+const HELD_AT_ONCE: Duration = Duration::from_millis(100);
 
 pub struct Connection<T: Transport = DataTransport> {
     addr: String,
@@ -482,11 +486,13 @@ impl<T: Transport> Inner<T> {
         // Since when the server has said, and what: the lease is
         // suspended, or the session held for a checkpoint or a move.
         let mut waiting: Option<(Instant, Redialed)> = None;
+        let mut held_pause = HELD_POLL;
         while attempt < policy.attempts {
             let left = policy.reconnect_timeout.saturating_sub(start.elapsed());
             if left.is_zero() {
                 break;
             }
+            let dialled = Instant::now();
             match redial.redial(self.core.last_reply(), left) {
                 Ok((t, executed)) => {
                     self.core.resume(executed)?;
@@ -514,7 +520,7 @@ impl<T: Transport> Inner<T> {
                     let (bound, what, var) = if suspended {
                         (policy.suspend_timeout, "the session's lease is suspended (preempted by a lease of higher priority)", "RGPU_SUSPEND_TIMEOUT")
                     } else {
-                        (policy.hold_timeout, "the server holds the session (a checkpoint being written, or a move)", "RGPU_HOLD_TIMEOUT")
+                        (policy.hold_timeout, "the server holds the session (checkpointed, or being moved)", "RGPU_HOLD_TIMEOUT")
                     };
                     // A session held, then suspended (a preemption's
                     // checkpoint), starts the longer wait afresh.
@@ -535,7 +541,15 @@ impl<T: Transport> Inner<T> {
                     // silent one, and start again from here. A held
                     // session's server waited before answering, so the next
                     // try goes at once.
-                    let pause = if suspended { SUSPENDED_POLL } else { HELD_POLL };
+                    let pause = if suspended {
+                        SUSPENDED_POLL
+                    } else if dialled.elapsed() >= HELD_AT_ONCE {
+                        held_pause = HELD_POLL;
+                        HELD_POLL
+                    } else {
+                        held_pause = (held_pause * 2).min(SUSPENDED_POLL);
+                        held_pause
+                    };
                     std::thread::sleep(pause.min(bound - waited));
                     (start, attempt, backoff) = (Instant::now(), 0, Duration::from_millis(20));
                 }

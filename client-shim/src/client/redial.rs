@@ -18,9 +18,9 @@
 //!   server's disk). The server answers each try, so this wait spends none
 //!   of the reconnect attempts or time; they start again once it ends.
 //! - `RGPU_HOLD_TIMEOUT` (seconds, default 3600; 0: do not wait): the same,
-//!   while the server says it holds the session still for a checkpoint
-//!   being written or a migration's last copy, which may take minutes for
-//!   a session holding many GiB.
+//!   while the server says it holds the session: still, for a checkpoint
+//!   being written or a migration's last copy (minutes, for a session
+//!   holding many GiB), or checkpointed out and waiting for its restore.
 //!
 //! So a server that stops answering becomes an error within
 //! `RGPU_SERVER_TIMEOUT + RGPU_RECONNECT_TIMEOUT` (30 s by default).

@@ -28,6 +28,14 @@
 //! try again" ([`ResumeError::Held`]); the listener waits a little for the
 //! visit to end before it answers so, so short visits cost no extra try.
 //!
+//! A session checkpointed out of this server (`rgpu checkpoint` without
+//! `--continue`) leaves a checkpoint note ([`Registry::park`]): its client's
+//! resumes are answered "held" until the session is restored (here, or
+//! elsewhere and forwarded), its lease ends, or [`PARK_FOR`] passes, so a
+//! program paused between a checkpoint and its restore waits for it
+//! (within its `RGPU_HOLD_TIMEOUT`) instead of giving up after its
+//! reconnect time.
+//!
 //! A session whose lease was preempted leaves a suspension note
 //! ([`Registry::suspend`]): its key and its lease, so that its client's
 //! resume is answered "suspended, try again" until the session is restored
@@ -58,6 +66,8 @@ struct Inner {
     moved: HashMap<u64, Moved>,
     /// Sessions of preempted leases, on disk here: id -> (key, lease).
     suspended: HashMap<u64, (SessionKey, u64)>,
+    /// Sessions checkpointed out of here and not yet restored.
+    parked: HashMap<u64, Parked>,
     /// Sessions being adopted in place of one still ending here: resumes
     /// wait in the new session's channel instead of finding no session.
     arriving: HashMap<u64, Arriving>,
@@ -76,6 +86,20 @@ struct Moved {
     to: String,
     until: Instant,
 }
+
+/// A session checkpointed out of this server, for its client's resumes.
+struct Parked {
+    key: SessionKey,
+    /// Its lease, when it had one: the note goes when the lease ends.
+    lease: Option<u64>,
+    until: Instant,
+}
+
+/// Most checkpoint notes kept (the oldest goes first).
+pub const MAX_PARKED: usize = 4096;
+/// How long a checkpoint note is kept: the client's longest wait for a held
+/// session (its RGPU_HOLD_TIMEOUT, an hour by default) and more.
+pub const PARK_FOR: Duration = Duration::from_secs(86_400);
 
 /// Most forwarding notes kept (the oldest goes first).
 pub const MAX_FORWARDS: usize = 4096;
@@ -188,7 +212,10 @@ impl Registry {
             let mut idb = [0u8; 8];
             getrandom::fill(&mut idb).map_err(std::io::Error::other)?;
             let id = u64::from_le_bytes(idb);
-            if id != 0 && !inner.pending.contains_key(&id) && !inner.active.contains_key(&id) && !inner.suspended.contains_key(&id) {
+            if id != 0 && !inner.pending.contains_key(&id) && !inner.active.contains_key(&id)
+                && !inner.suspended.contains_key(&id)
+                && !inner.parked.contains_key(&id)
+            {
                 inner.pending.insert(id, Pending { key, client_name: client_name.to_string() });
                 return Ok((id, key));
             }
@@ -244,6 +271,11 @@ impl Registry {
         }
         if inner.suspended.get(&id).is_some_and(|(k, _)| constant_time_eq(k, key)) {
             return Err((ResumeError::Suspended, resume));
+        }
+        // Before the active sessions too: a session checkpointed out may
+        // still be ending here, and its client waits for the restore.
+        if inner.parked.get(&id).is_some_and(|p| p.until > now && constant_time_eq(&p.key, key)) {
+            return Err((ResumeError::Held, resume));
         }
         // Before the active sessions too: the one active may be the one
         // ending, which the arriving one replaces.
@@ -309,6 +341,34 @@ impl Registry {
             }
         }
         inner.moved.insert(id, Moved { key, to: to.to_string(), until: now + FORWARD_FOR });
+        inner.parked.remove(&id);
+    }
+
+    /// Notes that session `id` (key `key`, of `lease` if leased) was
+    /// checkpointed out of here: its client's resumes are told to wait for
+    /// its restore, for [`PARK_FOR`] at most.
+    pub fn park(&self, id: u64, key: SessionKey, lease: Option<u64>) {
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.parked.retain(|_, p| p.until > now);
+        if inner.parked.len() >= MAX_PARKED && !inner.parked.contains_key(&id) {
+            if let Some(oldest) = inner.parked.iter().min_by_key(|(_, p)| p.until).map(|(id, _)| *id) {
+                inner.parked.remove(&oldest);
+            }
+        }
+        inner.parked.insert(id, Parked { key, lease, until: now + PARK_FOR });
+    }
+
+    /// Drops the checkpoint notes of leases `listed` says ended: their
+    /// clients are refused from now on rather than waiting for a restore
+    /// that cannot come. Returns the sessions dropped.
+    pub fn unpark_ended(&self, listed: impl Fn(u64) -> bool) -> Vec<u64> {
+        let mut inner = self.lock();
+        let ids: Vec<u64> = inner.parked.iter().filter(|(_, p)| p.lease.is_some_and(|l| !listed(l))).map(|(&id, _)| id).collect();
+        for id in &ids {
+            inner.parked.remove(id);
+        }
+        ids
     }
 
     /// Notes that session `id` (key `key`) of `lease` is suspended here, on
@@ -390,6 +450,7 @@ impl Registry {
                     // suspension: resumes are ours again.
                     inner.moved.remove(&id);
                     inner.suspended.remove(&id);
+                    inner.parked.remove(&id);
                     let socket = inner.arriving.remove(&id).and_then(|a| a.socket);
                     let a = Active { key, client_name: client_name.to_string(), socket, resume: tx, ended: None, visits: Default::default() };
                     inner.active.insert(id, a);
@@ -400,6 +461,7 @@ impl Registry {
                     if !replacing {
                         replacing = true;
                         inner.moved.remove(&id);
+                        inner.parked.remove(&id);
                         inner.arriving.insert(id, Arriving { key, resume: tx.clone(), socket: None });
                     }
                 }
@@ -423,6 +485,7 @@ impl Registry {
     /// thread, in the reconnect grace or not. `true` if there was such a session.
     pub fn close(&self, id: u64) -> bool {
         let mut inner = self.lock();
+        inner.parked.remove(&id);
         if inner.pending.remove(&id).is_some() {
             return true;
         }
@@ -443,6 +506,7 @@ impl Registry {
         inner.pending.clear();
         inner.moved.clear();
         inner.suspended.clear();
+        inner.parked.clear();
         inner.arriving.clear();
         for (_, a) in inner.active.drain() {
             a.close();
@@ -564,6 +628,55 @@ mod tests {
         assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
     }
 
+    /// A session checkpointed out keeps its client waiting for the restore,
+    /// and only for it; a restore here, a forward elsewhere, its lease's
+    /// end or a close each end the wait.
+    #[test]
+    fn a_checkpointed_out_session_is_waited_for_until_restored_forwarded_or_its_lease_ends() {
+        let r = Registry::default();
+        let key = [5u8; SESSION_KEY_LEN];
+        let rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        r.park(7, key, Some(0x11));
+        // Its thread is still ending: the client is told to wait, not
+        // handed to the session that left.
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Held, _))));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &[6u8; SESSION_KEY_LEN], c, res), Err((ResumeError::Refused(AttachError::Unknown), _))),
+            "without the key nothing is said of the session");
+        drop(rx);
+        r.detach(7);
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Held, _))), "the wait outlives the session's thread");
+        // Restored here: resumes reach it.
+        let rx = r.adopt(7, key, "c", true, Duration::ZERO).unwrap();
+        let (c, res) = resume_on_loopback();
+        assert!(r.resume(7, &key, c, res).is_ok());
+        assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+        drop(rx);
+        r.detach(7);
+        // Restored elsewhere: the client is sent there.
+        r.park(7, key, Some(0x11));
+        r.forward(7, key, "gpu2:7767");
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(7, &key, c, res), Err((ResumeError::Moved(_), _))));
+        // Its lease ended: refused, not kept waiting for nothing. A note
+        // of a listed lease, or of no lease, stays.
+        r.park(8, key, Some(0x12));
+        r.park(9, key, Some(0x13));
+        r.park(10, key, None);
+        assert_eq!(r.unpark_ended(|l| l == 0x13), vec![8]);
+        for (id, held) in [(8, false), (9, true), (10, true)] {
+            let (c, res) = resume_on_loopback();
+            let got = r.resume(id, &key, c, res);
+            assert_eq!(matches!(got, Err((ResumeError::Held, _))), held, "session {id}");
+        }
+        // Closed (its lease ended by the broker's word): refused.
+        assert!(!r.close(9));
+        let (c, res) = resume_on_loopback();
+        assert!(matches!(r.resume(9, &key, c, res), Err((ResumeError::Refused(AttachError::Unknown), _))));
+    }
+
     /// A restore in place of a session still ending here: a resume that
     /// comes while the old one ends reaches the new one (it used to find
     /// no session in between and be refused for good).
@@ -603,6 +716,17 @@ mod tests {
             r.forward(id, [1; SESSION_KEY_LEN], "gpu2:7767");
         }
         assert_eq!(r.lock().moved.len(), MAX_FORWARDS);
+    }
+
+    #[test]
+    fn checkpoint_notes_are_bounded_and_the_oldest_goes() {
+        let r = Registry::default();
+        for id in 1..=(MAX_PARKED as u64 + 10) {
+            r.park(id, [1; SESSION_KEY_LEN], None);
+        }
+        let inner = r.lock();
+        assert_eq!(inner.parked.len(), MAX_PARKED);
+        assert!(!inner.parked.contains_key(&1) && inner.parked.contains_key(&(MAX_PARKED as u64 + 10)));
     }
 }
 
