@@ -246,7 +246,8 @@ fn regenerate_the_capnp_and_token_seeds() {
 
 /// Seeds of the `snapshot` target: snapshots of sim sessions as files
 /// (first byte 0) and as live-migration streams with a pre-copy (first
-/// byte 1), whole and cut short.
+/// byte 1), whole and cut short; the last ones hold an instantiated graph
+/// (format version 2).
 #[test]
 #[ignore = "writes the seed corpus; run by fuzz/regen-corpus.sh"]
 fn regenerate_the_snapshot_seeds() {
@@ -280,14 +281,16 @@ fn regenerate_the_snapshot_seeds() {
         admission: None,
     };
     let mut n = 0;
-    // (allocation sizes, with a stream and events, with a kept reply, pre-copied)
-    for (sizes, objects, kept, migrate) in [
-        (&[64u64][..], false, false, false),
-        (&[4096, 300], true, false, false),
-        (&[1 << 13, 12, 1 << 12], true, true, false),
-        (&[1 << 12], false, false, true),
-        (&[20 << 10, 64], true, true, true),
-        (&[1 << 10, 1 << 10, 1 << 10], true, false, true),
+    // (allocation sizes, with a stream and events, with a kept reply, pre-copied, with a graph)
+    for (sizes, objects, kept, migrate, graph) in [
+        (&[64u64][..], false, false, false, false),
+        (&[4096, 300], true, false, false, false),
+        (&[1 << 13, 12, 1 << 12], true, true, false, false),
+        (&[1 << 12], false, false, true, false),
+        (&[20 << 10, 64], true, true, true, false),
+        (&[1 << 10, 1 << 10, 1 << 10], true, false, true, false),
+        (&[256, 64, 128], true, true, false, true),
+        (&[1 << 12, 64, 1 << 12], true, false, true, true),
     ] {
         let mut s = SessionState::new(sim.open_session(None).unwrap(), 2).with_devices(sim.devices());
         for (i, &size) in sizes.iter().enumerate() {
@@ -309,6 +312,28 @@ fn regenerate_the_snapshot_seeds() {
             EventCreate { handle: 0x61, device: 1, flags: 0 }.apply(&mut s).unwrap();
             EventCreate { handle: 0x62, device: 0, flags: 2 }.apply(&mut s).unwrap();
             EventRecord { event: 0x61, stream: 0x51 }.apply(&mut s).unwrap();
+        }
+        if graph {
+            use rgpu_server::backend::MemsetOp;
+            use rgpu_server::command::graph::{check, install, WireOp};
+            use rgpu_server::command::memory::Memset;
+            // Allocations 0 and 2 are on device 0, with event 0x62.
+            let on0: Vec<u64> = {
+                let mut v: Vec<(u64, u32)> = s.allocs.iter().map(|(&p, a)| (p, a.device)).filter(|&(_, d)| d == 0).collect();
+                v.sort();
+                v.into_iter().map(|(p, _)| p).collect()
+            };
+            let (a, b) = (on0[0], on0[1]);
+            let ops = vec![
+                WireOp::Memset(Memset { op: MemsetOp { dst: a, value: 0x5a, element_size: 1, count: 64, pitch: 0, rows: 1 }, stream: 0 }),
+                WireOp::HtoD { dst: a, size: 16 },
+                WireOp::DtoD { dst: b, src: a, size: 32 },
+                WireOp::DtoH { src: b, size: 24 },
+                WireOp::EventRecord(0x62),
+                WireOp::EventWait(0x62),
+            ];
+            let checked = check(&s, 0, ops).unwrap();
+            install(&mut s, 0x71, checked, Vec::new(), None).unwrap();
         }
         let mut window = ReplyWindow::default();
         if kept {

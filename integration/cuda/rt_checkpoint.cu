@@ -4,7 +4,9 @@
 // a large buffer written once is checked at the end. The harness
 // checkpoints the session after a "round" line, stops the server, starts a
 // new one at the same address and restores the session there: the program
-// must see no error and every result must be right.
+// must see no error and every result must be right. With --graph 1 each
+// round's two kernels and the copy back run as one instantiated CUDA graph
+// (made by stream capture, once), which must come along.
 // Exit 0: all rounds right. Exit 1: a CUDA call failed or a result was wrong.
 #include <cuda_runtime.h>
 #include <unistd.h>
@@ -27,6 +29,7 @@ int main(int argc, char **argv) {
     const int rounds = (int)arg_ll(argc, argv, "--rounds", 6);
     const long long wait_ms = arg_ll(argc, argv, "--wait-ms", 0);
     const size_t big = (size_t)arg_ll(argc, argv, "--mib", 16) << 20;
+    const bool graph = arg_ll(argc, argv, "--graph", 0) != 0;
     const int n = 1 << 16;
     std::vector<unsigned> model(n), back(n);
     std::vector<unsigned char> h(big);
@@ -46,16 +49,40 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     CHECK(cudaEventCreate(&e0));
     CHECK(cudaEventCreate(&e1));
-    for (int r = 0; r < rounds; r++) {
-        CHECK(cudaEventRecord(e0, s));
-        step<<<(n + 255) / 256, 256, 0, s>>>(a, n, (unsigned)r + 1);
+    // The graph's copy back lands in pinned memory (a captured copy may not
+    // touch pageable memory); its kernels take k = 1 every round.
+    unsigned *pinned = nullptr;
+    cudaGraphExec_t x = nullptr;
+    if (graph) {
+        CHECK(cudaMallocHost(&pinned, n * sizeof(unsigned)));
+        CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        step<<<(n + 255) / 256, 256, 0, s>>>(a, n, 1u);
         tick<<<1, 1, 0, s>>>();
+        CHECK(cudaMemcpyAsync(pinned, a, n * sizeof(unsigned), cudaMemcpyDeviceToHost, s));
+        cudaGraph_t g = nullptr;
+        CHECK(cudaStreamEndCapture(s, &g));
+        CHECK(cudaGraphInstantiate(&x, g, 0));
+        CHECK(cudaGraphDestroy(g));
+    }
+    for (int r = 0; r < rounds; r++) {
+        const unsigned k = graph ? 1u : (unsigned)r + 1;
+        CHECK(cudaEventRecord(e0, s));
+        if (graph) {
+            CHECK(cudaGraphLaunch(x, s));
+        } else {
+            step<<<(n + 255) / 256, 256, 0, s>>>(a, n, k);
+            tick<<<1, 1, 0, s>>>();
+        }
         CHECK(cudaEventRecord(e1, s));
         CHECK(cudaGetLastError());
         CHECK(cudaStreamSynchronize(s));
-        for (int i = 0; i < n; i++) model[i] = model[i] * 3u + (unsigned)r + 1 + count;
+        for (int i = 0; i < n; i++) model[i] = model[i] * 3u + k + count;
         count += 1;
-        CHECK(cudaMemcpy(back.data(), a, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        if (graph) {
+            for (int i = 0; i < n; i++) back[i] = pinned[i];
+        } else {
+            CHECK(cudaMemcpy(back.data(), a, n * sizeof(unsigned), cudaMemcpyDeviceToHost));
+        }
         for (int i = 0; i < n; i++) EXPECT(back[i] == model[i], "round %d: a[%d] = %u, want %u", r, i, back[i], model[i]);
         unsigned got = 0;
         CHECK(cudaMemcpyFromSymbol(&got, counter, sizeof got));
@@ -73,6 +100,10 @@ int main(int argc, char **argv) {
     long long bad = check_pattern(hb.data(), big, 41);
     EXPECT(bad < 0, "byte %lld of the %zu-byte buffer is wrong", bad, big);
     ok("the %zu-byte buffer written before is intact", big);
+    if (graph) {
+        CHECK(cudaGraphExecDestroy(x));
+        CHECK(cudaFreeHost(pinned));
+    }
     CHECK(cudaEventDestroy(e0));
     CHECK(cudaEventDestroy(e1));
     CHECK(cudaStreamDestroy(s));

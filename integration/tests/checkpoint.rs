@@ -487,6 +487,18 @@ fn two_servers(dir: &Path, seed: &str) -> (Server, Server) {
 /// and the servers must have redirected the shim each time.
 #[test]
 fn a_session_migrated_back_and_forth_mid_run_finishes_right() {
+    migrated_back_and_forth(false);
+}
+
+/// As above, the program's rounds one instantiated CUDA graph each: the
+/// graph moves with the session (snapshot format version 2), and its
+/// copies back to the host keep arriving.
+#[test]
+fn a_session_with_an_instantiated_graph_migrates_back_and_forth_and_finishes_right() {
+    migrated_back_and_forth(true);
+}
+
+fn migrated_back_and_forth(graph: bool) {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let dir = scratch();
     let seed = format!("rgpu-migrate-{}", std::process::id());
@@ -498,7 +510,8 @@ fn a_session_migrated_back_and_forth_mid_run_finishes_right() {
     let (aa, ba) = (a.addr_string(), b.addr_string());
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
-    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "8", "--wait-ms", "200", "--mib", "64"], &envs);
+    let graph_arg = if graph { "1" } else { "0" };
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "8", "--wait-ms", "200", "--mib", "64", "--graph", graph_arg], &envs);
     let mut held = Vec::new();
     for (after, from, to) in [("round 1", &aa, &ba), ("round 3", &ba, &aa), ("round 5", &aa, &ba)] {
         if !run.wait_for_line(after, run_timeout()) {

@@ -69,9 +69,6 @@ pub fn capture(
             "it holds virtual memory management objects (cuMemCreate/cuMemMap), which snapshots do not carry yet",
         ));
     }
-    if !state.graph_execs.is_empty() {
-        return Err(SnapshotError::NotCapturable("it holds instantiated graphs, which snapshots do not carry yet"));
-    }
     if state.ipc.is_active() {
         // The memory is another process's too: moving it would split what they share.
         return Err(SnapshotError::NotCapturable("it shares memory with another process (CUDA IPC)"));
@@ -83,7 +80,10 @@ pub fn capture(
     let mut records = 0u64;
     let mut memory_bytes = 0u64;
     let mut memory_sent = 0u64;
-    format::write_header(&mut w)?;
+    // Version 1 where it suffices, so that servers without graphs in their
+    // format still read what needs none.
+    let version = if state.graph_execs.is_empty() { 1 } else { format::GRAPHS_SINCE };
+    format::write_header(&mut w, version)?;
 
     let (kept, lost) = window.export();
     let mut e = Enc::default();
@@ -209,6 +209,13 @@ pub fn capture(
         records += 1;
     }
 
+    let mut graphs: Vec<u64> = state.graph_execs.keys().copied().collect();
+    graphs.sort_unstable();
+    for handle in graphs {
+        super::graph::write(state, handle, &mut w)?;
+        records += 1;
+    }
+
     for k in kept {
         let mut e = Enc::default();
         e.u64(k.seq);
@@ -242,7 +249,7 @@ pub fn capture(
 }
 
 /// Streams `[ptr, ptr + len)` from device memory to `w`, never whole in a buffer.
-fn copy_out(state: &mut SessionState, device: u32, ptr: u64, len: u64, w: &mut dyn Write) -> Result<(), SnapshotError> {
+pub(super) fn copy_out(state: &mut SessionState, device: u32, ptr: u64, len: u64, w: &mut dyn Write) -> Result<(), SnapshotError> {
     if len == 0 {
         return Ok(());
     }

@@ -14,9 +14,15 @@ use super::SnapshotError;
 
 /// The first bytes of every snapshot.
 pub const MAGIC: &[u8; 8] = b"RGPUSNAP";
-/// The format version this server writes and reads. A reader refuses any
-/// other: the format changes only by a new version.
-pub const VERSION: u32 = 1;
+/// The newest format version this server writes and reads. The format
+/// changes only by a new version; a reader refuses any it does not know.
+/// Version 2 is version 1 with instantiated graphs ([`Tag::Graph`]): a
+/// snapshot without any is written as version 1, which older servers read.
+pub const VERSION: u32 = 2;
+/// The oldest version this server reads.
+pub const MIN_VERSION: u32 = 1;
+/// The first version with [`Tag::Graph`] records.
+pub const GRAPHS_SINCE: u32 = 2;
 /// The largest metadata part of one record.
 pub const MAX_META: u32 = 1 << 20;
 /// The most records one snapshot may hold (allocations, modules, streams,
@@ -41,6 +47,10 @@ pub enum Tag {
     /// placed already: only the runs written since are the bulk. In a
     /// migration stream only (`crate::migration`), never in a file.
     AllocDelta = 7,
+    /// An instantiated graph (version 2 on): its operations, kernel
+    /// parameters and staging memory are the bulk. After the events, before
+    /// the kept replies (which may read its staging memory).
+    Graph = 8,
     /// The record count, last: a snapshot cut short has none.
     End = 0xff,
 }
@@ -49,8 +59,14 @@ impl Tag {
     /// The stage a record belongs to: records come in stage order.
     pub fn stage(self) -> u8 {
         match self {
-            Tag::AllocDelta => Tag::Alloc as u8,
-            t => t as u8,
+            Tag::Session => 1,
+            Tag::Module => 2,
+            Tag::Alloc | Tag::AllocDelta => 3,
+            Tag::Stream => 4,
+            Tag::Event => 5,
+            Tag::Graph => 6,
+            Tag::Reply => 7,
+            Tag::End => 0xff,
         }
     }
 
@@ -63,6 +79,7 @@ impl Tag {
             5 => Tag::Event,
             6 => Tag::Reply,
             7 => Tag::AllocDelta,
+            8 => Tag::Graph,
             0xff => Tag::End,
             _ => return None,
         })
@@ -164,22 +181,23 @@ impl<'a> Dec<'a> {
     }
 }
 
-pub fn write_header(w: &mut dyn Write) -> io::Result<()> {
+pub fn write_header(w: &mut dyn Write, version: u32) -> io::Result<()> {
     w.write_all(MAGIC)?;
-    w.write_all(&VERSION.to_le_bytes())
+    w.write_all(&version.to_le_bytes())
 }
 
-pub fn read_header(r: &mut dyn Read) -> Result<(), SnapshotError> {
+/// Reads the header; returns the snapshot's version.
+pub fn read_header(r: &mut dyn Read) -> Result<u32, SnapshotError> {
     let mut h = [0u8; 12];
     r.read_exact(&mut h).map_err(SnapshotError::read)?;
     if &h[..8] != MAGIC {
         return Err(SnapshotError::BadMagic);
     }
     let v = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if v != VERSION {
+    if !(MIN_VERSION..=VERSION).contains(&v) {
         return Err(SnapshotError::Version(v));
     }
-    Ok(())
+    Ok(v)
 }
 
 /// Writes a record's tag, metadata and bulk length; the caller then writes
@@ -256,14 +274,19 @@ mod tests {
     #[test]
     fn headers_and_records_refuse_what_they_do_not_know() {
         let mut v = Vec::new();
-        write_header(&mut v).unwrap();
-        read_header(&mut &v[..]).unwrap();
+        write_header(&mut v, 1).unwrap();
+        assert_eq!(read_header(&mut &v[..]).unwrap(), 1);
         let mut bad = v.clone();
         bad[0] = b'X';
         assert!(matches!(read_header(&mut &bad[..]), Err(SnapshotError::BadMagic)));
-        let mut newer = v.clone();
-        newer[8] = 2;
-        assert!(matches!(read_header(&mut &newer[..]), Err(SnapshotError::Version(2))));
+        let mut two = v.clone();
+        two[8] = 2;
+        assert_eq!(read_header(&mut &two[..]).unwrap(), 2);
+        for unknown in [0u8, 3] {
+            let mut other = v.clone();
+            other[8] = unknown;
+            assert!(matches!(read_header(&mut &other[..]), Err(SnapshotError::Version(n)) if n == unknown as u32));
+        }
         assert!(matches!(read_header(&mut &v[..5]), Err(SnapshotError::Truncated)));
         // An unknown tag, a metadata length past the bound.
         assert!(matches!(read_record(&mut &[9u8, 0, 0, 0, 0][..]), Err(SnapshotError::Malformed(_))));

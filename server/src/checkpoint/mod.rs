@@ -13,12 +13,13 @@
 //! request executed, the deferred error, the sticky error and the reply
 //! window, so the client's resume on the new server works as on the old.
 //! Memory pools live in the shim, carved from ordinary allocations, so
-//! they travel as allocations.
+//! they travel as allocations. Instantiated graphs travel as their
+//! instantiation requests ([`graph`]).
 //!
 //! What is refused (nothing written): a backend that cannot place memory at
 //! given addresses (the cuda backend: NOT_SUPPORTED), a session holding
-//! virtual-memory-management objects or instantiated graphs, and one whose
-//! queued work does not finish within the quiesce bound.
+//! virtual-memory-management objects, and one whose queued work does not
+//! finish within the quiesce bound.
 //!
 //! The snapshot is hostile input when read: every length is bounded before
 //! it is used, every handle and address checked as a request's would be
@@ -28,6 +29,7 @@
 
 pub mod capture;
 pub mod format;
+pub mod graph;
 pub mod precopy;
 pub mod rebuild;
 
@@ -55,7 +57,7 @@ pub enum SnapshotError {
     Truncated,
     #[error("not an rgpu session snapshot (bad magic)")]
     BadMagic,
-    #[error("snapshot format version {0}; this server reads version {v}", v = format::VERSION)]
+    #[error("snapshot format version {0}; this server reads versions {min} to {max}", min = format::MIN_VERSION, max = format::VERSION)]
     Version(u32),
     #[error("malformed snapshot: {0}")]
     Malformed(String),

@@ -35,6 +35,8 @@ pub struct Opened<'a> {
     /// Ranges a live migration's pre-copy placed (ptr -> device, size):
     /// each is claimed by a delta record.
     staged: Option<HashMap<u64, (u32, u64)>>,
+    /// The snapshot's format version: graph records from version 2 on.
+    version: u32,
 }
 
 /// What [`Opened::rebuild`] did.
@@ -55,7 +57,7 @@ fn devices(d: &mut Dec<'_>) -> Result<Vec<u32>, SnapshotError> {
 
 /// Reads the header and the session record of a snapshot.
 pub fn open(r: &mut dyn Read) -> Result<Opened<'_>, SnapshotError> {
-    format::read_header(r)?;
+    let version = format::read_header(r)?;
     let Head { tag, meta, bulk_len } = format::read_record(r)?;
     if tag != Tag::Session || bulk_len != 0 {
         return Err(SnapshotError::Malformed("the first record is not the session's".into()));
@@ -120,6 +122,7 @@ pub fn open(r: &mut dyn Read) -> Result<Opened<'_>, SnapshotError> {
         r,
         records: 1,
         staged: None,
+        version,
     })
 }
 
@@ -232,6 +235,10 @@ impl Opened<'_> {
                         .map_err(|e| SnapshotError::Device(e, "creating an event"))?;
                     state.events.insert(handle, Event { token, device, flags });
                 }
+                Tag::Graph if self.version < format::GRAPHS_SINCE => {
+                    return Err(SnapshotError::Malformed(format!("a graph in a version {} snapshot", self.version)));
+                }
+                Tag::Graph => super::graph::read(state, &h, &mut *self.r)?,
                 Tag::Reply => {
                     let mut d = Dec::new(&h.meta, "reply");
                     let seq = d.u64()?;
@@ -239,7 +246,12 @@ impl Opened<'_> {
                         0 => None,
                         1 => {
                             let (src, len, stream, device) = (d.u64()?, d.u64()?, d.u64()?, d.u32()?);
-                            state.check_range(src, len).map_err(|e| SnapshotError::Device(e, "checking a kept read"))?;
+                            // A graph launch's reply reads its staging memory.
+                            if let Err(e) = state.check_range(src, len) {
+                                if !super::graph::in_staging(state, src, len) {
+                                    return Err(SnapshotError::Device(e, "checking a kept read"));
+                                }
+                            }
                             state.check_device(device).map_err(|e| SnapshotError::Device(e, "checking a kept read"))?;
                             let stream: StreamRef = state
                                 .stream(stream, device)

@@ -279,6 +279,132 @@ fn a_cut_or_corrupted_snapshot_is_an_error_never_a_panic() {
     }
 }
 
+const GRAPH: u64 = 0x4700_0000_0000_0001;
+
+/// Launches exec `handle` on the session's stream; the device bytes its
+/// reply would stream (its staging), if any.
+fn launch_graph(s: &mut SessionState, handle: u64) -> Option<crate::command::DeviceBytes> {
+    use crate::command::graph::tests::Wire;
+    use crate::command::{Bulk, BulkHandler};
+    let (mut scratch, mut w) = (vec![], Wire(vec![], 0));
+    let got = crate::command::graph::GraphLaunch { exec: handle, stream: STREAM }.apply(s, &mut Bulk::new(&mut w, 0, &mut scratch));
+    let reply = got.unwrap_or_else(|e| panic!("graph launch: {e:?}"));
+    s.backend.ctx_synchronize(0).unwrap();
+    reply
+}
+
+/// A session in mid-run with an instantiated graph (scale, tick, the
+/// counter copied to the host through the graph's staging, an event
+/// record), launched once, its launch's reply kept for a resume.
+fn session_with_a_graph(s: &mut SessionState) -> (u64, u64, ReplyWindow) {
+    use crate::command::graph::{check, install, WireOp};
+    use crate::command::launch::LaunchKernel;
+    let (data, out) = session_in_mid_run(s);
+    let kernel = |function, grid, block| {
+        let dims = LaunchDims { grid: [grid, 1, 1], block: [block, 1, 1], shared_mem_bytes: 0, cooperative: false };
+        WireOp::Kernel(LaunchKernel { module: MODULE, function, dims, stream: 0 })
+    };
+    let ops = vec![
+        kernel(0, N.div_ceil(128), 128),
+        kernel(1, 1, 1),
+        WireOp::DtoH { src: out, size: 4 },
+        WireOp::EventRecord(EV_B),
+    ];
+    let mut params = data.to_le_bytes().to_vec();
+    params.extend_from_slice(&N.to_le_bytes());
+    params.extend_from_slice(&out.to_le_bytes());
+    let checked = check(s, 0, ops).unwrap();
+    install(s, GRAPH, checked, params, None).unwrap();
+    let staged = launch_graph(s, GRAPH).expect("the graph copies to the host");
+    let mut window = ReplyWindow::default();
+    window.keep(41, b"the launch's reply", Some(staged));
+    (data, out, window)
+}
+
+/// An instantiated graph travels (format version 2): the rebuilt session
+/// launches it by the same handle and computes what the original does, and
+/// a kept launch reply still reads the graph's staging memory.
+#[test]
+fn a_graph_is_rebuilt_by_its_handle_and_a_kept_launch_reply_still_reads_its_staging() {
+    let (a, b) = (backend("a"), backend("b"));
+    let mut orig = fresh(&a);
+    let (data, out, window) = session_with_a_graph(&mut orig);
+    let (bytes, _) = snapshot(&mut orig, &window);
+    assert_eq!(bytes[8], 2, "a snapshot with a graph is version 2");
+    let staging = orig.graph_execs[&GRAPH].staging.unwrap();
+
+    let (mut copy, _, mut rebuilt) = rebuild_on(&b, &bytes).unwrap();
+    assert_eq!(copy.graph_execs[&GRAPH].staging, Some(staging), "the staging is where the kept reply reads it");
+    let kept: Vec<_> = rebuilt.window.after(40).unwrap().map(|k| k.device.map(|d| (d.src, d.len))).collect();
+    assert_eq!(kept, vec![Some((staging, 4))]);
+    assert_eq!(read(&mut copy, staging, 4), read(&mut orig, staging, 4), "the staged counter a resume sends again");
+    assert_eq!(read(&mut copy, staging, 4), 7u32.to_le_bytes());
+
+    for s in [&mut orig, &mut copy] {
+        let staged = launch_graph(s, GRAPH).unwrap();
+        assert_eq!((staged.src, staged.len), (staging, 4));
+    }
+    assert_eq!(read(&mut copy, data, N as u64 * 4), read(&mut orig, data, N as u64 * 4));
+    assert_eq!(read(&mut copy, staging, 4), 8u32.to_le_bytes(), "the counter, staged by the rebuilt graph's launch");
+    assert_eq!(read(&mut copy, out, 4), read(&mut orig, out, 4));
+    // data[i] went (7i + 1) * 3 + 6 (mid-run), * 3 + 6 (the first launch; tick comes after
+    // scale), * 3 + 7 (the second).
+    let want: Vec<u8> = (0..N).flat_map(|i| ((((i * 7 + 1) * 3 + 6) * 3 + 6) * 3 + 7).to_le_bytes()).collect();
+    assert_eq!(read(&mut copy, data, N as u64 * 4), want);
+    // Destroyed on the rebuilt session, its staging is freed like any exec's.
+    crate::command::Handler::apply(crate::command::graph::GraphExecDestroy { handle: GRAPH }, &mut copy).unwrap();
+    assert!(copy.graph_execs.is_empty());
+}
+
+#[test]
+fn a_session_without_graphs_is_written_as_version_1_and_a_graph_there_is_refused() {
+    let mut plain = fresh(&backend("a"));
+    session_in_mid_run(&mut plain);
+    let (bytes, _) = snapshot(&mut plain, &ReplyWindow::default());
+    assert_eq!(bytes[8], 1, "servers that know only version 1 read it");
+    let mut orig = fresh(&backend("a"));
+    let (_, _, window) = session_with_a_graph(&mut orig);
+    let (mut bytes, _) = snapshot(&mut orig, &window);
+    bytes[8] = 1;
+    match rebuild_on(&backend("b"), &bytes) {
+        Err(SnapshotError::Malformed(m)) => assert!(m.contains("graph"), "{m}"),
+        other => panic!("a graph in a version 1 snapshot: {:?}", other.err()),
+    }
+}
+
+/// Graph records are hostile input too: cuts and flipped bytes anywhere
+/// are errors (or a session checked as any other), never a panic; a graph
+/// whose operations name what the session lacks is refused.
+#[test]
+fn a_cut_or_corrupted_graph_record_is_an_error_never_a_panic() {
+    let mut orig = fresh(&backend("a"));
+    let (_, _, window) = session_with_a_graph(&mut orig);
+    let (bytes, _) = snapshot(&mut orig, &window);
+    let b = backend("b");
+    let graph_at = bytes.len() - 200;
+    for cut in graph_at..bytes.len() {
+        assert!(rebuild_on(&b, &bytes[..cut]).is_err(), "cut at {cut} of {}", bytes.len());
+    }
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..400 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let mut bad = bytes.clone();
+        let at = graph_at + (x as usize) % (bytes.len() - graph_at);
+        bad[at] ^= (x >> 32) as u8 | 1;
+        let _ = rebuild_on(&b, &bad);
+    }
+    // The graph's kernel names a module the snapshot does not hold.
+    let mut other = fresh(&backend("a"));
+    let (_, _, window) = session_with_a_graph(&mut other);
+    let module = MODULE.to_le_bytes();
+    let (mut bytes, _) = snapshot(&mut other, &window);
+    let ops_at = bytes.windows(9).rposition(|w| w[0] == 1 && w[1..] == module).expect("a kernel op");
+    bytes[ops_at + 1] ^= 0x40;
+    assert!(rebuild_on(&b, &bytes).is_err(), "a graph naming an unknown module was rebuilt");
+}
+
 /// Live migration's pre-copy: the session's memory sent while it runs, then
 /// only what changed since (a kernel's output, one host-written chunk),
 /// while it is held; a range freed meanwhile is dropped. The rebuild holds

@@ -97,71 +97,127 @@ impl BulkHandler for GraphExecCreate {
         if self.handle == 0 {
             return Err(CuError::INVALID_VALUE.into());
         }
-        s.check_device(self.device)?;
-        let wire = self.ops?;
-        let device = self.device;
-        let mut ops = Vec::with_capacity(wire.len());
-        let (mut params_len, mut htod_len, mut dtoh_len) = (0u64, 0u64, 0u64);
-        let add = |total: &mut u64, n: u64, max: u64| -> Result<(), CuError> {
-            *total = total.checked_add(n).filter(|&t| t <= max).ok_or(CuError::INVALID_VALUE)?;
-            Ok(())
-        };
-        for op in wire {
-            let op = match op {
-                WireOp::Kernel(k) => {
-                    let m = s.module(k.module)?;
-                    if m.device != device {
-                        return Err(CuError::INVALID_HANDLE.into());
-                    }
-                    let want = *m.param_lens.get(k.function as usize).ok_or(CuError::INVALID_HANDLE)?;
-                    if want > MAX_PARAMS_LEN || k.dims.grid.contains(&0) || k.dims.block.contains(&0) {
-                        return Err(CuError::INVALID_VALUE.into());
-                    }
-                    let start = params_len as usize;
-                    add(&mut params_len, want, MAX_PARAMS_TOTAL)?;
-                    GraphOp::Kernel { module: k.module, function: k.function, dims: k.dims, params: start..params_len as usize }
-                }
-                WireOp::HtoD { dst, size } => {
-                    check_on(s, dst, size, device)?;
-                    add(&mut htod_len, size, MAX_BULK_LEN)?;
-                    GraphOp::HtoD { dst, size }
-                }
-                WireOp::DtoH { src, size } => {
-                    check_on(s, src, size, device)?;
-                    add(&mut dtoh_len, size, MAX_BULK_LEN)?;
-                    GraphOp::DtoH { src, size }
-                }
-                WireOp::DtoD { dst, src, size } => {
-                    check_on(s, dst, size, device)?;
-                    s.check_range(src, size)?;
-                    GraphOp::DtoD { dst, src, size }
-                }
-                WireOp::Memset(m) => {
-                    let span = m.op.span().ok_or(CuError::INVALID_VALUE)?;
-                    check_on(s, m.op.dst, span, device)?;
-                    GraphOp::Memset(m.op)
-                }
-                WireOp::EventRecord(e) | WireOp::EventWait(e) if s.event(e)?.device != device => {
-                    return Err(CuError::INVALID_HANDLE.into());
-                }
-                WireOp::EventRecord(e) => GraphOp::EventRecord(e),
-                WireOp::EventWait(e) => GraphOp::EventWait(e),
-            };
-            ops.push(op);
-        }
-        if bulk.remaining() != params_len {
+        let checked = check(s, self.device, self.ops?)?;
+        if bulk.remaining() != checked.params_len {
             return Err(CuError::INVALID_VALUE.into());
         }
         let params = bulk.read_to_vec()?;
-        let staging = if dtoh_len > 0 { Some(s.backend.mem_alloc(device, dtoh_len)?) } else { None };
-        let exec = GraphExec { device, ops, params, htod_len, dtoh_len, staging };
-        // Sending an exec again under its handle replaces it (cuGraphExecUpdate and the node
-        // parameter setters): work already queued with the old one has run, in order.
-        if let Some(old) = s.graph_execs.insert(self.handle, exec) {
-            release(s, old);
-        }
-        Ok(())
+        install(s, self.handle, checked, params, None)
     }
+}
+
+/// A graph's operations, checked against the session as at instantiation.
+pub struct Checked {
+    device: u32,
+    ops: Vec<GraphOp>,
+    /// Bytes of kernel parameters the ops take, in their order.
+    pub params_len: u64,
+    htod_len: u64,
+    dtoh_len: u64,
+}
+
+/// Checks `wire` (an instantiation's operations, on `device`) against the
+/// session's objects. A snapshot's graph is checked by this same function
+/// when it is rebuilt.
+pub fn check(s: &SessionState, device: u32, wire: Vec<WireOp>) -> Result<Checked, Fail> {
+    s.check_device(device)?;
+    if wire.len() > MAX_OPS as usize {
+        return Err(CuError::INVALID_VALUE.into());
+    }
+    let mut ops = Vec::with_capacity(wire.len());
+    let (mut params_len, mut htod_len, mut dtoh_len) = (0u64, 0u64, 0u64);
+    let add = |total: &mut u64, n: u64, max: u64| -> Result<(), CuError> {
+        *total = total.checked_add(n).filter(|&t| t <= max).ok_or(CuError::INVALID_VALUE)?;
+        Ok(())
+    };
+    for op in wire {
+        let op = match op {
+            WireOp::Kernel(k) => {
+                let m = s.module(k.module)?;
+                if m.device != device {
+                    return Err(CuError::INVALID_HANDLE.into());
+                }
+                let want = *m.param_lens.get(k.function as usize).ok_or(CuError::INVALID_HANDLE)?;
+                if want > MAX_PARAMS_LEN || k.dims.grid.contains(&0) || k.dims.block.contains(&0) {
+                    return Err(CuError::INVALID_VALUE.into());
+                }
+                let start = params_len as usize;
+                add(&mut params_len, want, MAX_PARAMS_TOTAL)?;
+                GraphOp::Kernel { module: k.module, function: k.function, dims: k.dims, params: start..params_len as usize }
+            }
+            WireOp::HtoD { dst, size } => {
+                check_on(s, dst, size, device)?;
+                add(&mut htod_len, size, MAX_BULK_LEN)?;
+                GraphOp::HtoD { dst, size }
+            }
+            WireOp::DtoH { src, size } => {
+                check_on(s, src, size, device)?;
+                add(&mut dtoh_len, size, MAX_BULK_LEN)?;
+                GraphOp::DtoH { src, size }
+            }
+            WireOp::DtoD { dst, src, size } => {
+                check_on(s, dst, size, device)?;
+                s.check_range(src, size)?;
+                GraphOp::DtoD { dst, src, size }
+            }
+            WireOp::Memset(m) => {
+                let span = m.op.span().ok_or(CuError::INVALID_VALUE)?;
+                check_on(s, m.op.dst, span, device)?;
+                GraphOp::Memset(m.op)
+            }
+            WireOp::EventRecord(e) | WireOp::EventWait(e) if s.event(e)?.device != device => {
+                return Err(CuError::INVALID_HANDLE.into());
+            }
+            WireOp::EventRecord(e) => GraphOp::EventRecord(e),
+            WireOp::EventWait(e) => GraphOp::EventWait(e),
+        };
+        ops.push(op);
+    }
+    Ok(Checked { device, ops, params_len, htod_len, dtoh_len })
+}
+
+/// Installs a checked graph as exec `handle` with its kernels' `params`
+/// (exactly `params_len` bytes), its staging memory new, or at `staging_at`
+/// (a rebuilt graph's, where kept replies may read it).
+pub fn install(s: &mut SessionState, handle: u64, c: Checked, params: Vec<u8>, staging_at: Option<u64>) -> Result<(), Fail> {
+    if params.len() as u64 != c.params_len {
+        return Err(CuError::INVALID_VALUE.into());
+    }
+    let Checked { device, ops, htod_len, dtoh_len, .. } = c;
+    let staging = match (dtoh_len, staging_at) {
+        (0, None) => None,
+        (0, Some(_)) => return Err(CuError::INVALID_VALUE.into()),
+        (n, None) => Some(s.backend.mem_alloc(device, n)?),
+        (n, Some(at)) => {
+            s.backend.mem_alloc_at(device, at, n)?;
+            Some(at)
+        }
+    };
+    let exec = GraphExec { device, ops, params, htod_len, dtoh_len, staging };
+    // Sending an exec again under its handle replaces it (cuGraphExecUpdate and the node
+    // parameter setters): work already queued with the old one has run, in order.
+    if let Some(old) = s.graph_execs.insert(handle, exec) {
+        release(s, old);
+    }
+    Ok(())
+}
+
+/// An exec's operations as its instantiation sent them (the inverse of [`check`]).
+pub fn wire_ops(exec: &GraphExec) -> Vec<WireOp> {
+    exec.ops
+        .iter()
+        .map(|op| match op {
+            GraphOp::Kernel { module, function, dims, .. } => {
+                WireOp::Kernel(LaunchKernel { module: *module, function: *function, dims: *dims, stream: 0 })
+            }
+            GraphOp::HtoD { dst, size } => WireOp::HtoD { dst: *dst, size: *size },
+            GraphOp::DtoH { src, size } => WireOp::DtoH { src: *src, size: *size },
+            GraphOp::DtoD { dst, src, size } => WireOp::DtoD { dst: *dst, src: *src, size: *size },
+            GraphOp::Memset(m) => WireOp::Memset(Memset { op: *m, stream: 0 }),
+            GraphOp::EventRecord(e) => WireOp::EventRecord(*e),
+            GraphOp::EventWait(e) => WireOp::EventWait(*e),
+        })
+        .collect()
 }
 
 /// `[ptr, ptr + len)` lies in one of the session's allocations on `device`.
@@ -294,7 +350,7 @@ fn replay(s: &mut SessionState, exec: &GraphExec, stream: u64, bulk: &mut Bulk<'
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::io;
     use std::time::Duration;
 
@@ -305,7 +361,7 @@ mod tests {
     use rgpu_transport::Transport;
 
     /// Bulk bytes waiting on an in-memory connection.
-    struct Wire(Vec<u8>, usize);
+    pub(crate) struct Wire(pub Vec<u8>, pub usize);
 
     impl Transport for Wire {
         fn send(&mut self, _bufs: &[&[u8]]) -> io::Result<()> {
