@@ -69,6 +69,15 @@ pub fn capture(
             "it holds virtual memory management objects (cuMemCreate/cuMemMap), which snapshots do not carry yet",
         ));
     }
+    // A graph is rebuilt by instantiating it again; one that names objects
+    // destroyed since its instantiation could not be, and the snapshot
+    // would never restore.
+    let stale = state.graph_execs.values().any(|g| crate::command::graph::check(state, g.device, crate::command::graph::wire_ops(g)).is_err());
+    if stale {
+        return Err(SnapshotError::NotCapturable(
+            "it holds an instantiated graph naming memory, a module or an event destroyed since (destroy or update the graph first)",
+        ));
+    }
     if state.ipc.is_active() {
         // The memory is another process's too: moving it would split what they share.
         return Err(SnapshotError::NotCapturable("it shares memory with another process (CUDA IPC)"));

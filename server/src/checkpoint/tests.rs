@@ -372,6 +372,24 @@ fn a_session_without_graphs_is_written_as_version_1_and_a_graph_there_is_refused
     }
 }
 
+/// A graph naming an event destroyed after its instantiation could not be
+/// instantiated again: the capture is refused, nothing written, rather than
+/// a snapshot that never restores.
+#[test]
+fn a_graph_naming_what_was_destroyed_since_refuses_the_capture() {
+    let mut s = fresh(&backend("a"));
+    let (_, _, window) = session_with_a_graph(&mut s);
+    crate::command::Handler::apply(crate::command::event::EventDestroy { handle: EV_B }, &mut s).unwrap();
+    let mut out = Vec::new();
+    let e = capture(&mut s, &meta(), &window, Duration::from_secs(1), &mut out, None).unwrap_err();
+    assert!(matches!(e, SnapshotError::NotCapturable(m) if m.contains("graph")), "{e}");
+    assert!(out.is_empty());
+    // Destroyed too (a request after the launch: its reply is no longer
+    // kept), the session captures again.
+    crate::command::Handler::apply(crate::command::graph::GraphExecDestroy { handle: GRAPH }, &mut s).unwrap();
+    capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_secs(1), &mut out, None).unwrap();
+}
+
 /// Graph records are hostile input too: cuts and flipped bytes anywhere
 /// are errors (or a session checked as any other), never a panic; a graph
 /// whose operations name what the session lacks is refused.
