@@ -6,12 +6,33 @@
 // new one at the same address and restores the session there: the program
 // must see no error and every result must be right. With --graph 1 each
 // round's two kernels and the copy back run as one instantiated CUDA graph
-// (made by stream capture, once), which must come along.
+// (made by stream capture, once), which must come along. With --vmm 1 the
+// large buffer is two physical allocations mapped end to end in one reserved
+// range through the driver's virtual memory management (as PyTorch's
+// expandable segments make them), the second released while mapped; its
+// bytes must come along at the same addresses.
 // Exit 0: all rounds right. Exit 1: a CUDA call failed or a result was wrong.
 #include <cuda_runtime.h>
 #include <unistd.h>
 #include <vector>
 #include "check.h"
+// After check.h: its driver-API helpers would need libcuda linked, and this
+// program reaches the driver only through cudart's entry points.
+#include <cuda.h>
+
+#define DRV(call)                                                              \
+    do {                                                                       \
+        CUresult r_ = (call);                                                  \
+        if (r_ != CUDA_SUCCESS) fail("%s:%d: %s returned %d", __FILE__, __LINE__, #call, (int)r_); \
+    } while (0)
+
+template <class F> static F driver(const char *name) {
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CHECK(cudaGetDriverEntryPointByVersion(name, &f, 12000, cudaEnableDefault, &q));
+    if (q != cudaDriverEntryPointSuccess || !f) fail("no driver entry point %s", name);
+    return (F)f;
+}
 
 __device__ unsigned counter = 7;
 
@@ -30,6 +51,7 @@ int main(int argc, char **argv) {
     const long long wait_ms = arg_ll(argc, argv, "--wait-ms", 0);
     const size_t big = (size_t)arg_ll(argc, argv, "--mib", 16) << 20;
     const bool graph = arg_ll(argc, argv, "--graph", 0) != 0;
+    const bool vmm = arg_ll(argc, argv, "--vmm", 0) != 0;
     const int n = 1 << 16;
     std::vector<unsigned> model(n), back(n);
     std::vector<unsigned char> h(big);
@@ -38,7 +60,37 @@ int main(int argc, char **argv) {
     unsigned *a = nullptr;
     unsigned char *d = nullptr;
     CHECK(cudaMalloc(&a, n * sizeof(unsigned)));
-    CHECK(cudaMalloc(&d, big));
+    // --vmm: two halves of 2 MiB granules, mapped end to end.
+    const size_t granule = 2 << 20;
+    const size_t half = (big / 2 + granule - 1) / granule * granule;
+    CUdeviceptr va = 0;
+    CUmemGenericAllocationHandle held = 0;
+    if (vmm) {
+        auto reserve = driver<CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)>("cuMemAddressReserve");
+        auto create = driver<CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)>("cuMemCreate");
+        auto map = driver<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>("cuMemMap");
+        auto access = driver<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)>("cuMemSetAccess");
+        auto release = driver<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
+        CUmemAllocationProp prop = {};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        DRV(reserve(&va, 2 * half, 0, 0, 0));
+        CUmemGenericAllocationHandle h[2];
+        for (int i = 0; i < 2; i++) {
+            DRV(create(&h[i], half, &prop, 0));
+            DRV(map(va + i * half, half, 0, h[i], 0));
+        }
+        CUmemAccessDesc rw = {};
+        rw.location = prop.location;
+        rw.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        DRV(access(va, 2 * half, &rw, 1));
+        DRV(release(h[1])); // lives on while mapped
+        held = h[0];
+        d = (unsigned char *)va;
+    } else {
+        CHECK(cudaMalloc(&d, big));
+    }
     fill_pattern(h.data(), big, 41);
     CHECK(cudaMemcpy(d, h.data(), big, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(a, model.data(), n * sizeof(unsigned), cudaMemcpyHostToDevice));
@@ -108,6 +160,12 @@ int main(int argc, char **argv) {
     CHECK(cudaEventDestroy(e1));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(a));
-    CHECK(cudaFree(d));
+    if (vmm) {
+        DRV(driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap")(va, 2 * half));
+        DRV(driver<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease")(held));
+        DRV(driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree")(va, 2 * half));
+    } else {
+        CHECK(cudaFree(d));
+    }
     return test_end();
 }

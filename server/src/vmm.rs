@@ -47,6 +47,8 @@ struct Physical {
 struct Mapping {
     size: u64,
     handle: u64,
+    /// Where in the allocation the map starts.
+    offset: u64,
     /// The access flags of the allocation's own device (`ACCESS_*`).
     access: u32,
     device: u32,
@@ -59,6 +61,36 @@ pub struct Vmm {
     reservations: BTreeMap<u64, u64>,
     /// start -> map.
     mappings: BTreeMap<u64, Mapping>,
+}
+
+/// A physical allocation as a snapshot carries it (its contents go beside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhysicalImage {
+    pub handle: u64,
+    pub device: u32,
+    pub size: u64,
+    /// cuMemRelease was called: it lives on while mapped.
+    pub released: bool,
+}
+
+/// A map as a snapshot carries it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapImage {
+    pub ptr: u64,
+    pub size: u64,
+    pub handle: u64,
+    pub offset: u64,
+    /// The access of the allocation's own device (`ACCESS_*`).
+    pub access: u32,
+    pub device: u32,
+}
+
+/// A session's VMM objects as a snapshot carries them.
+#[derive(Debug, Default)]
+pub struct Image {
+    pub physical: Vec<PhysicalImage>,
+    pub reservations: Vec<(u64, u64)>,
+    pub mappings: Vec<MapImage>,
 }
 
 fn granular(v: u64) -> bool {
@@ -166,7 +198,7 @@ impl Vmm {
         b.mem_map(ptr, size, offset, p.token)?;
         p.maps += 1;
         let device = p.device;
-        self.mappings.insert(ptr, Mapping { size, handle, access: ACCESS_NONE, device });
+        self.mappings.insert(ptr, Mapping { size, handle, offset, access: ACCESS_NONE, device });
         Ok(())
     }
 
@@ -236,6 +268,50 @@ impl Vmm {
             }
         }
         size > 0
+    }
+
+    /// cuMemAddressReserve of exactly `[ptr, ptr + size)` (a rebuilt session's reservation,
+    /// where the program's pointers into it still point).
+    pub fn reserve_at(&mut self, b: &mut dyn BackendSession, ptr: u64, size: u64) -> CuResult {
+        if ptr == 0 || !granular(ptr) {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let got = self.reserve(b, size, GRANULARITY, ptr)?;
+        if got != ptr {
+            let _ = self.address_free(b, got, size);
+            return Err(CuError::INVALID_VALUE);
+        }
+        Ok(())
+    }
+
+    /// The device of physical allocation `handle`.
+    pub fn device_of(&self, handle: u64) -> Option<u32> {
+        self.physical.get(&handle).map(|p| p.device)
+    }
+
+    /// The backend's token of physical allocation `handle`.
+    pub fn token(&self, handle: u64) -> Option<PhysicalToken> {
+        self.physical.get(&handle).map(|p| p.token)
+    }
+
+    /// What a snapshot carries: the physical allocations (handle, device, size, released),
+    /// the reservations (start, size) and the maps, each in address or handle order.
+    pub fn image(&self) -> Image {
+        let mut physical: Vec<PhysicalImage> = self
+            .physical
+            .iter()
+            .map(|(&handle, p)| PhysicalImage { handle, device: p.device, size: p.size, released: p.released })
+            .collect();
+        physical.sort_by_key(|p| p.handle);
+        Image {
+            physical,
+            reservations: self.reservations.iter().map(|(&s, &l)| (s, l)).collect(),
+            mappings: self
+                .mappings
+                .iter()
+                .map(|(&ptr, m)| MapImage { ptr, size: m.size, handle: m.handle, offset: m.offset, access: m.access, device: m.device })
+                .collect(),
+        }
     }
 
     /// Checks that `[ptr, ptr + len)` lies in maps of one device, adjacent, each readable by

@@ -391,6 +391,16 @@ pub trait BackendSession: Send {
     fn mem_set_access(&mut self, _ptr: u64, _size: u64, _device: u32, _flags: u32) -> CuResult {
         Err(rgpu_cuda_types::CuError::NOT_SUPPORTED)
     }
+    /// A snapshot reads the whole of physical allocation `phys` (mapped or not), handing it
+    /// to `sink` in order, in one or more pieces. Only a backend that can place memory
+    /// (`relocatable`) needs it.
+    fn mem_physical_read(&mut self, _phys: PhysicalToken, _sink: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        Err(TransferError::Device(rgpu_cuda_types::CuError::NOT_SUPPORTED))
+    }
+    /// A rebuild fills the whole of physical allocation `phys` from `fill`.
+    fn mem_physical_write(&mut self, _phys: PhysicalToken, _fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        Err(TransferError::Device(rgpu_cuda_types::CuError::NOT_SUPPORTED))
+    }
 
     // --- IPC ([`crate::ipc`]) ------------------------------------------------
     // The handlers check that `ptr` is the start of one of the session's own client allocations

@@ -64,11 +64,6 @@ pub fn capture(
     if !state.backend.relocatable() {
         return Err(SnapshotError::Unsupported);
     }
-    if !state.vmm.is_empty() {
-        return Err(SnapshotError::NotCapturable(
-            "it holds virtual memory management objects (cuMemCreate/cuMemMap), which snapshots do not carry yet",
-        ));
-    }
     // A graph is rebuilt by instantiating it again; one that names objects
     // destroyed since its instantiation could not be, and the snapshot
     // would never restore.
@@ -91,7 +86,7 @@ pub fn capture(
     let mut memory_sent = 0u64;
     // Version 1 where it suffices, so that servers without graphs in their
     // format still read what needs none.
-    let version = if state.graph_execs.is_empty() { 1 } else { format::GRAPHS_SINCE };
+    let version = if state.graph_execs.is_empty() && state.vmm.is_empty() { 1 } else { format::GRAPHS_SINCE };
     format::write_header(&mut w, version)?;
 
     let (kept, lost) = window.export();
@@ -195,6 +190,11 @@ pub fn capture(
         memory_sent += a.size;
         records += 1;
     }
+
+    let (vmm_records, vmm_bytes) = super::vmm::write(state, &mut w)?;
+    records += vmm_records;
+    memory_bytes += vmm_bytes;
+    memory_sent += vmm_bytes;
 
     let mut streams: Vec<_> = state.streams.iter().map(|(&h, s)| (h, *s)).collect();
     streams.sort_by_key(|(h, _)| *h);

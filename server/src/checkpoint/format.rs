@@ -16,12 +16,14 @@ use super::SnapshotError;
 pub const MAGIC: &[u8; 8] = b"RGPUSNAP";
 /// The newest format version this server writes and reads. The format
 /// changes only by a new version; a reader refuses any it does not know.
-/// Version 2 is version 1 with instantiated graphs ([`Tag::Graph`]): a
-/// snapshot without any is written as version 1, which older servers read.
+/// Version 2 is version 1 with instantiated graphs ([`Tag::Graph`]) and
+/// virtual memory management objects ([`Tag::Physical`], [`Tag::Reservation`],
+/// [`Tag::Map`]): a snapshot without any is written as version 1, which
+/// older servers read.
 pub const VERSION: u32 = 2;
 /// The oldest version this server reads.
 pub const MIN_VERSION: u32 = 1;
-/// The first version with [`Tag::Graph`] records.
+/// The first version with graph and VMM records.
 pub const GRAPHS_SINCE: u32 = 2;
 /// The largest metadata part of one record.
 pub const MAX_META: u32 = 1 << 20;
@@ -51,6 +53,12 @@ pub enum Tag {
     /// parameters and staging memory are the bulk. After the events, before
     /// the kept replies (which may read its staging memory).
     Graph = 8,
+    /// A physical allocation (cuMemCreate, version 2 on): its contents are the bulk.
+    Physical = 9,
+    /// A reserved address range (cuMemAddressReserve, version 2 on).
+    Reservation = 10,
+    /// A map of part of a physical allocation into a reservation (version 2 on).
+    Map = 11,
     /// The record count, last: a snapshot cut short has none.
     End = 0xff,
 }
@@ -62,10 +70,13 @@ impl Tag {
             Tag::Session => 1,
             Tag::Module => 2,
             Tag::Alloc | Tag::AllocDelta => 3,
-            Tag::Stream => 4,
-            Tag::Event => 5,
-            Tag::Graph => 6,
-            Tag::Reply => 7,
+            Tag::Physical => 4,
+            Tag::Reservation => 5,
+            Tag::Map => 6,
+            Tag::Stream => 7,
+            Tag::Event => 8,
+            Tag::Graph => 9,
+            Tag::Reply => 10,
             Tag::End => 0xff,
         }
     }
@@ -80,6 +91,9 @@ impl Tag {
             6 => Tag::Reply,
             7 => Tag::AllocDelta,
             8 => Tag::Graph,
+            9 => Tag::Physical,
+            10 => Tag::Reservation,
+            11 => Tag::Map,
             0xff => Tag::End,
             _ => return None,
         })
@@ -289,7 +303,7 @@ mod tests {
         }
         assert!(matches!(read_header(&mut &v[..5]), Err(SnapshotError::Truncated)));
         // An unknown tag, a metadata length past the bound.
-        assert!(matches!(read_record(&mut &[9u8, 0, 0, 0, 0][..]), Err(SnapshotError::Malformed(_))));
+        assert!(matches!(read_record(&mut &[12u8, 0, 0, 0, 0][..]), Err(SnapshotError::Malformed(_))));
         let huge = [1u8, 0xff, 0xff, 0xff, 0xff];
         assert!(matches!(read_record(&mut &huge[..]), Err(SnapshotError::TooLarge { .. })));
         assert!(matches!(read_bulk(&mut &[0u8; 4][..], 8, 100, "x"), Err(SnapshotError::Truncated)));

@@ -16,10 +16,12 @@
 //! they travel as allocations. Instantiated graphs travel as their
 //! instantiation requests ([`graph`]).
 //!
+//! Virtual memory management objects travel as physical allocations (with
+//! their contents), reservations and maps ([`vmm`]).
+//!
 //! What is refused (nothing written): a backend that cannot place memory at
-//! given addresses (the cuda backend: NOT_SUPPORTED), a session holding
-//! virtual-memory-management objects, and one whose queued work does not
-//! finish within the quiesce bound.
+//! given addresses (the cuda backend: NOT_SUPPORTED), and a session whose
+//! queued work does not finish within the quiesce bound.
 //!
 //! The snapshot is hostile input when read: every length is bounded before
 //! it is used, every handle and address checked as a request's would be
@@ -32,6 +34,7 @@ pub mod format;
 pub mod graph;
 pub mod precopy;
 pub mod rebuild;
+pub mod vmm;
 
 #[cfg(test)]
 mod tests;

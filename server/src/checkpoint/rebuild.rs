@@ -190,12 +190,17 @@ impl Opened<'_> {
         let mut kept_bytes = 0u64;
         let mut globals_seen: HashSet<u64> = HashSet::new();
         let mut stage = Tag::Module;
+        let mut vmm = super::vmm::Rebuild::default();
         loop {
             let h = self.next()?;
             // Records come in stage order; one out of order is refused, so a
             // reply never names a stream not yet rebuilt.
             if h.tag != Tag::End && h.tag.stage() < stage.stage() {
                 return Err(SnapshotError::Malformed(format!("a {:?} record after {:?} records", h.tag, stage)));
+            }
+            // Past the maps: allocations released before are released again.
+            if stage.stage() <= Tag::Map.stage() && h.tag.stage() > Tag::Map.stage() {
+                vmm.finish(state)?;
             }
             if h.tag != Tag::End {
                 stage = h.tag;
@@ -235,9 +240,12 @@ impl Opened<'_> {
                         .map_err(|e| SnapshotError::Device(e, "creating an event"))?;
                     state.events.insert(handle, Event { token, device, flags });
                 }
-                Tag::Graph if self.version < format::GRAPHS_SINCE => {
-                    return Err(SnapshotError::Malformed(format!("a graph in a version {} snapshot", self.version)));
+                Tag::Graph | Tag::Physical | Tag::Reservation | Tag::Map if self.version < format::GRAPHS_SINCE => {
+                    return Err(SnapshotError::Malformed(format!("a {:?} record in a version {} snapshot", h.tag, self.version)));
                 }
+                Tag::Physical => memory_bytes += vmm.physical(state, &h, &mut *self.r)?,
+                Tag::Reservation => vmm.reservation(state, &h)?,
+                Tag::Map => vmm.map(state, &h)?,
                 Tag::Graph => super::graph::read(state, &h, &mut *self.r)?,
                 Tag::Reply => {
                     let mut d = Dec::new(&h.meta, "reply");

@@ -215,18 +215,83 @@ fn a_rebuild_refuses_a_server_it_does_not_fit() {
     assert!(matches!(opened.check_fits(backend("x").devices(), 80), Err(SnapshotError::Incompatible(_))));
 }
 
+/// Virtual memory management objects travel (format version 2): two
+/// physical allocations mapped back to back in a reservation, one of them
+/// released (alive while mapped), a third unmapped whose bytes were written
+/// through an earlier map. The rebuild has the same ranges at the same
+/// addresses with the same bytes and access, and the objects behave as
+/// before: the unmapped one shows its bytes when mapped again, the
+/// released one goes with its last map.
 #[test]
-fn a_session_the_format_cannot_carry_is_refused_before_anything_is_written() {
-    let sim = backend("a");
-    let mut s = fresh(&sim);
-    let mut b = std::mem::replace(&mut s.backend, sim.open_session(None).unwrap());
-    s.vmm.create(b.as_mut(), 9, 0, crate::vmm::GRANULARITY).unwrap();
-    s.backend = b;
-    let mut out = Vec::new();
-    let e = capture(&mut s, &meta(), &ReplyWindow::default(), Duration::from_secs(1), &mut out, None).unwrap_err();
-    assert!(matches!(e, SnapshotError::NotCapturable(_)), "{e}");
-    assert_eq!(e.code(), rgpu_cuda_types::CuError::NOT_SUPPORTED);
-    assert!(out.is_empty());
+fn vmm_objects_are_rebuilt_at_their_addresses_with_their_bytes() {
+    use crate::vmm::{ACCESS_READWRITE, GRANULARITY as G};
+    let (a, b) = (backend("a"), backend("b"));
+    let mut s = fresh(&a);
+    session_in_mid_run(&mut s);
+    let va = s.vmm.reserve(&mut *s.backend, 4 * G, 0, 0).unwrap();
+    for h in [1, 2, 3] {
+        s.vmm.create(&mut *s.backend, h, 0, G).unwrap();
+    }
+    s.vmm.map(&mut *s.backend, va, G, 0, 1).unwrap();
+    s.vmm.map(&mut *s.backend, va + G, G, 0, 2).unwrap();
+    s.vmm.map(&mut *s.backend, va + 3 * G, G, 0, 3).unwrap();
+    s.vmm.set_access(&mut *s.backend, va, 2 * G, 0, ACCESS_READWRITE).unwrap();
+    s.vmm.set_access(&mut *s.backend, va + 3 * G, G, 0, ACCESS_READWRITE).unwrap();
+    let across: Vec<u8> = (0..64u32).map(|i| (i * 7 + 3) as u8).collect();
+    write(&mut s, va + G - 32, &across);
+    write(&mut s, va + 3 * G + 100, b"kept while unmapped");
+    s.vmm.unmap(&mut *s.backend, va + 3 * G, G).unwrap();
+    s.vmm.release(&mut *s.backend, 2).unwrap();
+    let (bytes, c) = snapshot(&mut s, &ReplyWindow::default());
+    assert_eq!(bytes[8], 2, "a snapshot with VMM objects is version 2");
+    assert!(c.memory_bytes >= 3 * G, "{c:?}");
+
+    let (mut copy, _, rebuilt) = rebuild_on(&b, &bytes).unwrap();
+    assert_eq!(rebuilt.memory_bytes, c.memory_bytes);
+    assert_eq!(copy.check_range(va, 2 * G), Ok(0), "the two maps, one range, accessible");
+    assert!(copy.check_range(va + 2 * G, 1).is_err(), "no map where there was none");
+    assert_eq!(read(&mut copy, va + G - 32, 64), across);
+    assert_eq!(read(&mut copy, va, 2 * G), read(&mut s, va, 2 * G));
+    // The unmapped allocation kept its bytes: mapped again, they are there.
+    copy.vmm.map(&mut *copy.backend, va + 3 * G, G, 0, 3).unwrap();
+    copy.vmm.set_access(&mut *copy.backend, va + 3 * G, G, 0, ACCESS_READWRITE).unwrap();
+    assert_eq!(read(&mut copy, va + 3 * G + 100, 19), b"kept while unmapped");
+    // Handle 2 was released: it cannot be mapped again, and unmapping it frees it.
+    assert!(copy.vmm.map(&mut *copy.backend, va + 2 * G, G, 0, 2).is_err(), "a released allocation mapped again");
+    copy.vmm.unmap(&mut *copy.backend, va + G, G).unwrap();
+    assert!(copy.vmm.token(2).is_none(), "the released allocation outlived its last map");
+    // The reservation is where it was: freeing it takes the same range.
+    copy.vmm.unmap(&mut *copy.backend, va, G).unwrap();
+    copy.vmm.unmap(&mut *copy.backend, va + 3 * G, G).unwrap();
+    copy.vmm.address_free(&mut *copy.backend, va, 4 * G).unwrap();
+}
+
+#[test]
+fn vmm_records_are_refused_in_a_version_1_snapshot_and_a_taken_range_fails_the_rebuild() {
+    use crate::vmm::{ACCESS_READWRITE, GRANULARITY as G};
+    let mut s = fresh(&backend("a"));
+    let va = s.vmm.reserve(&mut *s.backend, G, 0, 0).unwrap();
+    s.vmm.create(&mut *s.backend, 9, 0, G).unwrap();
+    s.vmm.map(&mut *s.backend, va, G, 0, 9).unwrap();
+    s.vmm.set_access(&mut *s.backend, va, G, 0, ACCESS_READWRITE).unwrap();
+    let (mut bytes, _) = snapshot(&mut s, &ReplyWindow::default());
+    let b = backend("b");
+    // Where the range is taken already, the rebuild fails rather than
+    // putting the program's pointers elsewhere.
+    let mut r = &bytes[..];
+    let opened = open(&mut r).unwrap();
+    let mut taken = fresh(&b);
+    assert_eq!(taken.vmm.reserve(&mut *taken.backend, G, 0, va).unwrap(), va);
+    assert!(opened.rebuild(&mut taken).is_err(), "rebuilt with its reservation elsewhere");
+    // Cut anywhere in the VMM records: an error.
+    for cut in (12..bytes.len()).step_by(97) {
+        assert!(rebuild_on(&b, &bytes[..cut]).is_err(), "cut at {cut}");
+    }
+    bytes[8] = 1;
+    match rebuild_on(&b, &bytes) {
+        Err(SnapshotError::Malformed(m)) => assert!(m.contains("version 1"), "{m}"),
+        other => panic!("VMM records in a version 1 snapshot: {:?}", other.err()),
+    }
 }
 
 #[test]
@@ -367,7 +432,7 @@ fn a_session_without_graphs_is_written_as_version_1_and_a_graph_there_is_refused
     let (mut bytes, _) = snapshot(&mut orig, &window);
     bytes[8] = 1;
     match rebuild_on(&backend("b"), &bytes) {
-        Err(SnapshotError::Malformed(m)) => assert!(m.contains("graph"), "{m}"),
+        Err(SnapshotError::Malformed(m)) => assert!(m.contains("Graph record in a version 1"), "{m}"),
         other => panic!("a graph in a version 1 snapshot: {:?}", other.err()),
     }
 }

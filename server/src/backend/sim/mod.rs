@@ -783,6 +783,20 @@ impl BackendSession for SimSession {
         Ok(())
     }
 
+    fn mem_physical_read(&mut self, phys: PhysicalToken, sink: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        self.exec.wait_idle();
+        let (device, ptr, size) = self.vmm.physical(phys.0).ok_or(CuError::INVALID_VALUE)?;
+        let m = self.shared.device(device)?;
+        m.with_slice(ptr, size, |s| sink(s))?.map_err(TransferError::Io)
+    }
+
+    fn mem_physical_write(&mut self, phys: PhysicalToken, fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        self.exec.wait_idle();
+        let (device, ptr, size) = self.vmm.physical(phys.0).ok_or(CuError::INVALID_VALUE)?;
+        let m = self.shared.device(device)?;
+        m.with_slice_mut(ptr, size, |s| fill(s))?.map_err(TransferError::Io)
+    }
+
     fn mem_address_reserve(&mut self, size: u64, alignment: u64, hint: u64) -> CuResult<u64> {
         self.vmm.reserve(size, alignment, hint)
     }

@@ -69,6 +69,11 @@ impl SimVmm {
         Ok(self.next)
     }
 
+    /// Physical allocation `phys`: its device, its address in that device's memory, its size.
+    pub fn physical(&self, phys: u64) -> Option<(u32, u64, u64)> {
+        self.physical.get(&phys).map(|p| (p.device, p.ptr, p.size))
+    }
+
     /// Frees an allocation no map uses; returns its size.
     pub fn release(&mut self, devices: &[DeviceMemory], phys: u64) -> CuResult<u64> {
         let p = self.physical.get(&phys).ok_or(CuError::INVALID_VALUE)?;
