@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{credential, free_port, start, wait_for, Proc};
+use common::{credential, free_port, start, wait_for, wait_for_within, Proc};
 use rgpu_broker_client::{BrokerClient, LeaseSpec, Role};
 
 const FAILOVERS: usize = 10;
@@ -83,7 +83,10 @@ fn etcd_cluster(dir: &Path) -> Etcd {
     }
     let etcd = Etcd { children, endpoints: clients };
     let eps = etcd.endpoints.join(",");
-    wait_for("the etcd cluster to be healthy", || {
+    // Not a measured bound: three members electing a leader and syncing
+    // their first writes can take a while on two loaded cores (one CI run
+    // waited past 15 s).
+    wait_for_within("the etcd cluster to be healthy", Duration::from_secs(60), || {
         Command::new("etcdctl")
             .args(["--endpoints", &eps, "--command-timeout=1s", "endpoint", "health"])
             .env("ETCDCTL_API", "3")

@@ -79,10 +79,15 @@ pub fn login(addr: &str, dir: &Path, tenant: &str, role: Role) -> BrokerClient {
     BrokerClient::connect(addr, &credential(dir, "admin.key", tenant, role), &rgpu_tls::ClientSecurity::Plaintext).unwrap()
 }
 
-pub fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+pub fn wait_for(what: &str, f: impl FnMut() -> bool) {
+    wait_for_within(what, Duration::from_secs(15), f)
+}
+
+/// As [`wait_for`], with its own bound.
+pub fn wait_for_within(what: &str, bound: Duration, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
     while !f() {
-        assert!(t.elapsed() < Duration::from_secs(15), "timed out waiting for {what}");
+        assert!(t.elapsed() < bound, "timed out waiting for {what} ({bound:?})");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
