@@ -338,15 +338,21 @@ fn a_checkpoint_longer_than_every_reconnect_bound_costs_the_program_nothing_but_
         .and_then(|t| t.trim().parse().ok())
         .unwrap_or_else(|| panic!("no time in the checkpoint's report: {report}"));
     assert!(took > 2.0 * bound, "the checkpoint took {took} s: too short to outlast the bounds of {bound} s; hold more memory");
-    let out = run.wait(run_timeout());
-    out.assert_pass("rt_checkpoint", &[&a]);
-    let report_all = out.describe(&[&a]);
-    for r in 0..6 {
-        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report_all}");
-    }
-    assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report_all}");
-    assert!(a.log().contains("session resumed on a new connection"), "{report_all}");
+    finished_after_being_held(run, &a);
+    assert!(a.log().contains("session resumed on a new connection"), "{}", a.describe());
     eprintln!("{}", report.trim());
+}
+
+/// rt_checkpoint (six rounds) finished with every round right, having been
+/// told by `a` to wait while it held the session.
+fn finished_after_being_held(run: Running, a: &Server) {
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[a]);
+    let report = out.describe(&[a]);
+    for r in 0..6 {
+        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report}");
 }
 
 /// The program paused between a checkpoint and a restore that comes long
@@ -376,13 +382,7 @@ fn a_program_waits_for_a_restore_that_comes_long_after_its_checkpoint() {
     std::thread::sleep(Duration::from_secs(3));
     let (ok, restore) = rgpu(&["restore", "job.snap", "--server", &addr], &key);
     assert!(ok, "restore failed: {restore}\n{}", a.describe());
-    let out = run.wait(run_timeout());
-    out.assert_pass("rt_checkpoint", &[&a]);
-    let report_all = out.describe(&[&a]);
-    for r in 0..6 {
-        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report_all}");
-    }
-    assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report_all}");
+    finished_after_being_held(run, &a);
 }
 
 /// Checkpoint, copy-off, copy-on and restore throughput of a session

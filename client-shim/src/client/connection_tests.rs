@@ -659,23 +659,29 @@ fn a_session_held_for_a_long_checkpoint_is_waited_for_beyond_the_reconnect_bound
     });
 }
 
-#[test]
-fn a_session_held_past_its_bound_fails_the_call() {
-    within(LIMIT, || {
+/// A call on a connection that `redial` never resumes fails once `bound`
+/// (of `policy`) has passed, naming `setting`.
+fn gives_up_after(redial: Box<dyn super::redial::Redial<MemTransport>>, policy: super::redial::Policy, bound: Duration, setting: &'static str) {
+    within(LIMIT, move || {
         let (t1, s1) = pair();
         drop(s1);
-        let bound = Duration::from_millis(700);
-        let policy = super::redial::Policy { hold_timeout: bound, ..Default::default() };
-        let redial = HeldUntil { until: Instant::now() + Duration::from_secs(3600), then: None, tries: 0 };
-        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(redial), policy).unwrap();
+        let c = Connection::resumable(t1, "mem", no_flusher(), redial, policy).unwrap();
         let t0 = Instant::now();
         match ping(&c) {
-            Err(e @ ClientError::Lost { .. }) => assert!(e.to_string().contains("RGPU_HOLD_TIMEOUT"), "{e}"),
+            Err(e @ ClientError::Lost { .. }) => assert!(e.to_string().contains(setting), "{e}"),
             other => panic!("{other:?}"),
         }
         let took = t0.elapsed();
         assert!(took >= bound && took < bound + Duration::from_millis(800), "gave up after {took:?}");
     });
+}
+
+#[test]
+fn a_session_held_past_its_bound_fails_the_call() {
+    let bound = Duration::from_millis(700);
+    let policy = super::redial::Policy { hold_timeout: bound, ..Default::default() };
+    let redial = HeldUntil { until: Instant::now() + Duration::from_secs(3600), then: None, tries: 0 };
+    gives_up_after(Box::new(redial), policy, bound, "RGPU_HOLD_TIMEOUT");
 }
 
 #[test]
@@ -700,20 +706,9 @@ fn a_suspended_lease_is_waited_for_beyond_the_reconnect_bounds_and_the_call_then
 
 #[test]
 fn a_lease_suspended_past_its_bound_fails_the_call() {
-    within(LIMIT, || {
-        let (t1, s1) = pair();
-        drop(s1);
-        let bound = Duration::from_millis(700);
-        let policy = super::redial::Policy { suspend_timeout: bound, ..Default::default() };
-        let c = Connection::resumable(t1, "mem", no_flusher(), Box::new(SuspendedFor { answers: u32::MAX, then: None }), policy).unwrap();
-        let t0 = Instant::now();
-        match ping(&c) {
-            Err(e @ ClientError::Lost { .. }) => assert!(e.to_string().contains("RGPU_SUSPEND_TIMEOUT"), "{e}"),
-            other => panic!("{other:?}"),
-        }
-        let took = t0.elapsed();
-        assert!(took >= bound && took < bound + Duration::from_millis(800), "gave up after {took:?}");
-    });
+    let bound = Duration::from_millis(700);
+    let policy = super::redial::Policy { suspend_timeout: bound, ..Default::default() };
+    gives_up_after(Box::new(SuspendedFor { answers: u32::MAX, then: None }), policy, bound, "RGPU_SUSPEND_TIMEOUT");
 }
 
 #[test]

@@ -441,7 +441,7 @@ impl Opened<'_> {
     }
 }
 
-fn no_bulk(h: &Head) -> Result<(), SnapshotError> {
+pub(super) fn no_bulk(h: &Head) -> Result<(), SnapshotError> {
     if h.bulk_len == 0 {
         Ok(())
     } else {

@@ -14,6 +14,7 @@
 use std::io::{Read, Write};
 
 use super::format::{self, Dec, Enc, Head, Tag};
+use super::rebuild::no_bulk;
 use super::SnapshotError;
 use crate::backend::TransferError;
 use crate::state::SessionState;
@@ -137,13 +138,5 @@ impl Rebuild {
             state.vmm.release(state.backend.as_mut(), handle).map_err(|e| device_error(e, "releasing a physical allocation"))?;
         }
         Ok(())
-    }
-}
-
-fn no_bulk(h: &Head) -> Result<(), SnapshotError> {
-    if h.bulk_len == 0 {
-        Ok(())
-    } else {
-        Err(SnapshotError::Malformed(format!("a {:?} record with bulk", h.tag)))
     }
 }
