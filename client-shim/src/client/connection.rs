@@ -313,6 +313,32 @@ impl<T: Transport> Connection<T> {
         g.core.with_reply(read).map_err(|e| protocol(&self.addr, e))?
     }
 
+    /// As [`Self::call`] for a request that releases something and answers nothing else:
+    /// `Ok(0)` when the server did it, and `Ok(code)` when it did it but an older
+    /// asynchronous error came back with the reply (the caller returns `code`, as CUDA
+    /// does, after forgetting what the server released: its tables must follow the
+    /// server's, not the error).
+    pub fn call_releasing(&self, build: impl FnOnce(request::Builder<'_>)) -> Result<u32, ClientError> {
+        let _in_session = self.span.enter();
+        let mut g = self.lock()?;
+        // SAFETY: no host buffer is named.
+        let q = unsafe { g.core.call(build, &[], &mut []) }.map_err(too_large)?;
+        let r = g.retrying(&self.addr, &[], |g, tail| {
+            g.flush_with(tail)?;
+            g.wait_for(q.seq)
+        });
+        let result = g.check(&self.addr, r)?;
+        if result == 0 {
+            return Ok(0);
+        }
+        let own = g.core.with_reply(|r| r.get_result()).map_err(|e| protocol(&self.addr, e))?;
+        if own == 0 {
+            Ok(result)
+        } else {
+            Err(ClientError::Cuda(result))
+        }
+    }
+
     /// Sends whatever is batched.
     #[allow(dead_code)]
     pub fn flush(&self) -> Result<(), ClientError> {

@@ -204,6 +204,30 @@ fn an_async_error_surfaces_at_the_next_sync_call_exactly_once() {
     });
 }
 
+/// A release the server did comes back done even when an older asynchronous error rides on
+/// its reply (the caller forgets what was released, then returns the error); one the server
+/// refused is an error. Before, both were the same error, and the shim kept a mapping the
+/// server had unmapped, so its reservation could never be freed.
+#[test]
+fn a_release_done_under_an_older_error_is_told_apart_from_one_refused() {
+    within(LIMIT, || {
+        let (c, _log, server) = connect(no_flusher());
+        let srv = well_behaved(server);
+        htod(&c, FAIL_DST, &[0; 16]).unwrap();
+        assert_eq!(c.call_releasing(|mut r| r.set_ping(())).unwrap(), LAUNCH_FAILED, "done, with the older error");
+        assert_eq!(c.call_releasing(|mut r| r.set_ping(())).unwrap(), 0, "the older error comes once");
+        assert!(matches!(c.call_releasing(|r| r.init_mem_alloc().set_size(0)), Err(ClientError::Cuda(INVALID_VALUE))));
+        htod(&c, FAIL_DST, &[0; 16]).unwrap();
+        assert!(
+            matches!(c.call_releasing(|r| r.init_mem_alloc().set_size(0)), Err(ClientError::Cuda(INVALID_VALUE))),
+            "a refusal is its own error"
+        );
+        assert!(matches!(ping(&c), Err(ClientError::Cuda(LAUNCH_FAILED))), "and the older one stays for the next call");
+        drop(c);
+        srv.join().unwrap();
+    });
+}
+
 #[test]
 fn a_call_that_fails_itself_leaves_the_async_error_for_the_next_one() {
     within(LIMIT, || {

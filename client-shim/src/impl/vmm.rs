@@ -66,6 +66,23 @@ fn call(rt: &Runtime, dev: CUdevice, build: impl FnOnce(rgpu_protocol::data_capn
     rt.conn(dev)?.call(build, &[], Sink::None, |_| Ok(())).map_err(cu_err)
 }
 
+/// A release (unmap, release, address free): `Ok(Some(e))` when the server did it and an
+/// older asynchronous error `e` came with the reply, for the caller to return once its own
+/// tables have let go of what the server released.
+fn release_call(
+    rt: &Runtime,
+    dev: CUdevice,
+    build: impl FnOnce(rgpu_protocol::data_capnp::request::Builder<'_>),
+) -> CuResult<Option<CuError>> {
+    let code = rt.conn(dev)?.call_releasing(build).map_err(cu_err)?;
+    Ok(CuError::from_code(code))
+}
+
+/// The first of two results that failed.
+fn first_error(a: CuResult<()>, b: Option<CuError>) -> CuResult<()> {
+    a.and(b.map_or(Ok(()), Err))
+}
+
 pub(crate) unsafe fn create(
     handle: &mut CUmemGenericAllocationHandle,
     size: usize,
@@ -112,7 +129,7 @@ fn collect(rt: &Runtime, h: u64, p: &Physical) -> CuResult<()> {
     if *p.refs() != (0, 0) {
         return Ok(());
     }
-    call(rt, p.device, |r| r.init_mem_release().set_handle(h))
+    first_error(Ok(()), release_call(rt, p.device, |r| r.init_mem_release().set_handle(h))?)
 }
 
 pub(crate) unsafe fn release(handle: CUmemGenericAllocationHandle) -> CuResult<()> {
@@ -208,13 +225,13 @@ pub(crate) unsafe fn address_free(ptr: CUdeviceptr, size: usize) -> CuResult<()>
         }
         r
     };
-    call(rt, r.device, |b| {
+    let late = release_call(rt, r.device, |b| {
         let mut m = b.init_mem_address_free();
         m.set_ptr(Runtime::to_remote(ptr));
         m.set_size(r.size);
     })?;
     o.vmm.ranges().reservations.remove(&ptr);
-    Ok(())
+    first_error(Ok(()), late)
 }
 
 pub(crate) unsafe fn map(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CuResult<()> {
@@ -262,11 +279,12 @@ pub(crate) unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> CuResult<()> {
         starts.into_iter().filter_map(|s| ranges.mappings.get(&s).map(|m| (s, m.clone()))).collect()
     };
     let dev = maps.first().map(|(_, m)| m.phys.device).ok_or(CuError::INVALID_VALUE)?;
-    call(rt, dev, |b| {
+    let late = release_call(rt, dev, |b| {
         let mut m = b.init_mem_unmap();
         m.set_ptr(Runtime::to_remote(ptr));
         m.set_size(size as u64);
     })?;
+    let mut collected = Ok(());
     for (s, m) in maps {
         o.vmm.ranges().mappings.remove(&s);
         o.memory.allocs.lock().unwrap_or_else(|e| e.into_inner()).remove(&s);
@@ -274,9 +292,9 @@ pub(crate) unsafe fn unmap(ptr: CUdeviceptr, size: usize) -> CuResult<()> {
             let mut r = m.phys.refs();
             r.1 = r.1.saturating_sub(1);
         }
-        collect(rt, m.handle, &m.phys)?;
+        collected = collected.and(collect(rt, m.handle, &m.phys));
     }
-    Ok(())
+    first_error(late.map_or(Ok(()), Err), collected.err())
 }
 
 pub(crate) unsafe fn set_access(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CuResult<()> {
