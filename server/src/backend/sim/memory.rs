@@ -136,6 +136,28 @@ impl DeviceMemory {
         Ok(self.base + off)
     }
 
+    /// Allocates `size` bytes from the top of the highest free range that
+    /// fits: memory that takes no address of its own (a physical allocation
+    /// of the virtual memory API), kept away from where [`Self::alloc`]
+    /// places, so that it does not move the addresses later allocations get
+    /// (on a GPU, cuMemCreate takes no virtual address).
+    pub fn alloc_top(&self, size: u64) -> CuResult<u64> {
+        if size == 0 {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let len = size.checked_next_multiple_of(GRANULE).ok_or(CuError::OUT_OF_MEMORY)?;
+        let mut st = self.lock();
+        let (fo, fl) = st.free.iter().rev().find(|&(_, &l)| l >= len).map(|(&o, &l)| (o, l)).ok_or(CuError::OUT_OF_MEMORY)?;
+        let off = fo + fl - len;
+        st.free.remove(&fo);
+        if fl > len {
+            st.free.insert(fo, fl - len);
+        }
+        st.live.insert(off, len);
+        st.used += len;
+        Ok(self.base + off)
+    }
+
     /// Allocates `size` bytes at exactly `ptr` (a restored session's
     /// allocation, which the program knows by that address): the range must
     /// be granule-aligned and wholly free.
@@ -384,6 +406,19 @@ mod tests {
         m.free(VA_BASE).unwrap();
         m.free(next).unwrap();
         assert_eq!(m.lock().free.len(), 1, "coalesced back to one range");
+    }
+
+    #[test]
+    fn top_allocations_leave_the_bottom_where_it_was() {
+        let m = DeviceMemory::new(0, 1 << 20).unwrap();
+        let top = m.alloc_top(1000).unwrap();
+        assert_eq!(top, VA_BASE + (1 << 20) - 1024);
+        assert_eq!(m.alloc(GRANULE).unwrap(), VA_BASE, "the first allocation where it would have been");
+        assert_eq!(m.alloc_top(GRANULE).unwrap(), top - GRANULE);
+        assert_eq!(m.alloc_top(1 << 20), Err(CuError::OUT_OF_MEMORY));
+        assert_eq!(m.free_bytes(), (1 << 20) - 1024 - 2 * GRANULE);
+        m.free(top).unwrap();
+        assert_eq!(m.alloc_top(1024).unwrap(), top, "its place is free again");
     }
 
     #[test]

@@ -63,7 +63,7 @@ impl SimVmm {
 
     pub fn create(&mut self, devices: &[DeviceMemory], device: u32, size: u64) -> CuResult<u64> {
         let mem = devices.get(device as usize).ok_or(CuError::INVALID_DEVICE)?;
-        let ptr = mem.alloc(size)?;
+        let ptr = mem.alloc_top(size)?;
         self.next += 1;
         self.physical.insert(self.next, Physical { device, ptr, size, maps: 0 });
         Ok(self.next)
