@@ -7,7 +7,10 @@
 #     drv_api.cu), built for this GPU's architecture and as PTX;
 #   - a host<->device bandwidth test, 4 KiB .. 256 MiB, pinned and pageable;
 #   - a launch-rate test (and the latency of one synchronisation);
-#   - a PyTorch workload, when `python3 -c 'import torch'` works here.
+#   - a PyTorch workload, when `python3 -c 'import torch'` works here;
+# and, through rgpu only, a session moved between two more servers on the
+# same GPU with --cuda-movable-memory (rt_checkpoint migrated A -> B -> A
+# mid-run, its results checked; the pause of each move).
 # It prints one table (markdown) with each result natively and through rgpu
 # and the rgpu/native ratio of time and bandwidth, and writes it to --out.
 # Everything is bounded so that the whole check finishes within 8 minutes.
@@ -106,6 +109,7 @@ for p in "${PROGRAMS[@]}"; do
 done
 build_one bandwidth "$ROOT/integration/gpu-check/bandwidth.cu" "${RT_FLAGS[@]}" & pids+=($!)
 build_one launch_rate "$ROOT/integration/gpu-check/launch_rate.cu" "${RT_FLAGS[@]}" & pids+=($!)
+build_one rt_checkpoint "$ROOT/integration/cuda/rt_checkpoint.cu" "${RT_FLAGS[@]}" -I "$ROOT/integration/cuda" & pids+=($!)
 # Driver API: linked against the shim's libcuda.so; at run time natively
 # the loader finds NVIDIA's libcuda.so.1 (the shim's name is the same).
 build_one drv_api "$ROOT/integration/cuda/drv_api.cu" -x c++ -std=c++17 -O2 -cudart none \
@@ -126,7 +130,13 @@ export RGPU_PLAINTEXT=1
 unset RGPU_TLS_CA
 "$BIN/rgpu-server" --listen 127.0.0.1:0 --backend cuda --plaintext >"$SERVER_LOG" 2>&1 &
 SERVER_PID=$!
-cleanup() { kill "$SERVER_PID" 2>/dev/null || true; wait "$SERVER_PID" 2>/dev/null || true; }
+MOVE_PIDS=()
+cleanup() {
+    for pid in "$SERVER_PID" ${MOVE_PIDS[@]+"${MOVE_PIDS[@]}"}; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}
 trap cleanup EXIT
 ADDR=""
 for _ in $(seq 100); do
@@ -200,6 +210,54 @@ if [[ "$TORCH" == 1 ]] && python3 -c 'import torch; assert torch.cuda.is_availab
 else
     row "torch workload" "not run" "not run" "no PyTorch with CUDA here (or --no-torch)"
 fi
+
+# --- sessions that move (docs/migration.md, movable memory) ----------------
+MOVE_DIR="$WORK/move"
+rm -rf "$MOVE_DIR"
+mkdir -p "$MOVE_DIR/snapshots"
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$MOVE_DIR/admin.key"
+# start_move_server NAME: a cuda server with movable memory; its address in MOVE_ADDR.
+start_move_server() {
+    local log="$WORK/logs/$1.log"
+    "$BIN/rgpu-server" --listen 127.0.0.1:0 --backend cuda --plaintext --cuda-movable-memory \
+        --admin-key-file "$MOVE_DIR/admin.key" --checkpoint-dir "$MOVE_DIR/snapshots" >"$log" 2>&1 &
+    MOVE_PIDS+=($!)
+    MOVE_ADDR=""
+    for _ in $(seq 100); do
+        MOVE_ADDR="$(grep -o 'listening on [0-9.]*:[0-9]*' "$log" | head -n1 | awk '{print $3}')" || true
+        [[ -n "$MOVE_ADDR" ]] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+# wait_line FILE TEXT SECONDS
+wait_line() {
+    local end=$((SECONDS + $3))
+    while ((SECONDS < end)); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+MOVE_NOTE="" MOVE_RC=1 HELD=()
+if start_move_server move-a && MA="$MOVE_ADDR" && start_move_server move-b && MB="$MOVE_ADDR"; then
+    "$BIN/rgpu" run --server "$MA" -- "$WORK/bin/rt_checkpoint" --rounds 6 --wait-ms 300 --mib 256 \
+        >"$WORK/logs/move.out" 2>&1 &
+    RUN_PID=$!
+    for step in "round 1 $MA $MB" "round 3 $MB $MA"; do
+        read -r _ n from to <<<"$step"
+        if ! wait_line "$WORK/logs/move.out" "^round $n\$" 60; then MOVE_NOTE="never reached round $n"; break; fi
+        id="$(grep -o 'session{id=0x[0-9a-f]*' "$WORK/logs/move-a.log" | head -n1 | cut -d= -f2)"
+        if ! out="$("$BIN/rgpu" migrate "$id" --server "$from" --to "$to" --key-file "$MOVE_DIR/admin.key" --plaintext 2>&1)"; then
+            MOVE_NOTE="migration $from -> $to refused: $(echo "$out" | tail -n1)"
+            break
+        fi
+        HELD+=("$(echo "$out" | grep -o 'was held [0-9.]* ms' | awk '{print $3}')")
+    done
+    timeout 120 tail --pid="$RUN_PID" -f /dev/null || kill "$RUN_PID" 2>/dev/null || true
+    MOVE_RC=0; wait "$RUN_PID" || MOVE_RC=$?
+else
+    MOVE_NOTE="a server with --cuda-movable-memory did not start (logs/move-*.log)"
+fi
+row "rt_checkpoint 256 MiB moved A -> B -> A (--cuda-movable-memory)" "-" \
+    "$(verdict $MOVE_RC); held ${HELD[*]:-?} ms" "${MOVE_NOTE:-moved twice, every round right}"
 
 # --- the table --------------------------------------------------------------
 {

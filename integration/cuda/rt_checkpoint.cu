@@ -13,6 +13,7 @@
 // bytes must come along at the same addresses.
 // Exit 0: all rounds right. Exit 1: a CUDA call failed or a result was wrong.
 #include <cuda_runtime.h>
+#include <math.h>
 #include <unistd.h>
 #include <vector>
 #include "check.h"
@@ -146,6 +147,10 @@ int main(int argc, char **argv) {
         printf("round %d\n", r);
         fflush(stdout);
         if (wait_ms > 0) usleep((useconds_t)(wait_ms * 1000));
+        // A session moved during the wait keeps its events' times.
+        float again = -1;
+        CHECK(cudaEventElapsedTime(&again, e0, e1));
+        EXPECT(fabsf(again - ms) <= 0.01f + ms * 1e-3f, "round %d: %f ms between the events, %f ms after the pause", r, ms, again);
     }
     std::vector<unsigned char> hb(big);
     CHECK(cudaMemcpy(hb.data(), d, big, cudaMemcpyDeviceToHost));

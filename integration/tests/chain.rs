@@ -17,9 +17,14 @@ use rgpu_integration::*;
 
 /// Starts B then A, runs `program` against A and asserts it passes.
 fn chain(program: &str, variant: Variant, args: &[&str]) -> RunOutput {
+    chain_with(program, variant, args, &[])
+}
+
+/// As [`chain`], with `flags` for server A.
+fn chain_with(program: &str, variant: Variant, args: &[&str], flags: &[String]) -> RunOutput {
     let exe = build(program, variant);
     let b = Server::start_default();
-    let a = Server::start_chain(&b);
+    let a = Server::start_chain_with(&b, flags);
     assert!(
         a.log().contains("backend cuda"),
         "server A did not start the cuda backend\n{}{}",
@@ -52,6 +57,31 @@ chain_tests! {
     errors => [];
     managed => [];
     graph => [];
+}
+
+/// The same programs with A's client memory placed through the virtual
+/// memory API (`--cuda-movable-memory`, what lets its sessions move): every
+/// allocation, copy, free, the device's free memory after everything is
+/// freed, and the recovery from a device assert (whose releases come back
+/// with the assert's error) must behave as with cuMemAlloc.
+macro_rules! movable_tests {
+    ($($name:ident => $program:expr, $variant:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            chain_with($program, $variant, &[], &["--cuda-movable-memory".to_string()]);
+        }
+    )*};
+}
+
+movable_tests! {
+    movable_memory => "rt_memory", Variant::Cudart13Shared;
+    movable_copy => "rt_copy", Variant::Cudart13Shared;
+    movable_memset => "rt_memset", Variant::Cudart13Shared;
+    movable_managed => "rt_managed", Variant::Cudart13Shared;
+    movable_errors => "rt_errors", Variant::Cudart13Shared;
+    movable_graph => "rt_graph", Variant::Cudart13Shared;
+    movable_drv_api => "drv_api", Variant::Driver;
+    movable_drv_vmm => "drv_vmm", Variant::Driver;
 }
 
 /// Runs a launch program with `--expect-supported`: it must pass (or, with

@@ -506,9 +506,106 @@ fn a_session_with_mapped_vmm_memory_migrates_back_and_forth_and_finishes_right()
     migrated_back_and_forth(&["--vmm", "1"]);
 }
 
+/// The cuda backend's path (docs/migration.md, "Movable memory"): two
+/// servers on the cuda backend with `--cuda-movable-memory`, each over its own
+/// sim server through rgpu's shim as their driver (two GPU hosts), and the
+/// program's session moved between them mid-run. Its 64 MiB buffer, module
+/// global, streams and events are rebuilt through the driver API at the
+/// addresses the program holds.
+#[test]
+fn a_session_on_the_cuda_backend_migrates_back_and_forth_and_finishes_right() {
+    migrated_on_the_cuda_backend(&[]);
+}
+
+/// As above, the program's rounds one instantiated CUDA graph each.
+#[test]
+fn a_cuda_session_with_an_instantiated_graph_migrates_back_and_forth_and_finishes_right() {
+    migrated_on_the_cuda_backend(&["--graph", "1"]);
+}
+
+/// As above, the program's large buffer mapped through the virtual memory
+/// management API: on the cuda backend its physical allocations are read
+/// and written through a scratch mapping of the driver's.
+#[test]
+fn a_cuda_session_with_mapped_vmm_memory_migrates_back_and_forth_and_finishes_right() {
+    migrated_on_the_cuda_backend(&["--vmm", "1"]);
+}
+
+/// Checkpoint and restore on the cuda backend's path: a session checkpointed
+/// on one cuda server (movable memory, over its own sim server) is restored
+/// on another from the shared snapshot folder, the first forwards the
+/// program's resume there, and every round comes out right.
+#[test]
+fn a_cuda_session_checkpointed_on_one_server_is_restored_on_another() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let (gpu_a, gpu_b) = (Server::start_default(), Server::start_default());
+    let mut flags = server_flags(&dir.0);
+    flags.push("--cuda-movable-memory".into());
+    let (a, b) = (Server::start_chain_with(&gpu_a, &flags), Server::start_chain_with(&gpu_b, &flags));
+    let (aa, ba) = (a.addr_string(), b.addr_string());
+    let key = dir.0.join("admin.key");
+    let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "5", "--wait-ms", "300", "--mib", "32"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a, &b]));
+    }
+    let id = session_id(&a).unwrap_or_else(|| panic!("no session id\n{}", a.describe()));
+    let (ok, report) = rgpu(&["checkpoint", &id, "--server", &aa, "--to", "job.snap"], &key);
+    assert!(ok, "checkpoint failed: {report}\n{}", a.describe());
+    let (ok, report) = rgpu(&["restore", "job.snap", "--server", &ba, "--forward-from", &aa], &key);
+    assert!(ok, "restore failed: {report}\n{}\n{}", a.describe(), b.describe());
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    let report = out.describe(&[&a, &b]);
+    for r in 0..5 {
+        assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(out.stderr.contains("the session moved from"), "the shim was not redirected\n{report}");
+}
+
+fn migrated_on_the_cuda_backend(extra: &[&str]) {
+    let dir = scratch();
+    let metrics = metrics_addr();
+    let (gpu_a, gpu_b) = (Server::start_default(), Server::start_default());
+    let mut flags = server_flags(&dir.0);
+    flags.push("--cuda-movable-memory".into());
+    let b = Server::start_chain_with(&gpu_b, &flags);
+    flags.extend(["--metrics".to_string(), metrics.clone()]);
+    let a = Server::start_chain_with(&gpu_a, &flags);
+    for s in [&a, &b] {
+        assert!(s.log().contains("backend cuda") && s.log().contains("movable=true"), "{}", s.describe());
+    }
+    // No pre-copy on the cuda backend: it cannot read a session's memory from another thread.
+    migrate_rounds(&a, &b, &dir.0, &metrics, extra, 0.0);
+}
+
+/// Without `--cuda-movable-memory` a cuda session cannot be placed again at its
+/// addresses: the migration is refused before anything moves, and the
+/// program goes on where it was and finishes right.
+#[test]
+fn a_cuda_session_without_movable_memory_refuses_to_migrate_and_runs_on() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = scratch();
+    let (gpu_a, gpu_b) = (Server::start_default(), Server::start_default());
+    let flags = server_flags(&dir.0);
+    let (a, b) = (Server::start_chain_with(&gpu_a, &flags), Server::start_chain_with(&gpu_b, &flags));
+    let (aa, ba) = (a.addr_string(), b.addr_string());
+    let key = dir.0.join("admin.key");
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "3", "--wait-ms", "200", "--mib", "8"], &[("RGPU_LOG", "warn")]);
+    assert!(run.wait_for_line("round 0", run_timeout()), "rt_checkpoint never started\n{}", a.describe());
+    let id = session_id(&a).unwrap_or_else(|| panic!("no session id\n{}", a.describe()));
+    let (ok, report) = migrate(&id, &aa, &ba, &key);
+    assert!(!ok, "a cuda session without movable memory migrated: {report}");
+    assert!(report.to_lowercase().contains("not supported"), "{report}");
+    let out = run.wait(run_timeout());
+    out.assert_pass("rt_checkpoint", &[&a, &b]);
+    assert!(sessions_on(&ba, &key).is_empty(), "something arrived on the target");
+}
+
 /// rt_checkpoint with `extra` arguments, migrated A -> B -> A -> B mid-run.
 fn migrated_back_and_forth(extra: &[&str]) {
-    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let dir = scratch();
     let seed = format!("rgpu-migrate-{}", std::process::id());
     let metrics = metrics_addr();
@@ -516,8 +613,18 @@ fn migrated_back_and_forth(extra: &[&str]) {
     flags.extend(["--metrics".to_string(), metrics.clone()]);
     let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
     let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &server_flags(&dir.0));
+    // VMM memory is not pre-copied: it goes while the program is held.
+    let precopied = if extra.contains(&"--vmm") { 0.0 } else { 2.0 * (64 << 20) as f64 };
+    migrate_rounds(&a, &b, &dir.0, &metrics, extra, precopied);
+}
+
+/// rt_checkpoint with `extra` arguments against `a` (serving metrics at
+/// `metrics`), migrated A -> B -> A -> B mid-run; at least `precopied` bytes
+/// must have been pre-copied.
+fn migrate_rounds(a: &Server, b: &Server, dir: &Path, metrics: &str, extra: &[&str], precopied: f64) {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let (aa, ba) = (a.addr_string(), b.addr_string());
-    let key = dir.0.join("admin.key");
+    let key = dir.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
     let mut args = vec!["--rounds", "8", "--wait-ms", "200", "--mib", "64"];
     args.extend_from_slice(extra);
@@ -528,7 +635,7 @@ fn migrated_back_and_forth(extra: &[&str]) {
             let out = run.wait(Duration::from_secs(5));
             panic!("rt_checkpoint never printed {after:?}\n{}", out.describe(&[&a, &b]));
         }
-        let id = session_id(&a).unwrap_or_else(|| panic!("no session id in the first server's log\n{}", a.describe()));
+        let id = session_id(a).unwrap_or_else(|| panic!("no session id in the first server's log\n{}", a.describe()));
         let n = u64::from_str_radix(id.trim_start_matches("0x"), 16).unwrap();
         assert_eq!(sessions_on(from, &key), vec![n], "rgpu sessions on {from}");
         let (ok, report) = migrate(&id, from, to, &key);
@@ -545,8 +652,8 @@ fn migrated_back_and_forth(extra: &[&str]) {
         eprintln!("{}", report.trim());
     }
     let out = run.wait(run_timeout());
-    out.assert_pass("rt_checkpoint", &[&a, &b]);
-    let report = out.describe(&[&a, &b]);
+    out.assert_pass("rt_checkpoint", &[a, b]);
+    let report = out.describe(&[a, b]);
     for r in 0..8 {
         assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
@@ -555,12 +662,10 @@ fn migrated_back_and_forth(extra: &[&str]) {
     assert_eq!(a.log().matches("session migrated in").count(), 1, "{report}");
     assert!(a.log().contains("the session moved to another server; it ends here"), "{report}");
     // The first server sent it twice and took it back once.
-    let sample = |s: &str| scrape(&metrics, s);
+    let sample = |s: &str| scrape(metrics, s);
     assert_eq!(sample(r#"rgpu_server_migrations_total{direction="out",result="ok"}"#), Some(2.0), "{report}");
     assert_eq!(sample(r#"rgpu_server_migrations_total{direction="in",result="ok"}"#), Some(1.0), "{report}");
     assert_eq!(sample("rgpu_server_migration_held_seconds_count"), Some(2.0), "{report}");
-    // VMM memory is not pre-copied: it goes while the program is held.
-    let precopied = if extra.contains(&"--vmm") { 0.0 } else { 2.0 * (64 << 20) as f64 };
     assert!(sample(r#"rgpu_server_migration_memory_bytes_total{phase="precopy"}"#).is_some_and(|b| b >= precopied));
     eprintln!("held {held:?} ms for 64 MiB; the program finished in {:?}", out.elapsed);
 }
@@ -631,7 +736,7 @@ fn a_failed_migration_leaves_the_session_running_where_it_was() {
     let aa = a.addr_string();
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
-    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "64"], &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
@@ -645,15 +750,22 @@ fn a_failed_migration_leaves_the_session_running_where_it_was() {
     let (ok, err) = migrate(&id, &aa, &dying.0, &key);
     assert!(!ok && err.contains("broke during the migration"), "{err}");
     assert!(dying.1.join().unwrap() > 0, "the stand-in target read nothing");
+    // A target that cannot rebuild the session (its device is smaller than
+    // the program's 64 MiB) says why, rather than closing the connection
+    // under a sender with most of the stream still to send.
+    let small = ServerOpts { memory: 32 << 20, ..ServerOpts::default() };
+    let c = Server::start_on("127.0.0.1:0", small, "rgpu-migrate-fail-c", &flags);
+    let (ok, err) = migrate(&id, &aa, &c.addr_string(), &key);
+    assert!(!ok && err.contains("refused the session") && err.contains("more than this server takes"), "{err}\n{}", c.describe());
     // Not the operator's key: refused before anything is touched.
     let wrong = dir.0.join("wrong.key");
     std::fs::write(&wrong, KEY.replace('0', "f")).unwrap();
     let (ok, err) = migrate(&id, &aa, &b.addr_string(), &wrong);
     assert!(!ok && err.contains("refused"), "{err}");
     let out = run.wait(run_timeout());
-    out.assert_pass("rt_checkpoint", &[&a, &b]);
-    assert!(!out.stderr.contains("the session moved from"), "{}", out.describe(&[&a, &b]));
-    assert!(!b.log().contains("session migrated in"), "{}", b.describe());
+    out.assert_pass("rt_checkpoint", &[&a, &b, &c]);
+    assert!(!out.stderr.contains("the session moved from"), "{}", out.describe(&[&a, &b, &c]));
+    assert!(!b.log().contains("session migrated in") && !c.log().contains("session migrated in"), "{}", b.describe());
 }
 
 /// Between two servers under TLS: the servers speak TLS to each other (the

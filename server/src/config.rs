@@ -57,6 +57,13 @@ rgpu_config::settings! {
         /// found, else sim) [default: auto].
         #[setting(flag = "backend", env = "RGPU_SERVER_BACKEND", value_name = "sim|cuda|auto")]
         backend: BackendKind = BackendKind::Auto,
+        /// cuda backend: place client memory through the driver's virtual
+        /// memory management API, in ranges this server reserves, so that
+        /// sessions can be checkpointed and migrated (docs/migration.md);
+        /// without it, plain cuMemAlloc, and checkpoints of cuda sessions are
+        /// refused [default: false].
+        #[setting(flag = "cuda-movable-memory", env = "RGPU_SERVER_CUDA_MOVABLE_MEMORY")]
+        cuda_movable_memory: bool = false,
         /// Number of simulated devices [default: 1].
         #[setting(flag = "sim-devices", env = "RGPU_SERVER_SIM_DEVICES", value_name = "N")]
         sim_devices: u32 = 1,
@@ -248,6 +255,8 @@ rgpu_config::settings! {
 pub struct Config {
     pub listen: String,
     pub backend: BackendKind,
+    /// The cuda backend places client memory so that sessions can move.
+    pub cuda_movable_memory: bool,
     pub sim: SimConfig,
     pub attach_timeout: Duration,
     pub max_connections: usize,
@@ -394,6 +403,7 @@ impl Config {
             security,
             listen: s.listen,
             backend: s.backend,
+            cuda_movable_memory: s.cuda_movable_memory,
             sim: SimConfig {
                 devices: s.sim_devices,
                 memory: s.sim_memory,
@@ -487,6 +497,7 @@ mod tests {
     const SAMPLES: &[(&str, [&str; 2])] = &[
         ("listen", ["0.0.0.0:1", "127.0.0.1:2"]),
         ("backend", ["sim", "cuda"]),
+        ("cuda-movable-memory", ["true", "false"]),
         ("sim-devices", ["3", "4"]),
         ("sim-memory", ["1.5GiB", "4096"]),
         ("sim-compute-capability", ["8.6", "7.5"]),

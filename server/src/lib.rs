@@ -49,11 +49,11 @@ pub fn build_backend(config: &config::Config) -> anyhow::Result<Arc<dyn backend:
     use config::BackendKind;
     match config.backend {
         BackendKind::Cuda => {
-            let cuda = backend::cuda::CudaBackend::new()
+            let cuda = backend::cuda::CudaBackend::new(config.cuda_movable_memory)
                 .context("cannot start the cuda backend (--backend sim needs no GPU)")?;
             return Ok(Arc::new(cuda));
         }
-        BackendKind::Auto => match backend::cuda::CudaBackend::new() {
+        BackendKind::Auto => match backend::cuda::CudaBackend::new(config.cuda_movable_memory) {
             Ok(cuda) => return Ok(Arc::new(cuda)),
             Err(e) => tracing::warn!("no usable GPU ({e}); --backend auto uses the sim backend"),
         },

@@ -26,7 +26,7 @@
 //! own lengths for framing, and memory goes from the source's device to
 //! the socket and from the socket into the target's device chunk by chunk.
 
-use std::io::Write;
+use std::io::{self, Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -324,6 +324,7 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
     let received = r.received;
     match rebuilt {
         Ok((_, memory, span)) => {
+            drop(r);
             span.in_scope(|| {
                 info!(%peer, bytes = received, memory, ms = started.elapsed().as_millis() as u64,
                     "session migrated in; waiting for its client to resume")
@@ -334,6 +335,12 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
         Err(e) => {
             service.metrics.migration(false, false);
             warn!(%peer, "incoming migration failed: {e}");
+            // The sender is still streaming: a connection closed under it
+            // would tell it only "broken pipe". Read the rest (no more than
+            // the devices could hold, each read bounded in time), so that it
+            // finishes and reads why.
+            let bound = sizes.iter().fold(1u64 << 30, |n, &s| n.saturating_add(s.saturating_mul(2)));
+            let _ = io::copy(&mut (&mut r).take(bound), &mut io::sink());
             let _ = answer(&mut t, 2, &e.to_string(), 0, 0);
         }
     }

@@ -64,7 +64,7 @@ pub enum SnapshotError {
     Version(u32),
     #[error("malformed snapshot: {0}")]
     Malformed(String),
-    #[error("malformed snapshot: {what} of {len} bytes, at most {max} allowed")]
+    #[error("the snapshot's {what} is {len}, more than this server takes ({max})")]
     TooLarge { what: &'static str, len: u64, max: u64 },
     #[error("the snapshot does not fit this server: {0}")]
     Incompatible(String),

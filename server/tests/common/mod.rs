@@ -126,6 +126,7 @@ impl TestServer {
         let config = Config {
             listen: "127.0.0.1:0".into(),
             backend: BackendKind::Sim,
+            cuda_movable_memory: false,
             sim: SimConfig {
                 devices,
                 memory,

@@ -36,6 +36,7 @@ pub mod driver;
 pub mod health;
 pub mod telemetry;
 pub mod library;
+pub mod placed;
 pub(crate) mod share;
 pub mod vmm;
 pub(crate) mod watch;
@@ -100,6 +101,8 @@ struct Shared {
     telemetry: telemetry::NvmlTelemetry,
     /// Per device: its kernels in flight and its sharing groups' turns.
     watch: Vec<Arc<DeviceWatch>>,
+    /// Client memory is placed ([`placed`]), so sessions can move.
+    movable: bool,
 }
 
 impl Shared {
@@ -144,8 +147,10 @@ pub struct CudaBackend {
 
 impl CudaBackend {
     /// Finds the driver, initialises it and lists the devices; fails (never
-    /// panics) when there is no usable driver or no device.
-    pub fn new() -> Result<CudaBackend, CudaInitError> {
+    /// panics) when there is no usable driver or no device. With `movable`,
+    /// client memory is placed so that sessions can be checkpointed and
+    /// migrated ([`placed`]).
+    pub fn new(movable: bool) -> Result<CudaBackend, CudaInitError> {
         let driver = driver::preflight()?;
         let (devices, handles) = driver::init_and_list(&driver)?;
         let path = driver.path.clone();
@@ -155,7 +160,7 @@ impl CudaBackend {
             err,
             path: path.clone(),
         })?;
-        info!(driver = %path, devices = devices.len(), "cuda backend ready");
+        info!(driver = %path, devices = devices.len(), movable, "cuda backend ready");
         let n = devices.len();
         let uuids: Vec<[u8; 16]> = devices.iter().map(|d| d.uuid).collect();
         Ok(CudaBackend {
@@ -170,6 +175,7 @@ impl CudaBackend {
                 health: health::NvmlHealth::open(&uuids),
                 telemetry: telemetry::NvmlTelemetry::new(&uuids),
                 watch: (0..n as u32).map(DeviceWatch::new).collect(),
+                movable,
             }),
         })
     }
@@ -212,9 +218,13 @@ impl Backend for CudaBackend {
             account: MemoryAccount::new(budget),
             ctxs: (0..n).map(|_| None).collect(),
             current: None,
+            bound_on: 0,
             allocs: BTreeMap::new(),
             streams: HashMap::new(),
             events: HashMap::new(),
+            marks: HashMap::new(),
+            probes: HashMap::new(),
+            placed: placed::Arena::default(),
             modules: HashMap::new(),
             seen_libraries: HashSet::new(),
             staging: Vec::new(),
@@ -252,6 +262,18 @@ struct ModuleEntry {
     globals: Vec<(u64, u64)>,
 }
 
+/// An event as a checkpoint sees it. A restored event is recorded again when it is rebuilt,
+/// later than its record before: `shift_ms` is how much later, taken off its times until it
+/// is recorded anew.
+#[derive(Debug, Clone, Copy)]
+struct EventMark {
+    timed: bool,
+    recorded: bool,
+    /// Restored and not recorded since.
+    restored: bool,
+    shift_ms: f64,
+}
+
 struct CudaSession {
     /// Names the session's kernels in the devices' watches.
     id: u64,
@@ -263,10 +285,20 @@ struct CudaSession {
     ctxs: Vec<Option<DevCtx>>,
     /// The device whose context is current on this thread, if known.
     current: Option<u32>,
+    /// The thread `current` is current on ([`this_thread`]).
+    bound_on: u64,
     /// ptr -> (device, size) of the client's allocations.
     allocs: BTreeMap<u64, (u32, u64)>,
     streams: HashMap<u64, (u32, sys::CUstream)>,
     events: HashMap<u64, (u32, sys::CUevent)>,
+    /// What a checkpoint needs of each event beyond the driver's handle.
+    marks: HashMap<u64, EventMark>,
+    /// Per device, the event a checkpoint times the session's events against: one instant
+    /// for all of them, so that their times apart travel exactly. Taken afresh by each
+    /// capture (which starts with [`BackendSession::quiesce`]).
+    probes: HashMap<u32, sys::CUevent>,
+    /// The regions of movable memory and the client allocations in them.
+    placed: placed::Arena,
     modules: HashMap<u64, ModuleEntry>,
     /// (library, device) pairs whose globals this session's context has had:
     /// loading one again re-initialises them.
@@ -313,12 +345,17 @@ impl CudaSession {
             debug!(device, "session context created");
             self.ctxs[device as usize] = Some(DevCtx { ctx, staging_events: evs, spare: Spare::default() });
             self.current = Some(device);
+            self.bound_on = this_thread();
             return Ok(());
         }
-        if self.current != Some(device) {
+        // A session rebuilt from a snapshot is served by another thread than the one that
+        // rebuilt it, and a context is current per thread.
+        let here = this_thread();
+        if self.current != Some(device) || self.bound_on != here {
             let ctx = self.ctxs[device as usize].as_ref().map_or(std::ptr::null_mut(), |c| c.ctx);
             cu!(sys::cuCtxSetCurrent(ctx))?;
             self.current = Some(device);
+            self.bound_on = here;
         }
         Ok(())
     }
@@ -431,7 +468,8 @@ impl BackendSession for CudaSession {
     fn mem_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
         let bytes = usize::try_from(size).map_err(|_| CuError::OUT_OF_MEMORY)?;
         self.account.take(size)?;
-        match self.alloc_device(device, bytes) {
+        let made = if self.shared.movable { self.placed_alloc(device, size) } else { self.alloc_device(device, bytes) };
+        match made {
             Ok(p) => {
                 self.allocs.insert(p, (device, size));
                 Ok(p)
@@ -445,13 +483,17 @@ impl BackendSession for CudaSession {
 
     fn mem_free(&mut self, ptr: u64) -> CuResult {
         let &(device, size) = self.allocs.get(&ptr).ok_or(CuError::INVALID_VALUE)?;
-        // Zeroed after every earlier use (cuMemFree waits for the device),
-        // so the next owner of these bytes never sees them.
-        if let Err(e) = self.zero(device, ptr, size) {
-            warn!(device, "cannot zero freed memory: {e}; later allocations on the device are zeroed instead");
-            self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
+        if self.placed.holds(ptr) {
+            self.placed_free_zeroed(device, ptr, size);
+        } else {
+            // Zeroed after every earlier use (cuMemFree waits for the device),
+            // so the next owner of these bytes never sees them.
+            if let Err(e) = self.zero(device, ptr, size) {
+                warn!(device, "cannot zero freed memory: {e}; later allocations on the device are zeroed instead");
+                self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
+            }
+            cu!(sys::cuMemFree_v2(ptr))?;
         }
-        cu!(sys::cuMemFree_v2(ptr))?;
         self.allocs.remove(&ptr);
         self.account.give(size);
         Ok(())
@@ -628,6 +670,7 @@ impl BackendSession for CudaSession {
         cu!(sys::cuEventCreate(&mut e, flags))?;
         let t = self.token();
         self.events.insert(t, (device, e));
+        self.marks.insert(t, EventMark { timed: flags & EVENT_DISABLE_TIMING == 0, recorded: false, restored: false, shift_ms: 0.0 });
         Ok(EventToken(t))
     }
 
@@ -636,13 +679,18 @@ impl BackendSession for CudaSession {
         self.bind(device)?;
         cu!(sys::cuEventDestroy_v2(e))?;
         self.events.remove(&event.0);
+        self.marks.remove(&event.0);
         Ok(())
     }
 
     fn event_record(&mut self, event: EventToken, stream: StreamRef) -> CuResult {
         let (_, e) = self.event(event)?;
         let s = self.stream(stream)?;
-        cu!(sys::cuEventRecord(e, s))
+        cu!(sys::cuEventRecord(e, s))?;
+        if let Some(m) = self.marks.get_mut(&event.0) {
+            *m = EventMark { recorded: true, restored: false, shift_ms: 0.0, ..*m };
+        }
+        Ok(())
     }
 
     fn event_synchronize(&mut self, event: EventToken) -> CuResult {
@@ -663,7 +711,14 @@ impl BackendSession for CudaSession {
         self.bind(device)?;
         let mut ms = 0f32;
         cu!(sys::cuEventElapsedTime(&mut ms, a, b))?;
-        Ok(ms)
+        let (a, b) = (self.marks.get(&start.0).copied(), self.marks.get(&end.0).copied());
+        let shift = |m: Option<EventMark>| m.map_or(0.0, |m| m.shift_ms);
+        // Two events restored together were recorded again moments apart: their time
+        // apart is the one measured before, exactly.
+        if a.is_some_and(|m| m.restored) && b.is_some_and(|m| m.restored) {
+            return Ok((shift(a) - shift(b)) as f32);
+        }
+        Ok((ms as f64 + shift(a) - shift(b)) as f32)
     }
 
     fn ctx_synchronize(&mut self, device: u32) -> CuResult {
@@ -685,6 +740,9 @@ impl BackendSession for CudaSession {
             self.shared.scrub_on_alloc[device as usize].store(true, Ordering::Relaxed);
         }
         self.unwatch(Some(device));
+        // The session holds nothing: what is left of its movable memory on the device is
+        // spare regions, given back with the context.
+        self.placed_teardown_device(device);
         let Some(old) = self.ctxs[device as usize].take() else { return Ok(late) };
         self.current = None;
         for s in &mut self.staging {
@@ -821,6 +879,135 @@ impl BackendSession for CudaSession {
         true
     }
 
+    fn mem_physical_read(&mut self, phys: PhysicalToken, sink: &mut dyn FnMut(&[u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        self.physical_transfer(phys, vmm::PhysicalIo::Read(sink))
+    }
+
+    fn mem_physical_write(&mut self, phys: PhysicalToken, fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>) -> Result<(), TransferError> {
+        self.physical_transfer(phys, vmm::PhysicalIo::Write(fill))
+    }
+
+    // --- checkpoint and restore: only with movable memory, where every client
+    // allocation can be placed again at its address ([`placed`]).
+
+    fn relocatable(&self) -> bool {
+        self.shared.movable
+    }
+
+    fn quiesce(&mut self, timeout: std::time::Duration) -> CuResult {
+        self.drop_probes();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let mut queues: Vec<(u32, sys::CUstream)> =
+                (0..self.ctxs.len() as u32).filter(|&d| self.ctxs[d as usize].is_some()).map(|d| (d, std::ptr::null_mut())).collect();
+            queues.extend(self.streams.values().copied());
+            let mut busy = false;
+            for (d, s) in queues {
+                self.bind(d)?;
+                match cu!(sys::cuStreamQuery(s)) {
+                    Ok(()) => {}
+                    Err(e) if e == CuError::NOT_READY => busy = true,
+                    Err(e) => return Err(e),
+                }
+            }
+            if !busy {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(CuError::NOT_READY);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    fn mem_alloc_at(&mut self, device: u32, ptr: u64, size: u64) -> CuResult {
+        if !self.shared.movable {
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        self.account.take(size)?;
+        match self.placed_alloc_at(device, ptr, size) {
+            Ok(()) => {
+                self.allocs.insert(ptr, (device, size));
+                Ok(())
+            }
+            Err(e) => {
+                self.account.give(size);
+                Err(e)
+            }
+        }
+    }
+
+    fn module_load_at(
+        &mut self,
+        device: u32,
+        image: &[u8],
+        parsed: &ModuleImage,
+        globals: &[u64],
+    ) -> CuResult<(ModuleToken, LoadedModule)> {
+        // The driver places a module's globals itself and takes no address for them: a
+        // restore can only check that they landed where the program knows them to be.
+        let (token, loaded) = self.module_load(device, image, parsed)?;
+        let got: Vec<u64> = loaded.globals.iter().map(|g| g.ptr).collect();
+        if got != globals {
+            warn!(
+                device,
+                want = ?globals.iter().map(|p| format!("{p:#x}")).collect::<Vec<_>>(),
+                got = ?got.iter().map(|p| format!("{p:#x}")).collect::<Vec<_>>(),
+                "a restored module's globals landed elsewhere than the program knows them: the session cannot be rebuilt here"
+            );
+            let _ = self.module_unload(token);
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        Ok((token, loaded))
+    }
+
+    fn event_recorded_ago(&mut self, event: EventToken) -> CuResult<Option<std::time::Duration>> {
+        let (device, e) = self.event(event)?;
+        let mark = self.marks.get(&event.0).copied().ok_or(CuError::INVALID_HANDLE)?;
+        if !mark.recorded {
+            return Ok(None);
+        }
+        self.bind(device)?;
+        cu!(sys::cuEventQuery(e))?;
+        if !mark.timed {
+            // No time can be asked of it: that it was recorded is all that travels.
+            return Ok(Some(std::time::Duration::ZERO));
+        }
+        let now = match self.probes.get(&device) {
+            Some(&p) => p,
+            None => {
+                let mut p: sys::CUevent = std::ptr::null_mut();
+                cu!(sys::cuEventCreate(&mut p, 0))?;
+                let r = cu!(sys::cuEventRecord(p, std::ptr::null_mut())).and_then(|()| cu!(sys::cuEventSynchronize(p)));
+                if let Err(err) = r {
+                    let _ = cu!(sys::cuEventDestroy_v2(p));
+                    return Err(err);
+                }
+                self.probes.insert(device, p);
+                p
+            }
+        };
+        let mut ms = 0f32;
+        cu!(sys::cuEventElapsedTime(&mut ms, e, now))?;
+        let ago = (ms as f64 + mark.shift_ms).max(0.0);
+        Ok(Some(std::time::Duration::from_secs_f64(ago / 1e3)))
+    }
+
+    fn event_restore(&mut self, device: u32, flags: u32, recorded_ago: Option<std::time::Duration>) -> CuResult<EventToken> {
+        let t = self.event_create(device, flags)?;
+        if let Some(ago) = recorded_ago {
+            let (_, e) = self.event(t)?;
+            if let Err(err) = cu!(sys::cuEventRecord(e, std::ptr::null_mut())) {
+                let _ = self.event_destroy(t);
+                return Err(err);
+            }
+            if let Some(m) = self.marks.get_mut(&t.0) {
+                *m = EventMark { recorded: true, restored: true, shift_ms: ago.as_secs_f64() * 1e3, ..*m };
+            }
+        }
+        Ok(t)
+    }
+
     fn share_compute(&mut self, lease: u64, milli: u16) -> bool {
         if let Some(old) = self.gate.take() {
             for w in &self.shared.watch {
@@ -836,6 +1023,23 @@ impl BackendSession for CudaSession {
         }
         true
     }
+}
+
+impl CudaSession {
+    fn drop_probes(&mut self) {
+        for (d, p) in std::mem::take(&mut self.probes) {
+            if self.bind(d).is_ok() {
+                let _ = cu!(sys::cuEventDestroy_v2(p));
+            }
+        }
+    }
+}
+
+/// A number naming the calling thread, never 0.
+fn this_thread() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    TAG.with(|t| *t)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -939,6 +1143,7 @@ impl Drop for CudaSession {
         }
         // Its kernels are over: charged, and their events gone with them.
         self.unwatch(None);
+        self.drop_probes();
         if let Some(who) = self.gate.take() {
             for w in &self.shared.watch {
                 w.leave(who);
@@ -969,10 +1174,11 @@ impl Drop for CudaSession {
         // The devices are idle (synchronised above): unmapped, zeroed and released.
         self.vmm_teardown();
         for (p, (d, _)) in std::mem::take(&mut self.allocs) {
-            if self.bind(d).is_ok() {
+            if !self.placed.holds(p) && self.bind(d).is_ok() {
                 let _ = cu!(sys::cuMemFree_v2(p));
             }
         }
+        self.placed_teardown();
         for (_, (d, s)) in std::mem::take(&mut self.streams) {
             if self.bind(d).is_ok() {
                 let _ = cu!(sys::cuStreamDestroy_v2(s));

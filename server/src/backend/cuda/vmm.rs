@@ -14,7 +14,13 @@ use tracing::warn;
 
 use super::driver::cu;
 use super::CudaSession;
-use crate::backend::PhysicalToken;
+use crate::backend::{BackendSession, PhysicalToken, StreamRef, TransferError};
+
+/// The way of a [`CudaSession::physical_transfer`].
+pub(super) enum PhysicalIo<'a> {
+    Read(&'a mut dyn FnMut(&[u8]) -> std::io::Result<()>),
+    Write(&'a mut dyn FnMut(&mut [u8]) -> std::io::Result<()>),
+}
 use crate::vmm::{ACCESS_NONE, ACCESS_READ, GRANULARITY};
 use rgpu_cuda_types::{CuError, CuResult};
 
@@ -32,7 +38,7 @@ fn location(dev: sys::CUdevice) -> sys::CUmemLocation {
     sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: dev }
 }
 
-fn access(dev: sys::CUdevice, flags: u32) -> sys::CUmemAccessDesc {
+pub(super) fn access(dev: sys::CUdevice, flags: u32) -> sys::CUmemAccessDesc {
     let flags = match flags {
         ACCESS_NONE => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_NONE,
         ACCESS_READ => sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ,
@@ -42,7 +48,7 @@ fn access(dev: sys::CUdevice, flags: u32) -> sys::CUmemAccessDesc {
 }
 
 impl CudaSession {
-    fn raw_device(&self, device: u32) -> CuResult<sys::CUdevice> {
+    pub(super) fn raw_device(&self, device: u32) -> CuResult<sys::CUdevice> {
         self.shared.handles.get(device as usize).copied().ok_or(CuError::INVALID_DEVICE)
     }
 
@@ -51,15 +57,13 @@ impl CudaSession {
         let dev = self.raw_device(device)?;
         self.bind(device)?;
         self.account.take(size)?;
-        // SAFETY: an all-zero CUmemAllocationProp is the driver's documented default.
-        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-        prop.location = location(dev);
-        let mut h: sys::CUmemGenericAllocationHandle = 0;
-        if let Err(e) = cu!(sys::cuMemCreate(&mut h, bytes, &prop, 0)) {
-            self.account.give(size);
-            return Err(e);
-        }
+        let h = match self.physical_new(dev, bytes) {
+            Ok(h) => h,
+            Err(e) => {
+                self.account.give(size);
+                return Err(e);
+            }
+        };
         if self.shared.scrub_on_alloc[device as usize].load(Ordering::Relaxed) {
             if let Err(e) = self.zero_physical(dev, h, bytes) {
                 let _ = cu!(sys::cuMemRelease(h));
@@ -71,21 +75,80 @@ impl CudaSession {
         Ok(PhysicalToken(h))
     }
 
-    /// Maps `h` at a scratch range, zeroes it and waits, then unmaps it again.
-    fn zero_physical(&mut self, dev: sys::CUdevice, h: sys::CUmemGenericAllocationHandle, bytes: usize) -> CuResult {
+    /// `bytes` of new physical memory on `dev` (the current context's device).
+    pub(super) fn physical_new(&mut self, dev: sys::CUdevice, bytes: usize) -> CuResult<sys::CUmemGenericAllocationHandle> {
+        // SAFETY: an all-zero CUmemAllocationProp is the driver's documented default.
+        let mut prop: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+        prop.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location = location(dev);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        cu!(sys::cuMemCreate(&mut h, bytes, &prop, 0))?;
+        Ok(h)
+    }
+
+    /// Runs `f` with `h` mapped read-write at a scratch range, then unmaps it again.
+    fn with_scratch_map<R>(
+        &mut self,
+        dev: sys::CUdevice,
+        h: sys::CUmemGenericAllocationHandle,
+        bytes: usize,
+        f: impl FnOnce(&mut Self, u64) -> Result<R, CuError>,
+    ) -> Result<R, CuError> {
         let mut va: sys::CUdeviceptr = 0;
         cu!(sys::cuMemAddressReserve(&mut va, bytes, GRANULARITY as usize, 0, 0))?;
         let r = (|| {
             cu!(sys::cuMemMap(va, bytes, 0, h, 0))?;
             let desc = access(dev, crate::vmm::ACCESS_READWRITE);
-            let r = cu!(sys::cuMemSetAccess(va, bytes, &desc, 1))
-                .and_then(|()| cu!(sys::cuMemsetD8_v2(va, 0, bytes)))
-                .and_then(|()| cu!(sys::cuCtxSynchronize()));
+            let r = cu!(sys::cuMemSetAccess(va, bytes, &desc, 1)).and_then(|()| f(self, va));
             let u = cu!(sys::cuMemUnmap(va, bytes));
-            r.and(u)
+            r.and_then(|v| u.map(|()| v))
         })();
-        let f = cu!(sys::cuMemAddressFree(va, bytes));
-        r.and(f)
+        let free = cu!(sys::cuMemAddressFree(va, bytes));
+        r.and_then(|v| free.map(|()| v))
+    }
+
+    /// Maps `h` at a scratch range, zeroes it and waits, then unmaps it again.
+    fn zero_physical(&mut self, dev: sys::CUdevice, h: sys::CUmemGenericAllocationHandle, bytes: usize) -> CuResult {
+        self.with_scratch_map(dev, h, bytes, |_, va| {
+            cu!(sys::cuMemsetD8_v2(va, 0, bytes)).and_then(|()| cu!(sys::cuCtxSynchronize()))
+        })
+    }
+
+    /// A snapshot's read (`write == None`: read into `sink`) or a rebuild's write of the whole
+    /// of physical allocation `phys`, through a scratch mapping.
+    pub(super) fn physical_transfer(
+        &mut self,
+        phys: PhysicalToken,
+        mut io: PhysicalIo<'_>,
+    ) -> Result<(), TransferError> {
+        let &(device, size) = self.vmm.physical.get(&phys.0).ok_or(CuError::INVALID_VALUE)?;
+        let dev = self.raw_device(device)?;
+        self.bind(device)?;
+        let bytes = usize::try_from(size).map_err(|_| CuError::INVALID_VALUE)?;
+        let mut failed_io: Option<std::io::Error> = None;
+        let r = self.with_scratch_map(dev, phys.0, bytes, |this, va| {
+            let stream = StreamRef::Default { device };
+            let moved = match &mut io {
+                PhysicalIo::Read(sink) => this.memcpy_dtoh(stream, va, size, *sink),
+                PhysicalIo::Write(fill) => this.memcpy_htod(stream, va, size, *fill),
+            };
+            // The mapping goes when this returns: the copies must be over.
+            let moved = moved.and_then(|()| cu!(sys::cuCtxSynchronize()).map_err(TransferError::Device));
+            match moved {
+                Ok(()) => Ok(()),
+                Err(TransferError::Device(e)) => Err(e),
+                Err(TransferError::Io(e)) => {
+                    let _ = cu!(sys::cuCtxSynchronize());
+                    failed_io = Some(e);
+                    Err(CuError::UNKNOWN)
+                }
+            }
+        });
+        match (r, failed_io) {
+            (_, Some(e)) => Err(TransferError::Io(e)),
+            (Ok(()), None) => Ok(()),
+            (Err(e), None) => Err(TransferError::Device(e)),
+        }
     }
 
     /// Zeroes an unmapped allocation before it goes back to the driver; where that fails, the
