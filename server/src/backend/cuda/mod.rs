@@ -36,6 +36,7 @@ pub mod driver;
 pub mod health;
 pub mod telemetry;
 pub mod library;
+mod peek;
 pub mod placed;
 pub(crate) mod share;
 pub mod vmm;
@@ -45,7 +46,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::{c_void, CString};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use cudarc::driver::sys;
 use tracing::{debug, info, warn};
@@ -225,6 +226,7 @@ impl Backend for CudaBackend {
             marks: HashMap::new(),
             probes: HashMap::new(),
             placed: placed::Arena::default(),
+            peekable: Arc::new(RwLock::new(peek::Peekable::new(n))),
             modules: HashMap::new(),
             seen_libraries: HashSet::new(),
             staging: Vec::new(),
@@ -299,6 +301,8 @@ struct CudaSession {
     probes: HashMap<u32, sys::CUevent>,
     /// The regions of movable memory and the client allocations in them.
     placed: placed::Arena,
+    /// What other threads may read of it while the session runs (a migration's pre-copy).
+    peekable: Arc<RwLock<peek::Peekable>>,
     modules: HashMap<u64, ModuleEntry>,
     /// (library, device) pairs whose globals this session's context has had:
     /// loading one again re-initialises them.
@@ -344,6 +348,7 @@ impl CudaSession {
             }
             debug!(device, "session context created");
             self.ctxs[device as usize] = Some(DevCtx { ctx, staging_events: evs, spare: Spare::default() });
+            self.peek_tables().ctxs[device as usize] = Some(Raw(ctx));
             self.current = Some(device);
             self.bound_on = this_thread();
             return Ok(());
@@ -743,6 +748,7 @@ impl BackendSession for CudaSession {
         // The session holds nothing: what is left of its movable memory on the device is
         // spare regions, given back with the context.
         self.placed_teardown_device(device);
+        self.forget_peek_context(device);
         let Some(old) = self.ctxs[device as usize].take() else { return Ok(late) };
         self.current = None;
         for s in &mut self.staging {
@@ -894,6 +900,10 @@ impl BackendSession for CudaSession {
         self.shared.movable
     }
 
+    fn memory_peek(&self) -> Option<Arc<dyn super::MemoryPeek>> {
+        self.shared.movable.then(|| Arc::new(peek::CudaPeek(self.peekable.clone())) as Arc<dyn super::MemoryPeek>)
+    }
+
     fn quiesce(&mut self, timeout: std::time::Duration) -> CuResult {
         self.drop_probes();
         let deadline = std::time::Instant::now() + timeout;
@@ -1026,6 +1036,22 @@ impl BackendSession for CudaSession {
 }
 
 impl CudaSession {
+    /// The tables other threads read through (written only by the session's thread).
+    fn peek_tables(&self) -> std::sync::RwLockWriteGuard<'_, peek::Peekable> {
+        self.peekable.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before `device`'s context goes: no read goes through it any more, and its read
+    /// stream goes first (made in it).
+    fn forget_peek_context(&mut self, device: u32) {
+        if self.ctxs.get(device as usize).is_some_and(Option::is_some) && self.bind(device).is_ok() {
+            self.peek_tables().drop_stream(device);
+        }
+        if let Some(c) = self.peek_tables().ctxs.get_mut(device as usize) {
+            *c = None;
+        }
+    }
+
     fn drop_probes(&mut self) {
         for (d, p) in std::mem::take(&mut self.probes) {
             if self.bind(d).is_ok() {
@@ -1130,6 +1156,8 @@ impl CudaSession {
 
 impl Drop for CudaSession {
     fn drop(&mut self) {
+        // No other thread reads its memory from here on (a read under way ends first).
+        self.peek_tables().allocs.clear();
         // Let queued work finish, zero what the session leaves behind, and
         // free it; a device whose context cannot do that any more (a kernel
         // faulted) zeroes allocations from now on instead.
@@ -1191,6 +1219,9 @@ impl Drop for CudaSession {
         }
         for i in 0..self.staging.len() {
             let _ = self.wait_staging(i);
+        }
+        for &d in &devices {
+            self.forget_peek_context(d);
         }
         for d in devices {
             if let Some(c) = self.ctxs[d as usize].take() {

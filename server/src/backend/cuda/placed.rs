@@ -296,6 +296,12 @@ impl CudaSession {
 
     /// `cuMemAlloc` for a session with movable memory.
     pub(super) fn placed_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
+        let p = self.placed_place(device, size)?;
+        self.peek_tables().allocs.insert(p, (device, size));
+        Ok(p)
+    }
+
+    fn placed_place(&mut self, device: u32, size: u64) -> CuResult<u64> {
         match self.placed.fit(device, size)? {
             Fit::At(p) => {
                 self.placed.take(p, size);
@@ -329,6 +335,7 @@ impl CudaSession {
                 self.placed.add_own(ptr, r);
             }
         }
+        self.peek_tables().allocs.insert(ptr, (device, size));
         Ok(())
     }
 
@@ -337,6 +344,8 @@ impl CudaSession {
     /// memset queued there would only fail later): its memory goes back as it is, and the
     /// device zeroes what it hands out from then on.
     pub(super) fn placed_free_zeroed(&mut self, device: u32, ptr: u64, size: u64) {
+        // Once no other thread reads it (a pre-copy's read ends first).
+        self.peek_tables().allocs.remove(&ptr);
         let sync = |this: &mut Self| this.bind(device).and_then(|()| cu!(sys::cuCtxSynchronize()));
         let zeroed = sync(self).and_then(|()| cu!(sys::cuMemsetD8_v2(ptr, 0, size as usize))).and_then(|()| sync(self));
         if let Err(e) = zeroed {
