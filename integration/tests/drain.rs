@@ -112,3 +112,51 @@ fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     assert!(precopied >= 16 << 20, "pre-copied {precopied} bytes of the lease's 16 MiB\n{report}");
     eprintln!("rgpu drain --migrate: {} moved in {took:?}\n{}\nsource: {}", lease_id, err.trim(), migrated.trim());
 }
+
+/// The same drain between two servers on the cuda backend with movable memory
+/// (docs/migration.md, "Movable memory on the cuda backend"), each over its
+/// own sim server through rgpu's shim: the GPU servers an operator drains.
+#[test]
+fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = Dir::scratch("drain-migrate-cuda");
+    let d = &dir.0;
+    let b = broker(d);
+    let flags: Vec<String> = [
+        ("--broker", b.addr.clone()),
+        ("--broker-key-file", d.join("key").display().to_string()),
+        ("--admin-key-file", d.join("admin.key").display().to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_string(), v])
+    .chain(["--cuda-movable-memory".to_string()])
+    .collect();
+    let (gpu_a, gpu_b) = (Server::start_default(), Server::start_default());
+    let a = Server::start_chain_with(&gpu_a, &flags);
+    let aa = a.addr_string();
+    wait_until("A registered", Duration::from_secs(20), || servers_up(&b, d) == vec![aa.clone()]);
+    let baddr = b.addr.clone();
+    let key = d.join("admin.key").display().to_string();
+    let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
+    let envs = [("RGPU_RECONNECT_TIMEOUT", Some("60")), ("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
+    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a, &gpu_a]));
+    }
+    let leases = json(&["leases"], &b, d);
+    let lease_id = leases[0]["id"].as_str().expect("the run's lease").to_string();
+    let bs = Server::start_chain_with(&gpu_b, &flags);
+    let ba = bs.addr_string();
+    wait_until("B registered", Duration::from_secs(20), || servers_up(&b, d).len() == 2);
+    let (ok, out, err) = rgpu(&["drain", &aa, "--migrate", "--wait", "60s"], &b, d);
+    assert!(ok, "rgpu drain --migrate failed:\n{out}\n{err}\n{}\n{}", a.describe(), bs.describe());
+    assert!(out.contains(&format!("moved {lease_id}  {aa} -> {ba}")), "{out}\n{err}");
+    let done = run.wait(run_timeout());
+    done.assert_pass("rt_checkpoint", &[&a, &bs]);
+    let report = done.describe(&[&a, &bs]);
+    for r in 0..6 {
+        assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(bs.log().contains("session migrated in") && bs.log().contains("backend cuda"), "{report}");
+}
