@@ -254,3 +254,35 @@ pub fn init_and_list(lib: &DriverLibrary) -> Result<(Vec<DeviceInfo>, Vec<sys::C
 const ATTR_PCI_BUS_ID: u32 = 33;
 const ATTR_PCI_DEVICE_ID: u32 = 34;
 const ATTR_PCI_DOMAIN_ID: u32 = 50;
+
+#[cfg(test)]
+mod tests {
+    use super::REQUIRED_SYMBOLS;
+
+    /// cudarc panics at the first call of a function the driver lacks: each one the backend
+    /// calls must be checked by `preflight` first.
+    #[test]
+    fn every_driver_function_the_backend_calls_is_checked_at_start() {
+        // Every file of the backend, so that a new one is covered too.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/backend/cuda");
+        let sources: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .expect("the cuda backend's sources")
+            .map(|e| e.expect("a directory entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .map(|p| (p.display().to_string(), std::fs::read_to_string(&p).expect("a source file")))
+            .collect();
+        let mut seen = 0;
+        for (file, src) in &sources {
+            for (i, _) in src.match_indices("sys::cu") {
+                let name: String = src[i + "sys::".len()..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let called = src[i + "sys::".len() + name.len()..].starts_with('(');
+                if !called || name == "culib" {
+                    continue;
+                }
+                seen += 1;
+                assert!(REQUIRED_SYMBOLS.contains(&name.as_str()), "{file} calls {name}, which preflight does not check");
+            }
+        }
+        assert!(seen > 50, "found only {seen} driver calls: the scan is broken");
+    }
+}

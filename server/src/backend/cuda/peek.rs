@@ -67,7 +67,7 @@ impl CudaPeek {
         let mut stream = slot.lock().unwrap_or_else(|e| e.into_inner());
         if stream.is_none() {
             let mut s: sys::CUstream = std::ptr::null_mut();
-            if cu!(sys::cuStreamCreate(&mut s, STREAM_NON_BLOCKING)).is_err() {
+            if cu!(sys::cuStreamCreateWithPriority(&mut s, STREAM_NON_BLOCKING, 0)).is_err() {
                 return false;
             }
             *stream = Some(Raw(s));
