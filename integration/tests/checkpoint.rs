@@ -603,6 +603,8 @@ fn a_cuda_session_without_movable_memory_refuses_to_migrate_and_runs_on() {
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[&a, &b]);
     assert!(sessions_on(&ba, &key).is_empty(), "something arrived on the target");
+    // Refused before the target was called at all.
+    assert!(!b.log().contains("migration"), "the target heard of it:\n{}", b.describe());
 }
 
 /// rt_checkpoint with `extra` arguments, migrated A -> B -> A -> B mid-run.

@@ -424,6 +424,14 @@ async fn move_lease(service: &Arc<Service>, lease: u64, target: &str) -> Result<
     let left = |done: &HashSet<u64>| -> Vec<u64> {
         service.leases.sessions_of(lease).into_iter().filter(|s| !done.contains(s)).collect()
     };
+    // Every session first: one that could never move fails the move before
+    // any other has gone (a lease half moved ends the moved half).
+    for s in left(&done) {
+        match crate::migration::precheck(service, s).await {
+            Ok(()) | Err(MigrateError::Op(OpError::NoSession(_) | OpError::Ended(_))) => {}
+            Err(e) => return Err(format!("session {s:#x}: {e}; no session of the lease moved")),
+        }
+    }
     for _ in 0..MOVE_PASSES {
         let sessions = left(&done);
         if sessions.is_empty() {

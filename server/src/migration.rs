@@ -160,6 +160,10 @@ async fn migrate_to(service: &Arc<Service>, id: u64, target: &str, quiesce: Dura
             None => return Err(MigrateError::Leased { session: id, lease: a.lease }),
         }
     }
+    // A session that could never be written out (its backend cannot place
+    // memory, CUDA IPC, a stale graph) is refused before a byte is copied
+    // or a target is called.
+    precheck(service, id).await?;
     // Connected and authenticated before the session is touched: a target
     // that is down or refuses costs the program nothing.
     let security = service.peer_security.clone().ok_or(MigrateError::NoCa)?;
@@ -245,6 +249,19 @@ async fn migrate_to(service: &Arc<Service>, id: u64, target: &str, quiesce: Dura
         precopied = moved.precopied, sent_held = moved.sent_held,
         pause_ms = moved.paused.as_millis() as u64, ms = moved.took.as_millis() as u64, "session migrated");
     Ok(moved)
+}
+
+/// Whether session `id` can be written to a snapshot, asked in a short visit.
+pub(crate) async fn precheck(service: &Arc<Service>, id: u64) -> Result<(), MigrateError> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let visit = Box::new(move |p: Parts<'_>| -> After {
+        let _ = tx.send(checkpoint::check_capturable(p.state));
+        After::Serve
+    });
+    if !service.sessions.visit(id, visit) {
+        return Err(OpError::NoSession(id).into());
+    }
+    rx.await.map_err(|_| OpError::Ended(id))?.map_err(|e| MigrateError::Op(e.into()))
 }
 
 /// What a pre-copy takes: the session's client allocations and a reader of

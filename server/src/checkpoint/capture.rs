@@ -49,18 +49,9 @@ impl Write for Counting<'_> {
     }
 }
 
-/// Waits (at most `quiesce`) for the session's queued work, then writes it
-/// to `out`. The caller holds the session still: no request of it runs
-/// meanwhile (the session thread itself calls this, between requests).
-/// Nothing is written when the session cannot be captured.
-pub fn capture(
-    state: &mut SessionState,
-    meta: &SessionMeta,
-    window: &ReplyWindow,
-    quiesce: Duration,
-    out: &mut dyn Write,
-    precopied: Option<&Precopied>,
-) -> Result<Captured, SnapshotError> {
+/// Why the session cannot be written to a snapshot, if it cannot: checked
+/// before a capture writes anything, and before a migration copies a byte.
+pub fn check_capturable(state: &mut SessionState) -> Result<(), SnapshotError> {
     if !state.backend.relocatable() {
         return Err(SnapshotError::Unsupported);
     }
@@ -77,6 +68,22 @@ pub fn capture(
         // The memory is another process's too: moving it would split what they share.
         return Err(SnapshotError::NotCapturable("it shares memory with another process (CUDA IPC)"));
     }
+    Ok(())
+}
+
+/// Waits (at most `quiesce`) for the session's queued work, then writes it
+/// to `out`. The caller holds the session still: no request of it runs
+/// meanwhile (the session thread itself calls this, between requests).
+/// Nothing is written when the session cannot be captured.
+pub fn capture(
+    state: &mut SessionState,
+    meta: &SessionMeta,
+    window: &ReplyWindow,
+    quiesce: Duration,
+    out: &mut dyn Write,
+    precopied: Option<&Precopied>,
+) -> Result<Captured, SnapshotError> {
+    check_capturable(state)?;
     let started = Instant::now();
     state.backend.quiesce(quiesce).map_err(|_| SnapshotError::Busy(quiesce))?;
     let quiesced_in = started.elapsed();

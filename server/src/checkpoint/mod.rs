@@ -48,7 +48,7 @@ use rgpu_cuda_types::CuError;
 use crate::lease::Admission;
 use crate::session::registry::SessionKey;
 
-pub use capture::{capture, Captured};
+pub use capture::{capture, check_capturable, Captured};
 pub use rebuild::{open, Opened};
 
 /// Why a session could not be written or rebuilt.
