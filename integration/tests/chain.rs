@@ -77,20 +77,37 @@ movable_tests! {
     movable_memory => "rt_memory", Variant::Cudart13Shared;
     movable_copy => "rt_copy", Variant::Cudart13Shared;
     movable_memset => "rt_memset", Variant::Cudart13Shared;
+    movable_stream => "rt_stream", Variant::Cudart13Shared;
+    movable_event => "rt_event", Variant::Cudart13Shared;
+    movable_pinned => "rt_pinned", Variant::Cudart13Shared;
+    movable_globals => "rt_globals", Variant::Cudart13Shared;
     movable_managed => "rt_managed", Variant::Cudart13Shared;
     movable_errors => "rt_errors", Variant::Cudart13Shared;
     movable_graph => "rt_graph", Variant::Cudart13Shared;
+    movable_mempool => "rt_mempool", Variant::Cudart13Shared;
     movable_drv_api => "drv_api", Variant::Driver;
     movable_drv_vmm => "drv_vmm", Variant::Driver;
+    movable_drv_graph => "drv_graph", Variant::Driver;
+}
+
+/// Kernels reading and writing movable memory (see [`movable_tests`]).
+#[test]
+fn movable_launch() {
+    chain_launch_with("rt_launch", Variant::Cudart13Shared, &["--cuda-movable-memory".to_string()]);
 }
 
 /// Runs a launch program with `--expect-supported`: it must pass (or, with
 /// `RGPU_EXPECT_LAUNCH=0`, fail only with 801 at the synchronisation after
 /// the launch, once everything before the launch passed).
 fn chain_launch(program: &str, variant: Variant) {
+    chain_launch_with(program, variant, &[]);
+}
+
+/// As [`chain_launch`], with `flags` for server A.
+fn chain_launch_with(program: &str, variant: Variant, flags: &[String]) {
     let exe = build(program, variant);
     let b = Server::start_default();
-    let a = Server::start_chain(&b);
+    let a = Server::start_chain_with(&b, flags);
     let out = run_on(&[&a], &exe, &["--expect-supported"]);
     if out.code() == Some(0) || launch_args().contains(&"--expect-supported") {
         out.assert_pass(program, &[&a, &b]);
