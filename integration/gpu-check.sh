@@ -243,7 +243,7 @@ if start_move_server move-a && MA="$MOVE_ADDR" && start_move_server move-b && MB
     RUN_PID=$!
     for step in "round 1 $MA $MB" "round 3 $MB $MA"; do
         read -r _ n from to <<<"$step"
-        if ! wait_line "$WORK/logs/move.out" "^round $n\$" 60; then MOVE_NOTE="never reached round $n"; break; fi
+        if ! wait_line "$WORK/logs/move.out" "^round $n\$" 30; then MOVE_NOTE="never reached round $n"; break; fi
         id="$(grep -o 'session{id=0x[0-9a-f]*' "$WORK/logs/move-a.log" | head -n1 | cut -d= -f2)"
         if ! out="$("$BIN/rgpu" migrate "$id" --server "$from" --to "$to" --key-file "$MOVE_DIR/admin.key" --plaintext 2>&1)"; then
             MOVE_NOTE="migration $from -> $to refused: $(echo "$out" | tail -n1)"
@@ -251,7 +251,7 @@ if start_move_server move-a && MA="$MOVE_ADDR" && start_move_server move-b && MB
         fi
         HELD+=("$(echo "$out" | grep -o 'was held [0-9.]* ms' | awk '{print $3}')")
     done
-    timeout 120 tail --pid="$RUN_PID" -f /dev/null || kill "$RUN_PID" 2>/dev/null || true
+    timeout 60 tail --pid="$RUN_PID" -f /dev/null || kill "$RUN_PID" 2>/dev/null || true
     MOVE_RC=0; wait "$RUN_PID" || MOVE_RC=$?
 else
     MOVE_NOTE="a server with --cuda-movable-memory did not start (logs/move-*.log)"
