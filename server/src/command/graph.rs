@@ -84,6 +84,10 @@ fn decode_ops(r: graph_exec_create::Reader<'_>) -> Result<Vec<WireOp>, CuError> 
                 WireOp::DtoD { dst: c.get_dst(), src: c.get_src(), size: c.get_size() }
             }
             W::Memset(m) => WireOp::Memset(Memset::decode(m.map_err(bad)?)),
+            // Handles are never 0. A list element too short to hold one (a
+            // 2-byte element is the union's tag alone) reads as 0: refused,
+            // or a few bytes would announce an op each.
+            W::EventRecord(0) | W::EventWait(0) => return Err(CuError::INVALID_VALUE),
             W::EventRecord(e) => WireOp::EventRecord(e),
             W::EventWait(e) => WireOp::EventWait(e),
         });
