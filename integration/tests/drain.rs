@@ -13,22 +13,26 @@ use rgpu_integration::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-#[test]
-fn drain_migrate_moves_a_running_leased_program_to_another_server() {
-    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = Dir::scratch("drain-migrate");
-    let d = &dir.0;
-    let b = broker(d);
-    // The servers prove themselves to each other with the same admin key
-    // the operator holds for the broker.
-    let flags: Vec<String> = [
+/// Flags for a server of broker `b`: the servers prove themselves to each
+/// other with the same admin key the operator holds for the broker.
+fn server_flags(b: &Broker, d: &std::path::Path) -> Vec<String> {
+    [
         ("--broker", b.addr.clone()),
         ("--broker-key-file", d.join("key").display().to_string()),
         ("--admin-key-file", d.join("admin.key").display().to_string()),
     ]
     .into_iter()
     .flat_map(|(k, v)| [k.to_string(), v])
-    .collect();
+    .collect()
+}
+
+#[test]
+fn drain_migrate_moves_a_running_leased_program_to_another_server() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = Dir::scratch("drain-migrate");
+    let d = &dir.0;
+    let b = broker(d);
+    let flags = server_flags(&b, d);
     let seed = format!("rgpu-drain-migrate-{}", std::process::id());
     let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
     let aa = a.addr_string();
@@ -122,15 +126,8 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
     let dir = Dir::scratch("drain-migrate-cuda");
     let d = &dir.0;
     let b = broker(d);
-    let flags: Vec<String> = [
-        ("--broker", b.addr.clone()),
-        ("--broker-key-file", d.join("key").display().to_string()),
-        ("--admin-key-file", d.join("admin.key").display().to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_string(), v])
-    .chain(["--cuda-movable-memory".to_string()])
-    .collect();
+    let mut flags = server_flags(&b, d);
+    flags.push("--cuda-movable-memory".to_string());
     let (gpu_a, gpu_b) = (Server::start_default(), Server::start_default());
     let a = Server::start_chain_with(&gpu_a, &flags);
     let aa = a.addr_string();
