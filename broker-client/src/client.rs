@@ -416,6 +416,20 @@ impl BrokerClient {
         })
     }
 
+    /// Moves lease `id` by live migration to `server` ("" for any server
+    /// that can take it); the lease comes back with `moving_to` set.
+    pub fn move_lease(&self, id: u64, server: &str) -> Result<LeaseView, ClientError> {
+        self.call(|c| {
+            let mut req = c.move_lease_request();
+            req.get().set_lease_id(id);
+            req.get().set_server_id(server);
+            async move {
+                let reply = req.send().promise.await.map_err(from_capnp)?;
+                read_lease(reply.get().and_then(|r| r.get_lease()).map_err(from_capnp)?).map_err(from_capnp)
+            }
+        })
+    }
+
     pub fn undrain(&self, server: &str) -> Result<ServerView, ClientError> {
         self.call(|c| {
             let mut req = c.undrain_request();

@@ -7,6 +7,7 @@ mod bench;
 mod commands;
 mod driver;
 mod frames;
+mod moves;
 mod operator;
 mod paths;
 mod pool;

@@ -157,3 +157,65 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
     }
     assert!(bs.log().contains("session migrated in") && bs.log().contains("backend cuda"), "{report}");
 }
+
+/// `rgpu migrate LEASE --to SERVER`: an operator moves one leased program
+/// to the server it names, then (no target) back to the first that fits;
+/// neither server is drained, the program finishes with every round right.
+#[test]
+fn migrate_moves_a_leased_program_to_the_server_named_and_back() {
+    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
+    let dir = Dir::scratch("migrate-lease");
+    let d = &dir.0;
+    let b = broker(d);
+    let flags = server_flags(&b, d);
+    let seed = format!("rgpu-migrate-lease-{}", std::process::id());
+    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
+    let aa = a.addr_string();
+    wait_until("A registered", Duration::from_secs(20), || servers_up(&b, d) == vec![aa.clone()]);
+    let baddr = b.addr.clone();
+    let key = d.join("admin.key").display().to_string();
+    let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
+    let envs = [("RGPU_RECONNECT_TIMEOUT", Some("60")), ("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
+    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "8", "--wait-ms", "300", "--mib", "16"], &envs);
+    if !run.wait_for_line("round 1", run_timeout()) {
+        let out = run.wait(Duration::from_secs(5));
+        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
+    }
+    let bs = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
+    let ba = bs.addr_string();
+    wait_until("B registered", Duration::from_secs(20), || servers_up(&b, d).len() == 2);
+    let lease = json(&["leases"], &b, d)[0].clone();
+    let lease_id = lease["id"].as_str().unwrap().to_string();
+    assert_eq!(lease["gpus"][0]["server"], aa.as_str());
+
+    // Refused, saying why, and nothing moves: a server that is not there,
+    // the server the lease is on.
+    let (ok, _, err) = rgpu(&["migrate", &lease_id, "--to", "127.0.0.1:1"], &b, d);
+    assert!(!ok && err.contains("no server 127.0.0.1:1"), "{err}");
+    let (ok, _, err) = rgpu(&["migrate", &lease_id, "--to", &aa], &b, d);
+    assert!(!ok && err.contains("already"), "{err}");
+
+    let (ok, out, err) = rgpu(&["migrate", &lease_id, "--to", &ba], &b, d);
+    assert!(ok, "rgpu migrate LEASE --to B failed:\n{out}\n{err}\n{}\n{}", a.describe(), bs.describe());
+    assert!(out.contains(&format!("moved {lease_id}  {aa} -> {ba}")), "{out}\n{err}");
+    assert!(run.wait_for_line("round 4", run_timeout()), "no round 4 after the first move");
+    let (ok, out, err) = rgpu(&["migrate", &lease_id], &b, d);
+    assert!(ok, "rgpu migrate LEASE failed:\n{out}\n{err}\n{}\n{}", a.describe(), bs.describe());
+    assert!(out.contains(&format!("moved {lease_id}  {ba} -> {aa}")), "the first server that fits: {out}\n{err}");
+
+    let servers = json(&["servers"], &b, d);
+    assert!(servers.as_array().unwrap().iter().all(|s| s["draining"] == false), "an operator's move drains nothing: {servers}");
+    let moved = json(&["leases"], &b, d)[0].clone();
+    assert!(moved["generation"].as_u64() > lease["generation"].as_u64(), "{moved}");
+    let audit = json(&["audit"], &b, d);
+    let moves = audit.as_array().unwrap().iter().filter(|r| r["op"] == "move" && r["target"] == lease_id.as_str()).count();
+    assert!(moves >= 4, "the refused and the done moves are audited: {audit}");
+
+    let done = run.wait(run_timeout());
+    done.assert_pass("rt_checkpoint", &[&a, &bs]);
+    let report = done.describe(&[&a, &bs]);
+    for r in 0..8 {
+        assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(bs.log().contains("session migrated in") && a.log().contains("session migrated in"), "{report}");
+}

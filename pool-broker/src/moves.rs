@@ -1,6 +1,7 @@
 //! Moving a lease off a draining server by live migration
 //! (docs/migration.md "Migration with a broker"). A drain with `migrate`
-//! picks, for each lease on the server, a target that can rebuild its
+//! (or an operator's `moveLease`, to a server it names or to any) picks,
+//! for each lease on the server, a target that can rebuild its
 //! sessions: a snapshot keeps device ordinals and needs a matching server,
 //! so the target must have the same number of GPUs, and at each ordinal the
 //! lease holds, a healthy GPU of the same model, at least as large, with
@@ -52,7 +53,14 @@ pub struct Move {
 
 /// The first server (index) that can take `lease` off `from`, with the
 /// lease's GPUs there, or why none can. `partitions`: the tenant's.
-pub fn choose_target(servers: &[Server], lease: &Lease, from: &str, partitions: &[String]) -> Result<(usize, Vec<LeasedGpu>), String> {
+/// `only`: the operator's choice of target (None: any).
+pub fn choose_target(
+    servers: &[Server],
+    lease: &Lease,
+    from: &str,
+    partitions: &[String],
+    only: Option<&str>,
+) -> Result<(usize, Vec<LeasedGpu>), String> {
     if lease.gpus.is_empty() || lease.gpus.iter().any(|g| g.server != from) {
         return Err("the lease spans several servers: moving part of it is not supported".into());
     }
@@ -60,9 +68,20 @@ pub fn choose_target(servers: &[Server], lease: &Lease, from: &str, partitions: 
         return Err(format!("no server {from} is registered"));
     };
     let whole = lease.memory_limit == 0;
-    let mut why = format!("no other server is up, undrained and serves the tenant's partition(s) {}", partitions.join(","));
+    let mut why = match only {
+        Some(to) if to == from => return Err(format!("the lease is on {from} already")),
+        Some(to) => match servers.iter().find(|s| s.spec.id == to) {
+            None => return Err(format!("no server {to} is registered")),
+            Some(s) if !s.schedulable() => return Err(format!("{to} takes no new leases (drained, or not answering)")),
+            Some(s) if !s.serves_any(partitions) => {
+                return Err(format!("{to} does not serve the tenant's partition(s) {}", partitions.join(",")))
+            }
+            Some(_) => String::new(),
+        },
+        None => format!("no other server is up, undrained and serves the tenant's partition(s) {}", partitions.join(",")),
+    };
     for (i, s) in servers.iter().enumerate() {
-        if s.spec.id == from || !s.schedulable() || !s.serves_any(partitions) {
+        if s.spec.id == from || !s.schedulable() || !s.serves_any(partitions) || only.is_some_and(|to| to != s.spec.id) {
             continue;
         }
         if s.gpus.len() != source.gpus.len() {

@@ -532,6 +532,19 @@ impl Service {
         r
     }
 
+    /// An operator's move of one lease (see [`State::move_lease`]),
+    /// durable before the answer.
+    pub async fn move_lease(&self, lease: u64, to: Option<&str>) -> Result<crate::state::Lease, BrokerError> {
+        self.serving()?;
+        let (r, rx) = {
+            let mut st = self.lock();
+            let r = st.move_lease(lease, to, now_ms());
+            (r, self.commit(&mut st))
+        };
+        Self::durable(rx).await?;
+        r
+    }
+
     /// Server `from`'s report on a move it was asked to make; returns the
     /// move's target.
     /// A server's report of its GPUs' health (see [`State::report_health`]),

@@ -577,7 +577,7 @@ impl State {
         let mut out = Vec::with_capacity(due.now.len());
         let bad = evacuation::unhealthy_uuids(&self.servers);
         for (lid, from) in due.now {
-            let r = self.start_move(lid, &from, now);
+            let r = self.start_move(lid, &from, None, now);
             let last = self.evacuation.tried(lid, now);
             if let Err(why) = &r {
                 let (on, ordinal, reason) = self
@@ -674,19 +674,43 @@ impl State {
                 plan.push((lid, Ok(m.to.clone())));
                 continue;
             }
-            plan.push((lid, self.start_move(lid, id, now)));
+            plan.push((lid, self.start_move(lid, id, None, now)));
         }
         Ok(plan)
     }
 
-    /// Starts moving lease `lid` off server `from` to the first server
-    /// that can take it: its target, or why none can. The move rides on
+    /// An operator's move of lease `lid` by live migration, to server `to`
+    /// or (None) the first that can take it, as a drain with `migrate`
+    /// moves one; the source server is left as it is. Returns the lease,
+    /// its move in flight. Refused for a lease that is not active, is
+    /// suspended or on the way, is already moving, spans several servers,
+    /// or that no server (or not `to`) can take, saying why.
+    pub fn move_lease(&mut self, lid: u64, to: Option<&str>, now: Millis) -> Result<Lease, BrokerError> {
+        let l = self.leases.get(&lid).ok_or_else(|| BrokerError::NotFound { id: lid, why: "is not live".into() })?;
+        if l.state != LeaseState::Active {
+            return Err(BrokerError::Invalid(format!("lease {lid:#x} lost its server: there is nothing to move")));
+        }
+        if l.suspension.is_some() {
+            return Err(BrokerError::Invalid(format!("lease {lid:#x} is suspended (or on the way): resume it first")));
+        }
+        if let Some(m) = &l.moving {
+            return Err(BrokerError::Invalid(format!("lease {lid:#x} is already moving to {}", m.to)));
+        }
+        let Some(from) = l.gpus.first().map(|g| g.server.clone()) else {
+            return Err(BrokerError::Invalid(format!("lease {lid:#x} holds no GPU")));
+        };
+        self.start_move(lid, &from, to, now).map_err(|why| BrokerError::Invalid(format!("lease {lid:#x} cannot move: {why}")))?;
+        Ok(self.leases[&lid].clone())
+    }
+
+    /// Starts moving lease `lid` off server `from` to `to` (None: the first
+    /// server that can take it): its target, or why none can. The move rides on
     /// the lease (with a fresh generation, its target GPUs reserved) until
     /// the source reports it.
-    fn start_move(&mut self, lid: u64, from: &str, now: Millis) -> Result<String, String> {
+    fn start_move(&mut self, lid: u64, from: &str, to: Option<&str>, now: Millis) -> Result<String, String> {
         let l = self.leases.get(&lid).ok_or_else(|| format!("lease {lid:#x} ended"))?;
         let parts = self.partitions_of(&l.tenant);
-        let (_, gpus) = moves::choose_target(&self.servers, l, from, &parts)?;
+        let (_, gpus) = moves::choose_target(&self.servers, l, from, &parts, to)?;
         self.generation += 1;
         let m = Move { to: gpus[0].server.clone(), generation: self.generation, gpus, since: now };
         self.reserve(lid, &m.gpus);

@@ -166,3 +166,43 @@ fn a_move_in_flight_survives_a_restore_and_ends_with_its_lease() {
     assert_eq!(t.server_use(t.server("b:1").unwrap()).1, 2, "released: the target's GPUs are free");
     assert!(t.heartbeat("b:1", 50).unwrap().live.is_empty());
 }
+
+#[test]
+fn an_operator_moves_one_lease_to_the_server_it_names_or_to_any_that_fits() {
+    let (mut s, l) = pool(&[spec("b:1", 2, "sim", G16), spec("c:1", 2, "sim", G16), spec("d:1", 1, "sim", G16)]);
+    let why = |r: Result<Lease, rgpu_pool_broker::state::BrokerError>| r.unwrap_err().to_string();
+    // Refusals say why and change nothing.
+    assert!(why(s.move_lease(l.id, Some("a:7767"), 5)).contains("already"));
+    assert!(why(s.move_lease(l.id, Some("z:1"), 5)).contains("no server z:1"));
+    assert!(why(s.move_lease(l.id, Some("d:1"), 5)).contains("1 GPU(s)"), "a snapshot keeps device ordinals");
+    assert!(why(s.move_lease(999, Some("b:1"), 5)).contains("not-found"));
+    s.drain("c:1", None, false, 5).unwrap();
+    assert!(why(s.move_lease(l.id, Some("c:1"), 6)).contains("takes no new leases"));
+    s.undrain("c:1", 6).unwrap();
+    assert!(s.lease(l.id).unwrap().moving.is_none());
+
+    // The one named, not the first that fits; the source stays open.
+    let moving = s.move_lease(l.id, Some("c:1"), 10).unwrap();
+    let m = moving.moving.clone().expect("moving");
+    assert_eq!(m.to, "c:1");
+    assert!(m.generation > l.generation);
+    assert!(s.server("a:7767").unwrap().schedulable(), "an operator's move drains nothing");
+    let a = s.heartbeat("a:7767", 20).unwrap();
+    assert_eq!(a.orders, vec![Order { lease: l.id, generation: m.generation, target: "c:1".into(), kind: OrderKind::Migrate }]);
+    assert!(why(s.move_lease(l.id, Some("b:1"), 21)).contains("already moving to c:1"));
+    assert_eq!(s.move_reported("a:7767", l.id, Ok(()), 30), Ok("c:1".to_string()));
+    assert!(s.lease(l.id).unwrap().gpus.iter().all(|g| g.server == "c:1"));
+
+    // Without a target: the first server that can take it.
+    let back = s.move_lease(l.id, None, 40).unwrap();
+    assert_eq!(back.moving.unwrap().to, "a:7767");
+}
+
+#[test]
+fn a_suspended_lease_is_not_moved() {
+    let (mut s, l) = pool(&[spec("b:1", 2, "sim", G16)]);
+    s.hold(l.id, 10).unwrap();
+    let e = s.move_lease(l.id, Some("b:1"), 11).unwrap_err().to_string();
+    assert!(e.contains("suspended"), "{e}");
+    assert!(s.lease(l.id).unwrap().moving.is_none());
+}

@@ -232,6 +232,8 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
     assert_eq!(kind(bob.lease(&as_alice)), "auth");
     // Operators' and admins' calls are not for users.
     assert_eq!(kind(bob.drain("10.0.0.1:7767", 0)), "auth");
+    assert_eq!(kind(bob.move_lease(b.id_u64(), "")), "auth", "not even his own");
+    assert_eq!(kind(alice.move_lease(a.id_u64(), "")), "auth");
     assert_eq!(kind(bob.audit("", 10)), "auth");
     assert_eq!(kind(bob.revoke("alice", u64::MAX)), "auth");
 
@@ -247,6 +249,7 @@ fn two_tenants_cannot_see_renew_release_or_use_each_others_leases() {
     assert!(granted.peer.starts_with("127.0.0.1:"), "{granted:?}");
     assert_eq!(find("bob/user", "renew", false).map(|r| r.target.as_str()), Some(a.id.as_str()));
     assert_eq!(find("bob/user", "release", true).map(|r| r.detail.as_str()), Some("not live"));
+    assert_eq!(find("alice/user", "move", false).map(|r| r.target.as_str()), Some(a.id.as_str()), "a refused move is recorded");
     assert!(find("-", "login", false).is_some(), "the forged login is recorded");
     assert!(find("server:10.0.0.1:7767", "register", true).is_some());
     assert_eq!(ops.audit("bob", 1000).unwrap().iter().filter(|r| r.actor != "bob/user" && r.target != "bob").count(), 0);

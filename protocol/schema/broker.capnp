@@ -71,6 +71,14 @@ interface Session {
   # Lets a lease suspended by `suspend` take its GPUs back: at once if they
   # are free and nothing of higher priority waits for them, else then.
   resume @13 (leaseId :UInt64) -> (lease :Lease);
+  # An operator moves a lease by live migration to server `serverId` (""
+  # for any that can take it), as a drain with migrate moves one; its
+  # programs run on. The lease comes back with `movingTo` set; the move has
+  # ended when `movingTo` is empty again: on the target, or where it was
+  # with `moveError` set. Refused, saying why, for a lease that is not
+  # active, is suspended or already moving, spans several servers, or that
+  # no server (or not serverId) can take.
+  moveLease @14 (leaseId :UInt64, serverId :Text) -> (lease :Lease);
 }
 
 # A registered GPU server, for as long as its connection lasts. Its

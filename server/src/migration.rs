@@ -60,7 +60,7 @@ pub enum MigrateError {
     NoKey,
     #[error("this server serves TLS but has no --tls-ca to check a target's certificate by")]
     NoCa,
-    #[error("session {session:#x} runs under broker lease {lease}, which the broker places on this server: a target's heartbeat would end it there, and only a move the broker orders (`rgpu drain --migrate`) takes a leased session")]
+    #[error("session {session:#x} runs under broker lease {lease}, which the broker places on this server: a target's heartbeat would end it there, and only a move the broker orders (`rgpu migrate LEASE`, `rgpu drain --migrate`) takes a leased session")]
     Leased { session: u64, lease: u64 },
     #[error("cannot reach the target {addr}: {reason}")]
     Unreachable { addr: String, reason: String },

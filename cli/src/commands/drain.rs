@@ -1,11 +1,9 @@
 //! `rgpu drain SERVER [--deadline D] [--migrate]`
 
-use std::time::{Duration, Instant};
-
 use anyhow::Result;
 use rgpu_broker_client::duration::parse_duration_ms;
-use rgpu_broker_client::BrokerClient;
 
+use crate::moves::{self, Outcome};
 use crate::pool::{self, BrokerArgs};
 
 /// Stop new grants on a server; with --deadline, revoke what is left then;
@@ -32,17 +30,6 @@ pub struct Args {
     json: bool,
 }
 
-/// One lease's move, as the drain saw it end.
-#[derive(serde::Serialize)]
-struct Outcome {
-    lease: String,
-    from: String,
-    to: String,
-    moved: bool,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    reason: String,
-}
-
 pub fn exec(a: Args) -> Result<i32> {
     let deadline = a.deadline.map_or(0, |d| pool::now_ms() + d);
     let client = a.broker.connect()?;
@@ -66,57 +53,17 @@ pub fn exec(a: Args) -> Result<i32> {
         if p.target.is_empty() {
             out.push(Outcome { lease: p.lease, from: s.id.clone(), to: String::new(), moved: false, reason: p.reason });
         } else {
-            waiting.push((p.lease, p.target));
+            waiting.push((p.lease, s.id.clone(), p.target));
         }
     }
-    let until = Instant::now() + Duration::from_millis(a.wait);
-    while !waiting.is_empty() {
-        settle(&client, &s.id, &mut waiting, &mut out, a.json)?;
-        if waiting.is_empty() {
-            break;
-        }
-        if Instant::now() >= until {
-            for (lease, to) in waiting.drain(..) {
-                let reason = format!("still moving after {} ms", a.wait);
-                out.push(Outcome { lease, from: s.id.clone(), to, moved: false, reason });
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    out.extend(moves::wait(&client, waiting, a.wait, a.json)?);
     let failed = out.iter().filter(|o| !o.moved).count();
     if a.json {
         pool::json(&out)?;
     } else {
-        for o in out.iter().filter(|o| !o.moved) {
-            println!("not moved {}  {} -> {}: {}", o.lease, o.from, if o.to.is_empty() { "-" } else { &o.to }, o.reason);
-        }
+        moves::print_failures(&out);
         let when = if deadline == 0 { "when they end".to_string() } else { pool::relative(deadline) };
         eprintln!("{} lease(s) moved, {failed} not (those stay on {}, revoked {when})", out.len() - failed, s.id);
     }
     Ok(if failed == 0 { 0 } else { 1 })
-}
-
-/// Moves the leases whose move ended from `waiting` to `out`, printing each
-/// lease moved as it is seen.
-fn settle(client: &BrokerClient, from: &str, waiting: &mut Vec<(String, String)>, out: &mut Vec<Outcome>, json: bool) -> Result<()> {
-    let leases = client.leases("")?;
-    waiting.retain(|(lease, to)| {
-        let Some(l) = leases.iter().find(|l| &l.id == lease) else {
-            let reason = "the lease ended during its move".to_string();
-            out.push(Outcome { lease: lease.clone(), from: from.into(), to: to.clone(), moved: false, reason });
-            return false;
-        };
-        if !l.moving_to.is_empty() {
-            return true;
-        }
-        let moved = !l.gpus.is_empty() && l.gpus.iter().all(|g| &g.server == to);
-        if moved && !json {
-            println!("moved {lease}  {from} -> {to}");
-        }
-        let reason = if moved { String::new() } else { l.move_error.clone() };
-        out.push(Outcome { lease: lease.clone(), from: from.into(), to: to.clone(), moved, reason });
-        false
-    });
-    Ok(())
 }

@@ -149,6 +149,20 @@ impl session::Server for Session {
         Ok(())
     }
 
+    async fn move_lease(self: Rc<Self>, params: session::MoveLeaseParams, mut results: session::MoveLeaseResults) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let id = p.get_lease_id();
+        let to = text(p.get_server_id());
+        self.allow_audited(Role::Operator, "move", &lease_id(id))?;
+        let l = self.service.move_lease(id, Some(to.as_str()).filter(|t| !t.is_empty())).await;
+        audit(&self.service, &self.actor, &self.peer, "move", &lease_id(id), &l, |l: &Lease| {
+            format!("to {}", l.moving.as_ref().map_or("-", |m| m.to.as_str()))
+        });
+        // The answer carries no token: the lease is its tenant's.
+        write_lease(results.get().init_lease(), &l.map_err(fail)?, &[]);
+        Ok(())
+    }
+
     async fn list_leases(self: Rc<Self>, params: session::ListLeasesParams, mut results: session::ListLeasesResults) -> Result<(), capnp::Error> {
         self.allow(Role::User)?;
         let asked = text(params.get()?.get_tenant());
