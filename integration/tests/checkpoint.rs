@@ -878,29 +878,88 @@ fn migration_pause() {
     let b = Server::start_on("127.0.0.1:0", ServerOpts::default(), "rgpu-migrate-pause-b", &stop_and_copy);
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn")];
-    let run = spawn_rgpu_env(&a.addr_string(), &exe, &["--rounds", "5", "--wait-ms", "4000", "--mib", "1024"], &envs);
-    let mut reports = Vec::new();
+    // Eight moves, four each way; after each, while the program sleeps,
+    // 1 GiB copied once over loopback TCP: the baseline of that moment.
+    const MOVES: usize = 8;
+    let source = vec![7u8; 1 << 30];
+    let rounds = (MOVES + 1).to_string();
+    let run = spawn_rgpu_env(&a.addr_string(), &exe, &["--rounds", &rounds, "--wait-ms", "3000", "--mib", "1024"], &envs);
+    let mut rows = Vec::new();
     let mut addrs = [a.addr_string(), b.addr_string()];
-    for r in 0..4 {
+    for r in 0..MOVES {
         assert!(run.wait_for_line(&format!("round {r}"), run_timeout()), "no round {r}");
         let id = session_id(&a).expect("a session id");
         let (ok, report) = migrate(&id, &addrs[0], &addrs[1], &key);
         assert!(ok, "{report}");
-        reports.push(report.trim().to_string());
+        let baseline = loopback_copy(1 << 30).as_secs_f64();
+        let landed = loopback_copy_landing(&source).as_secs_f64();
+        let total: f64 = report
+            .split(" in ")
+            .nth(1)
+            .and_then(|t| t.split(" s;").next())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("no total in {report:?}"));
+        rows.push((r % 2 == 0, total, held_ms(&report), baseline, landed));
+        eprintln!("{}", report.trim());
         addrs.swap(0, 1);
     }
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[&a, &b]);
-    let baseline = loopback_copy(1 << 30);
-    for r in &reports {
-        eprintln!("{r}");
-    }
     for s in [&a, &b] {
         for l in s.log().lines().filter(|l| l.contains("digested again") || l.contains("pre-copied while") || l.contains("migrated in")) {
             eprintln!("{}", l.split("INFO").nth(1).unwrap_or(l).trim());
         }
     }
-    eprintln!("1 GiB over loopback TCP, once: {:.3} s", baseline.as_secs_f64());
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    eprintln!("| migration | total s | held ms | 1 GiB over loopback, s | total / that | 1 GiB over loopback into new memory, s | total / that |");
+    eprintln!("|---|---|---|---|---|---|---|");
+    for &(pre, total, held, base, landed) in &rows {
+        let kind = if pre { "pre-copy" } else { "stop and copy" };
+        eprintln!("| {kind} | {total:.3} | {held:.1} | {base:.3} | {:.2}x | {landed:.3} | {:.2}x |", total / base, total / landed);
+    }
+    type Row = (bool, f64, f64, f64, f64);
+    for pre in [true, false] {
+        let of = |f: &dyn Fn(&Row) -> f64| median(rows.iter().filter(|r| r.0 == pre).map(f).collect());
+        eprintln!(
+            "median, {}: total {:.3} s, held {:.1} ms, total / loopback {:.2}x, total / loopback into new memory {:.2}x",
+            if pre { "pre-copy" } else { "stop and copy" },
+            of(&|r| r.1),
+            of(&|r| r.2),
+            of(&|r| r.1 / r.3),
+            of(&|r| r.1 / r.4)
+        );
+    }
+}
+
+/// How long copying `source` once over one loopback TCP connection into
+/// memory new to the receiver takes: what a migration's target does with
+/// a session's memory (it allocates it afresh), without the migration.
+fn loopback_copy_landing(source: &[u8]) -> Duration {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let len = source.len();
+    let start = Instant::now();
+    let sink = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut landed = vec![0u8; len];
+        let mut got = 0usize;
+        while got < len {
+            match s.read(&mut landed[got..]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        (got, landed[len - 1])
+    });
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.write_all(source).unwrap();
+    drop(c);
+    assert_eq!(sink.join().unwrap(), (len, source[len - 1]));
+    start.elapsed()
 }
 
 /// How long sending `bytes` over one loopback TCP connection takes.
