@@ -281,11 +281,22 @@ impl CudaSession {
         Ok((va, Region { device, len, phys: h }))
     }
 
-    /// Unmaps and releases a region whose allocations were zeroed as they were freed.
+    /// Zeroes, unmaps and releases a region. Its allocations were zeroed as
+    /// they were freed, but a kernel may have written past one into the
+    /// region's free parts: the whole region is the session's, and the
+    /// driver hands released memory to this process's next `cuMemCreate`
+    /// (another tenant's) as it is.
     fn region_release(&mut self, va: u64, r: Region) {
         let bytes = r.len as usize;
         if self.bind(r.device).is_err() {
+            self.shared.scrub_on_alloc[r.device as usize].store(true, Ordering::Relaxed);
             return;
+        }
+        let zeroed = cu!(sys::cuMemsetD8_v2(va, 0, bytes)).and_then(|()| cu!(sys::cuCtxSynchronize()));
+        if let Err(e) = zeroed {
+            if !self.shared.scrub_on_alloc[r.device as usize].swap(true, Ordering::Relaxed) {
+                warn!(device = r.device, "cannot zero a released movable-memory region: {e}; later allocations on the device are zeroed instead");
+            }
         }
         if let Err(e) = cu!(sys::cuMemUnmap(va, bytes)) {
             warn!(device = r.device, "cuMemUnmap of a movable-memory region failed: {e}");
@@ -297,6 +308,17 @@ impl CudaSession {
     /// `cuMemAlloc` for a session with movable memory.
     pub(super) fn placed_alloc(&mut self, device: u32, size: u64) -> CuResult<u64> {
         let p = self.placed_place(device, size)?;
+        if self.shared.scrub_on_alloc[device as usize].load(Ordering::Relaxed) {
+            // Completed before the client can queue work on any stream.
+            let r = self
+                .bind(device)
+                .and_then(|()| cu!(sys::cuMemsetD8_v2(p, 0, size as usize)))
+                .and_then(|()| cu!(sys::cuStreamSynchronize(std::ptr::null_mut())));
+            if let Err(e) = r {
+                self.placed_free(p);
+                return Err(e);
+            }
+        }
         self.peek_tables().allocs.insert(p, (device, size));
         Ok(p)
     }
