@@ -217,6 +217,8 @@ impl Backend for SimBackend {
             cancel: cancel.clone(),
             exec: executor::Executor::new(cancel),
             timer: None,
+            capture_at: None,
+            restore_at: None,
         }))
     }
 }
@@ -332,6 +334,12 @@ struct SimSession {
     share: Arc<share::Share>,
     /// Told each kernel's device and run time as it ends (metering).
     timer: Option<crate::backend::KernelTimer>,
+    /// The one "now" every event of a capture is timed against (set by the
+    /// first, cleared at the capture's quiesce), and of a rebuild: each
+    /// event read against a clock of its own would shift the times between
+    /// events by the time between the reads.
+    capture_at: Option<Instant>,
+    restore_at: Option<Instant>,
 }
 
 impl SimSession {
@@ -994,6 +1002,7 @@ impl BackendSession for SimSession {
     }
 
     fn quiesce(&mut self, timeout: Duration) -> CuResult {
+        self.capture_at = None;
         if self.exec.wait_idle_for(timeout) {
             Ok(())
         } else {
@@ -1019,12 +1028,13 @@ impl BackendSession for SimSession {
             return Err(CuError::NOT_READY);
         }
         let at = *ev.recorded.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(at.map(|at| Instant::now().saturating_duration_since(at)))
+        let now = *self.capture_at.get_or_insert_with(Instant::now);
+        Ok(at.map(|at| now.saturating_duration_since(at)))
     }
 
     fn event_restore(&mut self, device: u32, flags: u32, recorded_ago: Option<Duration>) -> CuResult<EventToken> {
         self.shared.device(device)?;
-        let now = Instant::now();
+        let now = *self.restore_at.get_or_insert_with(Instant::now);
         // An Instant cannot go back past the host's boot: such an old record
         // becomes one at the earliest time this host can say.
         let at = recorded_ago.map(|ago| now.checked_sub(ago).unwrap_or(now));
