@@ -714,6 +714,22 @@ impl Server {
         strip_ansi(&self.log.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
+    /// Whether the server prints `needle` within `limit`: its output is
+    /// read by another thread, so a line it wrote just before answering a
+    /// call may not be in [`Server::log`] yet when the answer is.
+    pub fn wait_for_log(&self, needle: &str, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        loop {
+            if self.log().contains(needle) {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The server's process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

@@ -184,7 +184,7 @@ fn checkpoint_and_restore(mib: u32, wait_ms: u32, then: Then, measure_disk: bool
             let ba = b.addr_string();
             let (ok, restore) = rgpu(&["restore", "job.snap", "--server", &ba, "--forward-from", &addr], &key);
             assert!(ok, "restore on B failed: {restore}\n{}\n{}", a.describe(), b.describe());
-            assert!(a.log().contains("session forwarded to where it was restored"), "{}", a.describe());
+            assert!(a.wait_for_log("session forwarded to where it was restored", Duration::from_secs(10)), "{}", a.describe());
             // Forwarded once: the session is gone from A, so again is refused.
             let (ok, again) = rgpu(&["restore", "job.snap", "--server", &ba, "--forward-from", &addr], &key);
             assert!(!ok, "a second restore of a session served on B succeeded: {again}");
@@ -650,6 +650,10 @@ fn migrate_rounds(a: &Server, b: &Server, dir: &Path, metrics: &str, extra: &[&s
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(!sessions_on(from, &key).contains(&n), "the session is still on {from} after it moved");
+        // Listed at the target once its client has resumed it there.
+        while sessions_on(to, &key) != vec![n] && Instant::now() < gone {
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert_eq!(sessions_on(to, &key), vec![n], "rgpu sessions on {to}");
         held.push(held_ms(&report));
         eprintln!("{}", report.trim());
