@@ -7,6 +7,7 @@ mod bench;
 mod commands;
 mod driver;
 mod frames;
+mod lease_file;
 mod moves;
 mod operator;
 mod paths;

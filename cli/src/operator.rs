@@ -25,6 +25,16 @@ impl OperatorArgs {
     }
 }
 
+/// The admin key of a command that speaks to GPU servers and to the
+/// broker (`rgpu migrate`, `checkpoint`, `restore`): `--key-file`, else the
+/// broker's `--admin-key-file` (one key for both, as a pool is usually run).
+pub fn server_key(key_file: Option<&std::path::Path>, broker: &crate::pool::BrokerArgs) -> Result<Vec<u8>> {
+    let Some(f) = key_file.or(broker.admin_key_file.as_deref()) else {
+        anyhow::bail!("this needs the servers' admin key: --key-file FILE (or --admin-key-file)");
+    };
+    crate::pool::read_key(f)
+}
+
 /// A session id as the server prints it: hex with 0x, or decimal.
 pub fn parse_session(s: &str) -> Result<u64> {
     let t = s.trim();

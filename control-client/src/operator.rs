@@ -409,6 +409,37 @@ pub fn list_sessions(addr: &str, security: &ClientSecurity, admin_key: &[u8], li
     })
 }
 
+/// The snapshots a suspension of broker lease `lease` left on the server
+/// at `addr`, by name.
+pub fn list_suspended(addr: &str, security: &ClientSecurity, admin_key: &[u8], lease: u64, limit: Duration) -> Result<Vec<String>, ControlError> {
+    run_for(addr, limit, async {
+        let (server, driver) = connect(addr, security).await?;
+        let r = async {
+            let nonce = hello_and_nonce(addr, &server).await?;
+            let proof = sign_bytes(admin_key, &server_op_message(&nonce, ServerOp::ListSuspended, lease, ""));
+            let mut req = server.list_suspended_request();
+            req.get().set_lease(lease);
+            req.get().set_nonce(&nonce);
+            req.get().set_proof(&proof);
+            let reply = req.send().promise.await.map_err(|e| refused(addr, e))?;
+            let list = reply.get().and_then(|r| r.get_names()).map_err(|e| rpc_err(addr, e))?;
+            let mut out = Vec::with_capacity(list.len() as usize);
+            for n in list.iter() {
+                let n = n.ok().and_then(|t| t.to_str().ok()).unwrap_or("").to_string();
+                // A server's list is not trusted to name files only.
+                if !rgpu_protocol::auth::valid_snapshot_name(&n) {
+                    return Err(rpc_err(addr, capnp::Error::failed(format!("the server listed {n:?}, not a snapshot name"))));
+                }
+                out.push(n);
+            }
+            Ok(out)
+        }
+        .await;
+        driver.abort();
+        r
+    })
+}
+
 /// A device's health after an operator's `injectFault` or `clearFault`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceHealth {

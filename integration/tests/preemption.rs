@@ -47,6 +47,7 @@ impl Pool {
             ("--broker", b.addr.clone()),
             ("--broker-key-file", d.join("key").display().to_string()),
             ("--checkpoint-dir", d.join("snapshots").display().to_string()),
+            ("--admin-key-file", d.join("admin.key").display().to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [k.to_string(), v])
@@ -229,4 +230,54 @@ fn a_damaged_snapshot_ends_the_lease_and_fails_its_program_instead_of_hanging() 
     assert!(p.lease(&p.low).is_none_or(|l| l["state"] != "active"), "the lease runs on without its state");
     wait_until("the snapshot dropped", Duration::from_secs(20), || p.snapshots().is_empty());
     assert!(p.s.log().contains("lease not resumed"), "{report}");
+}
+
+/// `rgpu checkpoint LEASE --to FILE` then `rgpu restore FILE`: the lease is
+/// suspended into a file of its own; the server's copy is lost (its disk
+/// wiped); the file puts it back and the program finishes with every round
+/// right. Then `--continue` keeps a copy while the program runs on.
+#[test]
+fn a_lease_kept_in_a_file_comes_back_after_its_server_lost_its_copy() {
+    let (p, run) = Pool::start("lease-file", 6);
+    let d = &p.dir.0;
+    let file = d.join("lease.rgpu");
+    let file_s = file.display().to_string();
+    let (ok, out, err) = rgpu(&["checkpoint", &p.low, "--to", &file_s], &p.b, d);
+    assert!(ok, "rgpu checkpoint LEASE: {out}\n{err}\n{}", p.s.describe());
+    assert!(err.contains("1 session(s)"), "{err}");
+    assert_eq!(p.lease(&p.low).unwrap()["state"], "suspended");
+    let (ok, _, err) = rgpu(&["checkpoint", &p.low, "--to", &file_s], &p.b, d);
+    assert!(!ok && err.contains("exists"), "a second checkpoint over the file: {err}");
+
+    // The server loses what it wrote; the program waits, it does not fail.
+    let lost = p.snapshots();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    for n in &lost {
+        std::fs::remove_file(d.join("snapshots").join(n)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let waiting = run.stdout_so_far();
+    assert!(!waiting.contains("FAIL"), "{waiting}");
+
+    let (ok, out, err) = rgpu(&["restore", &file_s], &p.b, d);
+    assert!(ok, "rgpu restore FILE: {out}\n{err}\n{}", p.s.describe());
+    assert!(err.contains("1 of 1 snapshot(s) copied back"), "{err}");
+    wait_until("the lease running again", Duration::from_secs(20), || p.lease(&p.low).is_some_and(|l| l["state"] == "active"));
+    let (ok, _, err) = rgpu(&["restore", &file_s], &p.b, d);
+    assert!(!ok && err.contains("not suspended"), "restoring a file into a running lease: {err}");
+
+    // A copy kept while the program runs on.
+    assert!(run.wait_for_line("round 3", run_timeout()), "no round 3 after the restore");
+    let again = d.join("lease-2.rgpu").display().to_string();
+    let (ok, out, err) = rgpu(&["checkpoint", &p.low, "--to", &again, "--continue"], &p.b, d);
+    assert!(ok && err.contains("Resumed lease"), "rgpu checkpoint LEASE --continue: {out}\n{err}\n{}", p.s.describe());
+    assert!(std::fs::metadata(&again).unwrap().len() > 16 << 20, "the copy holds the program's 16 MiB");
+
+    let done = run.wait(run_timeout());
+    done.assert_pass("rt_checkpoint", &[&p.s]);
+    let report = done.describe(&[&p.s]);
+    for r in 0..6 {
+        assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
+    }
+    assert!(p.snapshots().is_empty(), "{:?}", p.snapshots());
 }

@@ -101,6 +101,12 @@ interface GpuServer {
   # `nextNonce` as for readSnapshot.
   writeSnapshot @13 (name :Text, offset :UInt64, data :Data, last :Bool, nonce :Data, proof :Data)
         -> (nextNonce :Data);
+
+  # The snapshots in --checkpoint-dir that a suspension of broker lease
+  # `lease` wrote (an operator call, as above; the proof names the lease as
+  # its session), by name, at most 4096: what `rgpu checkpoint LEASE --to
+  # FILE` copies off, and what `rgpu restore FILE` finds still there.
+  listSuspended @14 (lease :UInt64, nonce :Data, proof :Data) -> (names :List(Text));
 }
 
 struct SessionInfo {

@@ -94,6 +94,9 @@ pub enum ServerOp {
     Intake,
     /// The operator lists a server's sessions (session 0, no name).
     ListSessions,
+    /// The operator lists the snapshots a suspension of a lease wrote
+    /// (session: the lease, no name).
+    ListSuspended,
     /// The operator forwards a session that left in a checkpoint to where it
     /// was restored (`name`: that server's address).
     Forward,
@@ -146,6 +149,7 @@ pub fn server_op_message(nonce: &[u8], op: ServerOp, session: u64, name: &str) -
         ServerOp::Migrate => "migrate",
         ServerOp::Intake => "intake",
         ServerOp::ListSessions => "list-sessions",
+        ServerOp::ListSuspended => "list-suspended",
         ServerOp::Forward => "forward",
         ServerOp::InjectFault => "inject-fault",
         ServerOp::ClearFault => "clear-fault",

@@ -489,6 +489,27 @@ impl gpu_server::Server for GpuServer {
         Ok(())
     }
 
+    async fn list_suspended(
+        self: Rc<Self>,
+        params: gpu_server::ListSuspendedParams,
+        mut results: gpu_server::ListSuspendedResults,
+    ) -> Result<(), capnp::Error> {
+        self.activity.call();
+        let p = params.get()?;
+        let lease = p.get_lease();
+        self.check_operator(p.get_nonce()?, p.get_proof()?, ServerOp::ListSuspended, lease, "")?;
+        let names = match crate::preemption::suspended_files(&self.service, lease) {
+            None => return Err(capnp::Error::failed("this server has no --checkpoint-dir: it suspends no lease".into())),
+            Some(Err(e)) => return Err(capnp::Error::failed(format!("cannot read the checkpoint directory: {e}"))),
+            Some(Ok(n)) => n,
+        };
+        let mut list = results.get().init_names(names.len() as u32);
+        for (i, n) in names.iter().enumerate() {
+            list.set(i as u32, n);
+        }
+        Ok(())
+    }
+
     async fn inject_fault(
         self: Rc<Self>,
         params: gpu_server::InjectFaultParams,

@@ -56,6 +56,20 @@ fn files_of(dir: &Path, lease: u64) -> std::io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Most names [`suspended_files`] lists.
+pub const MAX_LISTED: usize = 4096;
+
+/// The snapshots a suspension of `lease` wrote here and left (not yet
+/// resumed), by name, at most [`MAX_LISTED`]: what an operator copies off
+/// to keep the suspended lease elsewhere. None: no checkpoint directory.
+pub fn suspended_files(service: &Service, lease: u64) -> Option<std::io::Result<Vec<String>>> {
+    let dir = service.checkpoint_dir.as_ref()?;
+    Some(files_of(dir, lease).map(|mut names| {
+        names.truncate(MAX_LISTED);
+        names
+    }))
+}
+
 /// Suspends every session of `lease` here; how many were written.
 pub async fn suspend_lease(service: &Arc<Service>, lease: u64) -> Result<usize, String> {
     let Some(dir) = service.checkpoint_dir.clone() else {

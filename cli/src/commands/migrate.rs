@@ -68,10 +68,7 @@ pub fn exec(a: Args) -> Result<i32> {
 fn session(a: &Args, server: &str) -> Result<i32> {
     let session = parse_session(&a.id)?;
     let Some(to) = &a.to else { bail!("moving a session needs --to: the server to move it to") };
-    let Some(key_file) = a.key_file.as_ref().or(a.broker.admin_key_file.as_ref()) else {
-        bail!("moving a session needs the servers' admin key: --key-file FILE");
-    };
-    let key = pool::read_key(key_file)?;
+    let key = crate::operator::server_key(a.key_file.as_deref(), &a.broker)?;
     let r = rgpu_control_client::operator::migrate(
         server,
         &a.broker.tls.security()?,

@@ -82,7 +82,7 @@ pub fn resume(a: ResumeArgs) -> Result<i32> {
 
 /// Polls the lease until `done(state)` or `wait_ms` have passed; a lease
 /// that ended meanwhile is an error.
-fn settle(b: &BrokerClient, mut l: LeaseView, wait_ms: u64, done: impl Fn(&str) -> bool) -> Result<LeaseView> {
+pub(crate) fn settle(b: &BrokerClient, mut l: LeaseView, wait_ms: u64, done: impl Fn(&str) -> bool) -> Result<LeaseView> {
     let until = Instant::now() + Duration::from_millis(wait_ms);
     while !done(&l.state) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(100));
