@@ -26,28 +26,47 @@ fn server_flags(b: &Broker, d: &std::path::Path) -> Vec<String> {
     .collect()
 }
 
-#[test]
-fn drain_migrate_moves_a_running_leased_program_to_another_server() {
+/// A broker, its server A, and rt_checkpoint (`rounds` rounds over 16 MiB)
+/// running under a one-GPU lease there, past its first round: what each
+/// move below starts from.
+struct Leased {
+    dir: Dir,
+    b: Broker,
+    flags: Vec<String>,
+    seed: String,
+    a: Server,
+    run: Running,
+}
+
+fn leased_program(name: &str, rounds: u32) -> Leased {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = Dir::scratch("drain-migrate");
+    let dir = Dir::scratch(name);
     let d = &dir.0;
     let b = broker(d);
     let flags = server_flags(&b, d);
-    let seed = format!("rgpu-drain-migrate-{}", std::process::id());
+    let seed = format!("rgpu-{name}-{}", std::process::id());
     let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
     let aa = a.addr_string();
     wait_until("A registered", Duration::from_secs(20), || servers_up(&b, d) == vec![aa.clone()]);
-
     // Only A is up: the lease lands there.
-    let baddr = b.addr.clone();
     let key = d.join("admin.key").display().to_string();
-    let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
+    let run_args = ["--broker", &b.addr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
     let envs = [("RGPU_RECONNECT_TIMEOUT", Some("60")), ("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
-    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
+    let rounds = rounds.to_string();
+    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", &rounds, "--wait-ms", "300", "--mib", "16"], &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
     }
+    Leased { dir, b, flags, seed, a, run }
+}
+
+#[test]
+fn drain_migrate_moves_a_running_leased_program_to_another_server() {
+    let Leased { dir, b, flags, seed, a, run } = leased_program("drain-migrate", 6);
+    let d = &dir.0;
+    let aa = a.addr_string();
+    let key = d.join("admin.key").display().to_string();
     let leases = json(&["leases"], &b, d);
     let lease = leases.as_array().unwrap().first().expect("the run's lease").clone();
     let lease_id = lease["id"].as_str().unwrap().to_string();
@@ -163,24 +182,9 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
 /// neither server is drained, the program finishes with every round right.
 #[test]
 fn migrate_moves_a_leased_program_to_the_server_named_and_back() {
-    let exe = build("rt_checkpoint", Variant::Cudart13Shared);
-    let dir = Dir::scratch("migrate-lease");
+    let Leased { dir, b, flags, seed, a, run } = leased_program("migrate-lease", 8);
     let d = &dir.0;
-    let b = broker(d);
-    let flags = server_flags(&b, d);
-    let seed = format!("rgpu-migrate-lease-{}", std::process::id());
-    let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-a"), &flags);
     let aa = a.addr_string();
-    wait_until("A registered", Duration::from_secs(20), || servers_up(&b, d) == vec![aa.clone()]);
-    let baddr = b.addr.clone();
-    let key = d.join("admin.key").display().to_string();
-    let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
-    let envs = [("RGPU_RECONNECT_TIMEOUT", Some("60")), ("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
-    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "8", "--wait-ms", "300", "--mib", "16"], &envs);
-    if !run.wait_for_line("round 1", run_timeout()) {
-        let out = run.wait(Duration::from_secs(5));
-        panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
-    }
     let bs = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
     let ba = bs.addr_string();
     wait_until("B registered", Duration::from_secs(20), || servers_up(&b, d).len() == 2);
