@@ -242,6 +242,13 @@ fn a_lease_kept_in_a_file_comes_back_after_its_server_lost_its_copy() {
     let d = &p.dir.0;
     let file = d.join("lease.rgpu");
     let file_s = file.display().to_string();
+    // A key the server refuses: refused before the lease is suspended.
+    let wrong = d.join("wrong.key");
+    std::fs::write(&wrong, "00".repeat(32)).unwrap();
+    let (ok, _, err) = rgpu(&["checkpoint", &p.low, "--to", &file_s, "--key-file", wrong.to_str().unwrap()], &p.b, d);
+    assert!(!ok && err.contains("was not suspended"), "a wrong server key: {err}");
+    assert_eq!(p.lease(&p.low).unwrap()["state"], "active");
+    assert!(!file.exists());
     let (ok, out, err) = rgpu(&["checkpoint", &p.low, "--to", &file_s], &p.b, d);
     assert!(ok, "rgpu checkpoint LEASE: {out}\n{err}\n{}", p.s.describe());
     assert!(err.contains("1 session(s)"), "{err}");

@@ -124,6 +124,15 @@ fn lease(a: &Args) -> Result<i32> {
     let key = server_key(a.key_file.as_deref(), &a.broker)?;
     let security = a.broker.tls.security()?;
     let b = a.broker.connect()?;
+    let limit = Duration::from_secs(a.timeout);
+    // Asked of the server before the lease is suspended: a key it refuses,
+    // or a server that keeps no snapshots, leaves the lease running.
+    let lease_id = rgpu_broker_client::format_lease_id(id);
+    let Some(on) = b.leases("")?.into_iter().find(|l| l.id == lease_id).and_then(|l| l.gpus.first().map(|g| g.server.clone())) else {
+        bail!("no live lease {lease_id} with a GPU");
+    };
+    rgpu_control_client::operator::list_suspended(&on, &security, &key, id, limit)
+        .with_context(|| format!("lease {lease_id} was not suspended: its server {on} would not list its snapshots"))?;
     let l = super::suspend::settle(&b, b.suspend(id)?, a.wait, |s| s != "suspending")?;
     match l.state.as_str() {
         "suspended" => {}
@@ -131,7 +140,6 @@ fn lease(a: &Args) -> Result<i32> {
         s => bail!("lease {} is {s}, not suspended, after {} ms: nothing was copied", l.id, a.wait),
     }
     let Some(server) = l.gpus.first().map(|g| g.server.clone()) else { bail!("lease {} holds no GPU", l.id) };
-    let limit = Duration::from_secs(a.timeout);
     let started = std::time::Instant::now();
     let copied = (|| -> Result<(usize, u64)> {
         let names = rgpu_control_client::operator::list_suspended(&server, &security, &key, id, limit)?;
