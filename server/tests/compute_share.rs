@@ -132,21 +132,37 @@ fn a_fractional_lease_alone_gets_the_whole_device() {
     let _alone = ALONE.lock().unwrap_or_else(|p| p.into_inner());
     let (srv, gpu) = server();
     let addr = srv.addr.to_string();
-    // Timed in turns, best of five each, so a host busy with other work
-    // slows both alike.
     let mut sessions = [busy_session(&addr, 1, 0, gpu), busy_session(&addr, 2, 100, gpu)];
-    let mut best = [Duration::MAX; 2];
-    for _ in 0..6 {
-        for (i, (c, out)) in sessions.iter_mut().enumerate() {
-            let t = Instant::now();
-            launch_busy(c, *out, 1);
-            best[i] = best[i].min(t.elapsed());
+    // Timed in adjacent pairs, the order alternating, and judged by the
+    // median pair: a host busy with other work slows both of a pair alike.
+    // Up to three runs: on a shared 2-core VM one core was seen taken from
+    // the test for a whole run (the share then ran as on one core, 1.76),
+    // which no scheduler here can tell from its own doing. One held back to
+    // its share would take ten times as long and fails all three.
+    let mut runs = Vec::new();
+    for _ in 0..3 {
+        let mut ratios = Vec::new();
+        for turn in 0..8 {
+            let mut took = [Duration::ZERO; 2];
+            for k in 0..2 {
+                let i = (k + turn) % 2;
+                let (c, out) = &mut sessions[i];
+                let t = Instant::now();
+                launch_busy(c, *out, 1);
+                took[i] = t.elapsed();
+            }
+            ratios.push(took[1].as_secs_f64() / took[0].as_secs_f64());
+        }
+        ratios.sort_by(f64::total_cmp);
+        let median = (ratios[3] + ratios[4]) / 2.0;
+        eprintln!("one kernel alone, a 100/1000 share against the whole GPU: median ratio {median:.2} of {ratios:.2?}");
+        runs.push(median);
+        if median < 1.6 {
+            break;
         }
     }
-    let [whole, tenth] = best;
-    let ratio = tenth.as_secs_f64() / whole.as_secs_f64();
-    eprintln!("one kernel alone: whole GPU {whole:?}, a 100/1000 share {tenth:?} (ratio {ratio:.2})");
-    assert!(ratio < 1.6, "an idle device is not held back for others (work-conserving): {ratio:.2}");
+    let median = *runs.last().unwrap();
+    assert!(median < 1.6, "an idle device is not held back for others (work-conserving): {runs:.2?}");
 }
 
 /// Kernels done by `t` by a session whose launches completed at `done`
