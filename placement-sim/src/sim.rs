@@ -57,23 +57,31 @@ impl Kind {
         })
     }
 
-    /// A fresh policy for one run; `workload` is the trace file's
-    /// distribution of requests (FGD's measure weighs by it).
-    pub fn policy(self, workload: &Workload, seed: u64) -> Box<dyn Policy> {
+    /// A fresh policy for one run; `mix` is the trace file's distribution
+    /// of requests (FGD's measure weighs by it).
+    pub fn policy(self, mix: &Mix, seed: u64) -> Box<dyn Policy> {
+        let typical = mix.typical.clone();
         match self {
             Kind::Random => Box::new(RandomFit::new(seed)),
             Kind::BestFit => Box::new(BestFit::new()),
-            Kind::Fgd => Box::new(Fgd::new(workload.clone(), seed)),
-            Kind::Ours => Box::new(Fgd::packing(workload.clone(), seed)),
-            Kind::OursCpu => Box::new(Fgd::packing_cpu_capped(workload.clone(), seed)),
+            Kind::Fgd => Box::new(Fgd::new(typical, seed)),
+            Kind::Ours => Box::new(Fgd::packing_seen(typical, &mix.seen, seed)),
+            Kind::OursCpu => Box::new(Fgd::packing_cpu_capped(typical, seed)),
         }
     }
 }
 
-/// The typical request shapes of a pod list, as the paper's simulator takes
-/// them (CPU-only pods included, top shapes covering 95% of pods).
-pub fn workload_of(pods: &[Pod]) -> Workload {
-    Workload::typical(pods.iter().map(shape_of), 0.95)
+/// A pod list's request shapes.
+pub struct Mix {
+    /// The typical ones, as the paper's simulator takes them (CPU-only pods
+    /// included, top shapes covering 95% of pods).
+    pub typical: Workload,
+    /// All of them, by popularity (rgpu's tie rule by demand weighs them).
+    pub seen: Workload,
+}
+
+pub fn workload_of(pods: &[Pod]) -> Mix {
+    Mix { typical: Workload::typical(pods.iter().map(shape_of), 0.95), seen: Workload::typical(pods.iter().map(shape_of), 1.0) }
 }
 
 fn shape_of(p: &Pod) -> Shape {
