@@ -369,6 +369,7 @@ impl Tables {
 }
 
 /// One placement as [`Fgd::score`] weighs it.
+#[derive(Clone, Copy)]
 struct Candidate {
     /// Growth of the workload's fragment, milli-GPUs.
     growth: f64,
@@ -493,8 +494,8 @@ impl Fgd {
     /// The paper's FGD (ties to the first server) learning the workload as
     /// [`Fgd::learning`] does: the broker's `--placement fgd`. In the
     /// simulator's dynamic replay (leases ending) it lets fewer pods give
-    /// up waiting than rgpu's policy on 4 of 11 workloads (default, and
-    /// three whose requests restrict GPU models; docs/placement.md, run 7).
+    /// up waiting than rgpu's policy on 2 of 11 workloads (gpushare40 and
+    /// gpuspec10; docs/placement.md, run 7).
     pub fn learning_first() -> Fgd {
         let mut f = Fgd::with(Workload::default(), Tie::First, "fgd");
         f.learn = Some(Mutex::new(Learner::default()));
@@ -647,55 +648,56 @@ impl Fgd {
     /// Higher is better: least fragment growth first (the paper's
     /// whole-number score), then the tie rule.
     ///
-    /// rgpu's rule ([`Tie::FullestGpu`]) first keeps nodes whole: a request
-    /// for one GPU (or part of one) does not open a node of several GPUs
-    /// that are all free when a node as good by the paper's score is
-    /// already open (the requests of several GPUs need whole nodes, and by
-    /// count they weigh too little in the measure to keep them). Then the
-    /// least growth of the fragment measured with the shapes weighed by the
-    /// GPU share they ask and with CPU bounding what a node's share can
-    /// serve ([`Fgd::by_demand`]), as the same whole-number score; these
-    /// two rules (issue 18) put rgpu above FGD on all 14 of openb's
-    /// workloads, by 0.04-1.45 points (docs/placement.md, run 7).
-    /// Then it packs among equals. Host-only requests (CPU-only pods) go to
-    /// the node left with the least free GPU share: its CPU is what nothing
-    /// else can use. A GPU request that takes any model goes first to the
-    /// model that requests restricted to some models want least (`wanted`,
-    /// [`Tables::wanted`]): packing without this filled the few GPUs of
-    /// models such requests need, and in the simulator's dynamic replay of
-    /// gpuspec10 served 15% less GPU time than FGD (26.17% against 30.59%
-    /// mean allocation; with it 30.74%). Then, when fractions are a large
-    /// part of the workload's GPU demand, the node left with the least free
-    /// GPU share and then the GPU left fullest (free shares strand); when
-    /// they are under a third of it, first to the node left fullest in CPU
-    /// and GPU together, by the paper's best-fit formula (CPU is what
-    /// strands GPUs). Host-only requests placed as the paper's FGD places
-    /// them (the first node that does not fragment) while GPU requests pack
-    /// cost 2.7 points on default: CPU-only pods must land where the GPU
-    /// pods are.
+    /// rgpu's rule ([`Tie::FullestGpu`]), in order:
+    /// - keep nodes whole: a request for one GPU (or part of one) does not
+    ///   open a node of several GPUs that are all free when a node as good
+    ///   by the paper's score is already open (requests of several GPUs
+    ///   need whole nodes, and by count they weigh too little in the
+    ///   measure to keep them);
+    /// - a GPU request that takes any model goes to the model that
+    ///   requests restricted to some models want least (`wanted`,
+    ///   [`Tables::wanted`]): without it, packing filled the few GPUs of
+    ///   the models such requests need, and in the simulator's dynamic
+    ///   replay of gpuspec10 served 15% less GPU time than FGD;
+    /// - the least growth of the fragment measured with the shapes weighed
+    ///   by the GPU share they ask and with CPU bounding what a node's
+    ///   share can serve ([`Fgd::by_demand`]), as the same whole-number
+    ///   score. With the first rule it puts rgpu above FGD on all 14 of
+    ///   openb's workloads (docs/placement.md, run 7);
+    /// - then it packs. Host-only requests (CPU-only pods) go to the node
+    ///   left with the least free GPU share: its CPU is what nothing else
+    ///   can use (placed as the paper's FGD places them, the first node
+    ///   that does not fragment, they cost 2.7 points on default). GPU
+    ///   requests, when fractions are a large part of the workload's GPU
+    ///   demand, go to the node left with the least free GPU share, then
+    ///   the GPU left fullest (free shares strand); when they are under a
+    ///   third of it, first to the node left fullest in CPU and GPU
+    ///   together, by the paper's best-fit formula (CPU is what strands
+    ///   GPUs).
     fn score(&self, c: &Candidate) -> i64 {
-        let primary = paper_score(c.growth);
+        let primary = paper_score(c.growth) as u64;
         let least_free_node = 8191 - c.node_free_after.min(8191);
         let fullest_gpu = (1023 - c.gpu_free_after.min(1023)) as u64;
-        let (keeps_whole, by_demand, tie): (u64, u64, u64) = match self.tie {
-            Tie::First => (0, 0, 0),
+        match self.tie {
+            Tie::First => (primary << 56) as i64,
             Tie::FullestGpu(_) => {
+                let keeps_whole = !c.opens_whole_node as u64;
                 let by_demand = c.by_demand_growth.map_or(0, |g| paper_score(g) as u64);
-                let tie = if c.host {
-                    least_free_node << 10
+                let (model, pack) = if c.host {
+                    (0, least_free_node << 10)
                 } else {
                     let best_fit = if self.cpu_aware.load(Ordering::Relaxed) {
                         best_fit_score(c.cpu_after.unwrap_or(0), c.node_free_after).clamp(0, 127) as u64
                     } else {
                         0
                     };
-                    ((255 - c.wanted.min(255)) << 39) | (best_fit << 31) | (least_free_node << 18) | (fullest_gpu << 8)
+                    (255 - c.wanted.min(255), (best_fit << 31) | (least_free_node << 18) | (fullest_gpu << 8))
                 };
-                (!c.opens_whole_node as u64, by_demand, tie)
+                // Bits: primary 56-62 (0..=100), keeps_whole 55, model 47-54,
+                // by_demand 39-45 (0..=100), pack 8-37.
+                (primary << 56 | keeps_whole << 55 | model << 47 | by_demand << 39 | pack) as i64
             }
-        };
-        // primary 0..=100 in bits 56-62, then one bit, then 0..=100 in 48-54.
-        ((primary as u64) << 56 | keeps_whole << 55 | by_demand << 48 | (tie & 0xffff_ffff_ffff)) as i64
+        }
     }
 
     /// [`Fgd::by_demand`]'s growth for taking `take` from server `si`, where
@@ -1262,6 +1264,33 @@ mod tests {
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(1, 0)]));
         // No host CPU (the broker): nothing strands; the first of equals.
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &Context::default()), Ok(vec![(0, 0)]));
+    }
+
+    #[test]
+    fn rgpus_tie_rules_apply_in_their_order() {
+        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 500, 1), 1.0)] }, 1);
+        let base = Candidate {
+            growth: 0.0,
+            by_demand_growth: Some(0.0),
+            opens_whole_node: false,
+            node_free_after: 1000,
+            gpu_free_after: 500,
+            cpu_after: None,
+            host: false,
+            wanted: 0,
+        };
+        let s = |c: Candidate| p.score(&c);
+        // Less growth by FGD's score wins over every tie rule.
+        assert!(s(Candidate { growth: -2000.0, opens_whole_node: true, wanted: 255, by_demand_growth: Some(5000.0), ..base }) > s(Candidate { ..base }));
+        // Keeping a node whole wins over the model rule and the measure by demand.
+        assert!(s(Candidate { wanted: 255, by_demand_growth: Some(5000.0), ..base }) > s(Candidate { opens_whole_node: true, ..base }));
+        // The model rule wins over the measure by demand.
+        assert!(s(Candidate { by_demand_growth: Some(5000.0), ..base }) > s(Candidate { wanted: 200, ..base }));
+        // The measure by demand wins over packing.
+        assert!(s(Candidate { node_free_after: 8000, gpu_free_after: 1000, ..base }) > s(Candidate { by_demand_growth: Some(5000.0), node_free_after: 0, gpu_free_after: 0, ..base }));
+        // FGD has none of them: equal paper scores tie.
+        let f = Fgd::new(Workload { shapes: vec![(shape(0, 500, 1), 1.0)] }, 1);
+        assert_eq!(f.score(&Candidate { opens_whole_node: true, wanted: 255, ..base }), f.score(&base));
     }
 
     #[test]
