@@ -1205,6 +1205,12 @@ mod tests {
         assert!((p.f(&servers[0], Some(8000), &[], 0) - 1500.0).abs() < 1e-9);
         // No host CPU (the broker): the tie goes to the first node.
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &Context::default()), Ok(vec![(0, 0)]));
+        // rgpu's default policy: FGD's score ties the nodes, its measure by
+        // demand (capped by CPU) does not.
+        let p = Fgd::packing(w, 1);
+        assert_eq!(p.score_gpu_in(&cx, 0, &servers[0], 0, &d) >> 56, p.score_gpu_in(&cx, 1, &servers[1], 0, &d) >> 56);
+        assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(1, 0)]));
+        assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &Context::default()), Ok(vec![(0, 0)]));
     }
 
     #[test]
@@ -1245,25 +1251,6 @@ mod tests {
         // With only whole nodes, packing decides.
         let servers = [server("a", 4), server("b", 2)];
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &Fgd::packing(w, 1), &cx), Ok(vec![(1, 0)]));
-    }
-
-    #[test]
-    fn rgpu_orders_equal_scores_by_the_cpu_the_demand_would_strand() {
-        // As cpu_capped_measure_keeps_requests_off_nodes_whose_cpu_they_would_strand,
-        // with rgpu's default policy: FGD's measure ties the nodes, the
-        // measure by demand does not (on a, 4 cores leave CPU for half a
-        // GPU of the 3.5 left).
-        let w = Workload { shapes: vec![(shape(4000, 500, 1), 0.5), (shape(1000, 500, 1), 0.5)] };
-        let servers = [server("a", 4), server("b", 4)];
-        let hosts = [Host { cpu_milli: 8000, memory: 1 << 40 }, Host { cpu_milli: 64_000, memory: 1 << 40 }];
-        let cx = Context { hosts: &hosts, need: Host { cpu_milli: 4000, memory: 1 << 30 } };
-        let d = Demand { compute_milli: 500, memory: 500, ..Demand::default() };
-        let all = |_: &Server| true;
-        let p = Fgd::packing(w, 1);
-        assert_eq!(p.score_gpu_in(&cx, 0, &servers[0], 0, &d) >> 56, p.score_gpu_in(&cx, 1, &servers[1], 0, &d) >> 56);
-        assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(1, 0)]));
-        // No host CPU (the broker): nothing strands; the first of equals.
-        assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &Context::default()), Ok(vec![(0, 0)]));
     }
 
     #[test]
