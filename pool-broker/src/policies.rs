@@ -454,11 +454,11 @@ impl Fgd {
         f
     }
 
-    /// Measures `w` from now on, and `seen` by demand (the learnt workload
-    /// changed).
-    fn set_workload(&self, w: Workload, seen: &Workload) {
-        if let Some(d) = &self.by_demand {
-            d.set_workload(Workload::by_demand(seen), seen);
+    /// Measures `w` from now on, and `by_demand` in the tie rule that has
+    /// it (the learnt workload changed).
+    fn set_workload(&self, w: Workload, by_demand: Option<Workload>) {
+        if let (Some(d), Some(bd)) = (&self.by_demand, by_demand) {
+            d.set_workload(bd, None);
         }
         self.cpu_aware.store(!self.cpu_cap && cpu_aware(&w), Ordering::Relaxed);
         *self.tables.write().unwrap_or_else(|e| e.into_inner()) = Tables::new(w);
@@ -713,7 +713,7 @@ impl Fgd {
         }
         let mut shapes: Vec<(Shape, f64)> = learner.counts.iter().map(|(s, c)| (s.clone(), c / total)).collect();
         shapes.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.gpu_milli.cmp(&b.0.gpu_milli)));
-        let seen = Workload { shapes: shapes.clone() };
+        let by_demand = self.by_demand.as_ref().map(|_| Workload::by_demand(&Workload { shapes: shapes.clone() }));
         // The measure costs a pass per shape: keep the popular ones.
         let mut cum = 0.0;
         let mut kept = Vec::new();
@@ -728,14 +728,16 @@ impl Fgd {
             k.1 /= cum;
         }
         let w = Workload { shapes: kept };
-        let by_demand = Workload::by_demand(&seen);
-        let same_by_demand = self.by_demand.as_ref().is_none_or(|d| d.tables.read().unwrap_or_else(|e| e.into_inner()).w.shapes == by_demand.shapes);
+        let same_by_demand = match (&self.by_demand, &by_demand) {
+            (Some(d), Some(bd)) => d.tables.read().unwrap_or_else(|e| e.into_inner()).w.shapes == bd.shapes,
+            _ => true,
+        };
         if same_by_demand && self.tables.read().unwrap_or_else(|e| e.into_inner()).w.shapes == w.shapes {
             // Scores stay as they are: cached ones too (a steady mix of
             // one shape, the usual case between bursts, costs nothing).
             return;
         }
-        self.set_workload(w, &seen);
+        self.set_workload(w, by_demand);
         self.epoch.fetch_add(1, Ordering::Relaxed);
     }
 }
