@@ -405,8 +405,9 @@ pub struct Fgd {
     /// Measures by [`frag_capped`] where host CPU is known, with no CPU tie
     /// rule ([`Fgd::packing_cpu_capped`]).
     cpu_cap: bool,
-    /// rgpu's first tie rule ([`Fgd::packing`]): the same workload weighed
-    /// by the GPU share each shape asks, measured by [`frag_capped`].
+    /// The measure of rgpu's tie rule by demand ([`Fgd::packing_seen`],
+    /// [`Fgd::score`]): the shapes seen, weighed by the GPU share each
+    /// asks, measured by [`frag_capped`].
     by_demand: Option<Box<Fgd>>,
 }
 
