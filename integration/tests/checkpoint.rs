@@ -318,8 +318,9 @@ fn a_checkpoint_longer_than_every_reconnect_bound_costs_the_program_nothing_but_
     let addr = a.addr_string();
     let envs = [("RGPU_RECONNECT_TIMEOUT", bound.to_string()), ("RGPU_LOG", "warn,cuda::client::connection=info".to_string())];
     let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    // Cut mid-run: the program goes straight on from round 1.
-    let run = spawn_rgpu_env(&addr, &exe, &["--rounds", "6", "--mib", "512"], &envs);
+    // Cut mid-run, while the program still calls the server every
+    // `PACED_MS`: it must meet the checkpoint, not its end (see `PACED`).
+    let run = spawn_rgpu_env(&addr, &exe, &strs(&paced(&["--mib", "512"])), &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
@@ -343,13 +344,32 @@ fn a_checkpoint_longer_than_every_reconnect_bound_costs_the_program_nothing_but_
     eprintln!("{}", report.trim());
 }
 
-/// rt_checkpoint (six rounds) finished with every round right, having been
-/// told by `a` to wait while it held the session.
+/// rt_checkpoint's rounds for a test that cuts it after "round 1" and needs
+/// the cut to land while the program still runs rounds: one every
+/// `PACED_MS` or so, for `PACED_ROUNDS` rounds. Unpaced, the last rounds
+/// ran within milliseconds of round 1; a cut that came after them (the
+/// control call is a new process, slow on a busy host) found the program in
+/// its final copy, or gone, and the test showed nothing.
+const PACED_ROUNDS: u32 = 30;
+const PACED_MS: u32 = 100;
+
+fn paced(more: &[&str]) -> Vec<String> {
+    let mut args = vec!["--rounds".to_string(), PACED_ROUNDS.to_string(), "--wait-ms".to_string(), PACED_MS.to_string()];
+    args.extend(more.iter().map(|a| a.to_string()));
+    args
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// rt_checkpoint (paced) finished with every round right, having been told
+/// by `a` to wait while it held the session.
 fn finished_after_being_held(run: Running, a: &Server) {
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[a]);
     let report = out.describe(&[a]);
-    for r in 0..6 {
+    for r in 0..PACED_ROUNDS {
         assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(out.stderr.contains("the server holds the session"), "the program was never told to wait\n{report}");
@@ -369,7 +389,7 @@ fn a_program_waits_for_a_restore_that_comes_long_after_its_checkpoint() {
     let a = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("rgpu-parked-{}", std::process::id()), &flags);
     let addr = a.addr_string();
     let envs = [("RGPU_RECONNECT_TIMEOUT", bound), ("RGPU_LOG", "warn,cuda::client::connection=info")];
-    let run = spawn_rgpu_env(&addr, &exe, &["--rounds", "6"], &envs);
+    let run = spawn_rgpu_env(&addr, &exe, &strs(&paced(&[])), &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
