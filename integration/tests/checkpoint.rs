@@ -566,7 +566,8 @@ fn a_cuda_session_checkpointed_on_one_server_is_restored_on_another() {
     let (aa, ba) = (a.addr_string(), b.addr_string());
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
-    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "5", "--wait-ms", "300", "--mib", "32"], &envs);
+    // Rounds enough that the checkpoint (a new CLI process) finds it running.
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "8", "--wait-ms", "300", "--mib", "32"], &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a, &b]));
@@ -579,7 +580,7 @@ fn a_cuda_session_checkpointed_on_one_server_is_restored_on_another() {
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[&a, &b]);
     let report = out.describe(&[&a, &b]);
-    for r in 0..5 {
+    for r in 0..8 {
         assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(out.stderr.contains("the session moved from"), "the shim was not redirected\n{report}");
@@ -649,7 +650,12 @@ fn migrate_rounds(a: &Server, b: &Server, dir: &Path, metrics: &str, extra: &[&s
     let (aa, ba) = (a.addr_string(), b.addr_string());
     let key = dir.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
-    let mut args = vec!["--rounds", "8", "--wait-ms", "200", "--mib", "64"];
+    // Rounds 6.. run after the last move: the program must still be there
+    // to be listed at its target (with 8 rounds, a busy host once saw it
+    // finish first).
+    let rounds = 12;
+    let rounds_arg = rounds.to_string();
+    let mut args = vec!["--rounds", &rounds_arg, "--wait-ms", "200", "--mib", "64"];
     args.extend_from_slice(extra);
     let run = spawn_rgpu_env(&aa, &exe, &args, &envs);
     let mut held = Vec::new();
@@ -681,7 +687,7 @@ fn migrate_rounds(a: &Server, b: &Server, dir: &Path, metrics: &str, extra: &[&s
     let out = run.wait(run_timeout());
     out.assert_pass("rt_checkpoint", &[a, b]);
     let report = out.describe(&[a, b]);
-    for r in 0..8 {
+    for r in 0..rounds {
         assert!(out.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert_eq!(out.stderr.matches("the session moved from").count(), 3, "the shim did not follow three redirects\n{report}");
@@ -781,7 +787,8 @@ fn a_failed_migration_leaves_the_session_running_where_it_was() {
     let aa = a.addr_string();
     let key = dir.0.join("admin.key");
     let envs = [("RGPU_RECONNECT_TIMEOUT", "60"), ("RGPU_LOG", "warn,cuda::client=info")];
-    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "64"], &envs);
+    // Rounds enough to outlast five refused migrations and a server start.
+    let run = spawn_rgpu_env(&aa, &exe, &["--rounds", "12", "--wait-ms", "300", "--mib", "64"], &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a]));
