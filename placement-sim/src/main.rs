@@ -11,7 +11,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Parser;
 
 use rgpu_placement_sim::pooling;
-use rgpu_placement_sim::report::{mean, published, stddev, svg_plot};
+use rgpu_placement_sim::report::{mean, published, seeds_table, stddev, svg_plot, Replayed, SeedRuns};
 use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF, SIZES};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
 
@@ -56,6 +56,11 @@ struct Args {
     /// replay cluster's GPUs.
     #[arg(long, default_value_t = 1.5)]
     dyn_load: f64,
+    /// Dynamic replay: more overlay seeds ("first..last" or a comma list)
+    /// for a table of means and paired differences against FGD; the
+    /// detailed table is the first seed's. Default: the first of --seeds.
+    #[arg(long)]
+    dyn_seeds: Option<String>,
     /// Run the pooling experiment instead (GPUs on the pod's node against
     /// GPUs leased from any node; rgpu's policy; writes pooling.md).
     #[arg(long)]
@@ -111,6 +116,13 @@ fn main() -> Result<()> {
     } else {
         a.policies.iter().map(|p| Kind::parse(p).with_context(|| format!("unknown policy {p:?}"))).collect::<Result<_>>()?
     };
+    let dseeds = match &a.dyn_seeds {
+        Some(d) => parse_seeds(d)?,
+        None => vec![seeds[0]],
+    };
+    if dseeds.len() > 1 && !(kinds.contains(&Kind::Fgd) && kinds.contains(&Kind::Ours)) {
+        bail!("--dyn-seeds compares rgpu with FGD: --policies must name both fgd and ours");
+    }
     let node_path = a.nodes.clone().unwrap_or_else(|| a.traces.join("openb_node_list_gpu_node.csv"));
     let nodes = read_nodes(&node_path)?;
     let mut wls = workloads(&a.traces)?;
@@ -281,6 +293,27 @@ fn main() -> Result<()> {
             );
         }
         std::fs::write(a.out.join("dynamic.csv"), csv)?;
+        if dseeds.len() > 1 {
+            let tasks: Vec<(usize, Kind, u64)> = dtasks
+                .iter()
+                .filter(|t| matches!(t.1, Kind::Fgd | Kind::Ours))
+                .flat_map(|&(w, k)| dseeds.iter().map(move |&s| (w, k, s)))
+                .collect();
+            let got: Vec<Replayed> = par(a.jobs, tasks.clone(), |&(w, k, s)| {
+                let t = Instant::now();
+                let pods = overlay(&loaded[w].1, replay_of(w).0, s);
+                let r = run_dynamic(&dnodes, &pods, k.policy(&dists[w], s).as_ref(), 2);
+                eprintln!("  dynamic {:<12} {:<16} seed {s}: served {:.0} GPU-h, gave up {} ({:.1}s)", loaded[w].0, k.label(), r.served_gpu_h, r.abandoned, t.elapsed().as_secs_f64());
+                Replayed { gpu_h: r.served_gpu_h, gave_up: r.abandoned as f64 }
+            });
+            let of = |w: usize, k: Kind| -> Vec<Replayed> {
+                dseeds.iter().map(|&s| got[tasks.iter().position(|t| *t == (w, k, s)).expect("every task ran")]).collect()
+            };
+            let mut ws: Vec<usize> = tasks.iter().map(|t| t.0).collect();
+            ws.dedup();
+            let rows: Vec<SeedRuns> = ws.iter().map(|&w| SeedRuns { workload: loaded[w].0.clone(), fgd: of(w, Kind::Fgd), ours: of(w, Kind::Ours) }).collect();
+            dyn_table.push_str(&seeds_table(&dseeds, &rows));
+        }
         for (w, (name, _)) in loaded.iter().enumerate().filter(|(w, _)| dtasks.iter().any(|t| t.0 == *w)) {
             let series: Vec<(String, Vec<(f64, f64)>)> = dtasks
                 .iter()
@@ -306,8 +339,11 @@ fn main() -> Result<()> {
     let machine = machine();
     let mut md = String::new();
     let _ = writeln!(md, "# Placement simulation results\n");
-    let _ = writeln!(md, "GPU allocation ratio (%) at {}% arrived demand, mean ± stddev over seeds {:?}; {} GPU nodes, {gpus} GPUs (`{}`); synthetic topology: {NODES_PER_LEAF} GPU nodes per leaf switch in trace order.\n", a.max_pct, seeds, nodes.len(), node_path.display());
-    md.push_str(&table);
+    // --no-static: no table of zeros that reads as results.
+    if !a.no_static {
+        let _ = writeln!(md, "GPU allocation ratio (%) at {}% arrived demand, mean ± stddev over seeds {:?}; {} GPU nodes, {gpus} GPUs (`{}`); synthetic topology: {NODES_PER_LEAF} GPU nodes per leaf switch in trace order.\n", a.max_pct, seeds, nodes.len(), node_path.display());
+        md.push_str(&table);
+    }
     if !a.no_dynamic {
         let _ = writeln!(md, "\n## Dynamic replay (creation and deletion times)\n");
         md.push_str(&dyn_table);

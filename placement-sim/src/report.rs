@@ -72,3 +72,84 @@ pub fn svg_plot(title: &str, xlabel: &str, ylabel: &str, series: &[(String, Vec<
     s.push_str("</svg>\n");
     s
 }
+
+/// One dynamic replay's totals: GPU time served, GPU pods that gave up.
+#[derive(Debug, Clone, Copy)]
+pub struct Replayed {
+    pub gpu_h: f64,
+    pub gave_up: f64,
+}
+
+/// A workload replayed over the same overlay seeds under FGD and rgpu
+/// (index i of both: seed i).
+#[derive(Debug, Clone)]
+pub struct SeedRuns {
+    pub workload: String,
+    pub fgd: Vec<Replayed>,
+    pub ours: Vec<Replayed>,
+}
+
+/// The dynamic replay over several overlay seeds: each policy's means, and
+/// rgpu's paired differences against FGD (mean ± standard error over the
+/// seeds, and on how many seeds each half of the target holds). The target
+/// is judged on the means, as the static one is.
+pub fn seeds_table(seeds: &[u64], rows: &[SeedRuns]) -> String {
+    let se = |xs: &[f64]| stddev(xs) / (xs.len() as f64).sqrt();
+    let n = seeds.len();
+    let mut out = String::new();
+    let _ = writeln!(out, "\n### Over overlay seeds {seeds:?}\n");
+    let _ = writeln!(out, "Means over the seeds; \"rgpu - FGD\": the paired difference per seed, mean ± standard error.\n");
+    let _ = writeln!(out, "| workload | GPU-h FGD | GPU-h rgpu | rgpu - FGD | seeds with rgpu ≥ FGD | gave up FGD | gave up rgpu | rgpu - FGD | seeds with rgpu ≤ FGD | target on the means |");
+    let _ = writeln!(out, "|---|---|---|---|---|---|---|---|---|---|");
+    for r in rows {
+        let pairs: Vec<(Replayed, Replayed)> = r.fgd.iter().copied().zip(r.ours.iter().copied()).collect();
+        let dh: Vec<f64> = pairs.iter().map(|(f, o)| 100.0 * (o.gpu_h - f.gpu_h) / f.gpu_h.max(1e-9)).collect();
+        let dg: Vec<f64> = pairs.iter().map(|(f, o)| o.gave_up - f.gave_up).collect();
+        let m = |f: fn(&Replayed) -> f64, xs: &[Replayed]| mean(&xs.iter().map(f).collect::<Vec<_>>());
+        let (fh, oh) = (m(|x| x.gpu_h, &r.fgd), m(|x| x.gpu_h, &r.ours));
+        let (fg, og) = (m(|x| x.gave_up, &r.fgd), m(|x| x.gave_up, &r.ours));
+        let held = match (oh >= fh, og <= fg) {
+            (true, true) => "yes",
+            (false, true) => "no (GPU time)",
+            (true, false) => "no (give-ups)",
+            (false, false) => "no (both)",
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {fh:.0} | {oh:.0} | {:+.2}% ± {:.2} | {} of {n} | {fg:.0} | {og:.0} | {:+.0} ± {:.0} | {} of {n} | {held} |",
+            r.workload,
+            mean(&dh),
+            se(&dh),
+            dh.iter().filter(|&&d| d >= 0.0).count(),
+            mean(&dg),
+            se(&dg),
+            dg.iter().filter(|&&d| d <= 0.0).count(),
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs(v: &[(f64, f64)]) -> Vec<Replayed> {
+        v.iter().map(|&(gpu_h, gave_up)| Replayed { gpu_h, gave_up }).collect()
+    }
+
+    #[test]
+    fn the_seeds_table_pairs_the_seeds_and_judges_the_target_on_the_means() {
+        let rows = [
+            SeedRuns { workload: "a".into(), fgd: runs(&[(100.0, 10.0), (200.0, 30.0)]), ours: runs(&[(101.0, 8.0), (202.0, 26.0)]) },
+            // Fewer give-ups, less GPU time on the mean though one seed gains.
+            SeedRuns { workload: "b".into(), fgd: runs(&[(100.0, 10.0), (100.0, 10.0)]), ours: runs(&[(101.0, 9.0), (97.0, 9.0)]) },
+            SeedRuns { workload: "c".into(), fgd: runs(&[(100.0, 10.0), (100.0, 10.0)]), ours: runs(&[(100.0, 12.0), (100.0, 10.0)]) },
+        ];
+        let t = seeds_table(&[42, 43], &rows);
+        let line = |w: &str| t.lines().find(|l| l.starts_with(&format!("| {w} |"))).unwrap_or_else(|| panic!("no row {w}\n{t}")).to_string();
+        // Paired per seed: +1% both times; give-ups -2 and -4.
+        assert_eq!(line("a"), "| a | 150 | 152 | +1.00% ± 0.00 | 2 of 2 | 20 | 17 | -3 ± 1 | 2 of 2 | yes |");
+        assert_eq!(line("b"), "| b | 100 | 99 | -1.00% ± 2.00 | 1 of 2 | 10 | 9 | -1 ± 0 | 2 of 2 | no (GPU time) |");
+        assert!(line("c").ends_with("| +1 ± 1 | 1 of 2 | no (give-ups) |"), "{}", line("c"));
+    }
+}
