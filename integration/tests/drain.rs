@@ -38,6 +38,14 @@ struct Leased {
     run: Running,
 }
 
+/// Rounds (300 ms apart) of the drained program: enough that the drain,
+/// after a server start and its registration, still finds it running on a
+/// busy host.
+const DRAIN_ROUNDS: u32 = 10;
+/// Rounds of the program an operator moves twice: rounds 5.. must outlast
+/// the second move.
+const MIGRATE_ROUNDS: u32 = 12;
+
 fn leased_program(name: &str, rounds: u32) -> Leased {
     let exe = build("rt_checkpoint", Variant::Cudart13Shared);
     let dir = Dir::scratch(name);
@@ -63,7 +71,7 @@ fn leased_program(name: &str, rounds: u32) -> Leased {
 
 #[test]
 fn drain_migrate_moves_a_running_leased_program_to_another_server() {
-    let Leased { dir, b, flags, seed, a, run } = leased_program("drain-migrate", 6);
+    let Leased { dir, b, flags, seed, a, run } = leased_program("drain-migrate", DRAIN_ROUNDS);
     let d = &dir.0;
     let aa = a.addr_string();
     let key = d.join("admin.key").display().to_string();
@@ -116,7 +124,7 @@ fn drain_migrate_moves_a_running_leased_program_to_another_server() {
     let done = run.wait(run_timeout());
     done.assert_pass("rt_checkpoint", &[&a, &bs]);
     let report = done.describe(&[&a, &bs]);
-    for r in 0..6 {
+    for r in 0..DRAIN_ROUNDS {
         assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(done.stderr.contains("the session moved from"), "the shim did not follow the redirect\n{report}");
@@ -155,7 +163,8 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
     let key = d.join("admin.key").display().to_string();
     let run_args = ["--broker", &baddr, "--admin-key-file", &key, "--plaintext", "--gpus", "1"];
     let envs = [("RGPU_RECONNECT_TIMEOUT", Some("60")), ("RGPU_LOG", Some("warn,cuda::client=info")), ("RGPU_TLS_CA", None)];
-    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", "6", "--wait-ms", "300", "--mib", "16"], &envs);
+    let rounds = DRAIN_ROUNDS.to_string();
+    let run = spawn_rgpu_run(&run_args, &exe, &["--rounds", &rounds, "--wait-ms", "300", "--mib", "16"], &envs);
     if !run.wait_for_line("round 1", run_timeout()) {
         let out = run.wait(Duration::from_secs(5));
         panic!("rt_checkpoint never printed 'round 1'\n{}", out.describe(&[&a, &gpu_a]));
@@ -171,7 +180,7 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
     let done = run.wait(run_timeout());
     done.assert_pass("rt_checkpoint", &[&a, &bs]);
     let report = done.describe(&[&a, &bs]);
-    for r in 0..6 {
+    for r in 0..DRAIN_ROUNDS {
         assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(bs.log().contains("session migrated in") && bs.log().contains("backend cuda"), "{report}");
@@ -182,7 +191,7 @@ fn drain_migrate_moves_a_leased_program_between_cuda_servers() {
 /// neither server is drained, the program finishes with every round right.
 #[test]
 fn migrate_moves_a_leased_program_to_the_server_named_and_back() {
-    let Leased { dir, b, flags, seed, a, run } = leased_program("migrate-lease", 8);
+    let Leased { dir, b, flags, seed, a, run } = leased_program("migrate-lease", MIGRATE_ROUNDS);
     let d = &dir.0;
     let aa = a.addr_string();
     let bs = Server::start_on("127.0.0.1:0", ServerOpts::default(), &format!("{seed}-b"), &flags);
@@ -218,7 +227,7 @@ fn migrate_moves_a_leased_program_to_the_server_named_and_back() {
     let done = run.wait(run_timeout());
     done.assert_pass("rt_checkpoint", &[&a, &bs]);
     let report = done.describe(&[&a, &bs]);
-    for r in 0..8 {
+    for r in 0..MIGRATE_ROUNDS {
         assert!(done.stdout.contains(&format!("ok: round {r}: ")), "round {r} missing\n{report}");
     }
     assert!(bs.log().contains("session migrated in") && a.log().contains("session migrated in"), "{report}");
