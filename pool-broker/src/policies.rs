@@ -143,10 +143,16 @@ impl Workload {
         let mut parts: Vec<(Shape, f64)> = w.shapes.iter().filter(|(s, p)| ask(s, *p) > 0.0).map(|(s, p)| (s.clone(), ask(s, *p) / total)).collect();
         // Largest first; equal parts in `w`'s order (deterministic).
         parts.sort_by(|a, b| b.1.total_cmp(&a.1));
+        Workload::leading(parts, BY_DEMAND_COVERAGE, BY_DEMAND_SHAPES)
+    }
+
+    /// The first of `parts` (sorted, largest first, summing to 1) until they
+    /// cover `coverage` of the whole or `max` of them are kept, renormalised.
+    fn leading(parts: Vec<(Shape, f64)>, coverage: f64, max: usize) -> Workload {
         let mut cum = 0.0;
         let mut kept = Vec::new();
         for (s, p) in parts {
-            if kept.len() == BY_DEMAND_SHAPES || cum >= BY_DEMAND_COVERAGE {
+            if kept.len() == max || cum >= coverage {
                 break;
             }
             cum += p;
@@ -716,19 +722,7 @@ impl Fgd {
         shapes.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.gpu_milli.cmp(&b.0.gpu_milli)));
         let by_demand = self.by_demand.as_ref().map(|_| Workload::by_demand(&Workload { shapes: shapes.clone() }));
         // The measure costs a pass per shape: keep the popular ones.
-        let mut cum = 0.0;
-        let mut kept = Vec::new();
-        for (s, p) in shapes {
-            if cum >= 0.95 {
-                break;
-            }
-            cum += p;
-            kept.push((s, p));
-        }
-        for k in &mut kept {
-            k.1 /= cum;
-        }
-        let w = Workload { shapes: kept };
+        let w = Workload::leading(shapes, 0.95, usize::MAX);
         let same_by_demand = match (&self.by_demand, &by_demand) {
             (Some(d), Some(bd)) => d.tables.read().unwrap_or_else(|e| e.into_inner()).w.shapes == bd.shapes,
             _ => true,
