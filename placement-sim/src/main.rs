@@ -14,6 +14,7 @@ use rgpu_placement_sim::pooling;
 use rgpu_placement_sim::report::{mean, published, seeds_table, stddev, svg_plot, Replayed, SeedRuns};
 use rgpu_placement_sim::sim::{overlay, peak_demand, run_dynamic, run_static, workload_of, DynamicRun, Kind, NODES_PER_LEAF, SIZES};
 use rgpu_placement_sim::trace::{has_times, read_nodes, read_pods, workloads};
+use rgpu_pool_broker::policies::TieRules;
 
 #[derive(Parser, Debug)]
 #[command(about = "Trace-driven simulation of the broker's placement policies (Alibaba openb trace)")]
@@ -61,6 +62,11 @@ struct Args {
     /// detailed table is the first seed's. Default: the first of --seeds.
     #[arg(long)]
     dyn_seeds: Option<String>,
+    /// Leave out some of rgpu's tie rules (keep-whole, model, by-demand,
+    /// pack-gpu, pack-host) to measure what each does; the rgpu rows are
+    /// then that variant's, and the summary says so.
+    #[arg(long, value_delimiter = ',')]
+    without: Vec<String>,
     /// Run the pooling experiment instead (GPUs on the pod's node against
     /// GPUs leased from any node; rgpu's policy; writes pooling.md).
     #[arg(long)]
@@ -123,6 +129,7 @@ fn main() -> Result<()> {
     if dseeds.len() > 1 && !(kinds.contains(&Kind::Fgd) && kinds.contains(&Kind::Ours)) {
         bail!("--dyn-seeds compares rgpu with FGD: --policies must name both fgd and ours");
     }
+    let rules = TieRules::without(a.without.iter().map(String::as_str)).map_err(anyhow::Error::msg)?;
     let node_path = a.nodes.clone().unwrap_or_else(|| a.traces.join("openb_node_list_gpu_node.csv"));
     let nodes = read_nodes(&node_path)?;
     let mut wls = workloads(&a.traces)?;
@@ -135,6 +142,9 @@ fn main() -> Result<()> {
     eprintln!("{} nodes, {gpus} GPUs; {} workloads; {} policies; seeds {:?}; {} jobs", nodes.len(), loaded.len(), kinds.len(), seeds, a.jobs);
 
     if a.pooling {
+        if rules != TieRules::ALL {
+            bail!("--without measures rgpu's tie rules against FGD; the pooling experiment runs the broker's policy");
+        }
         let all = read_nodes(&a.all_nodes.clone().unwrap_or_else(|| a.traces.join("openb_node_list_all_node.csv")))?;
         let cpu_nodes: Vec<_> = all.into_iter().filter(|n| n.gpus == 0).collect();
         if a.dyn_every == 0 {
@@ -174,7 +184,7 @@ fn main() -> Result<()> {
     let dists: Vec<_> = loaded.iter().map(|(_, p)| workload_of(p)).collect();
     let results = par(a.jobs, tasks.clone(), |&(w, k, s)| {
         let t = Instant::now();
-        let pol = k.policy(&dists[w], s);
+        let pol = k.policy_with(&dists[w], s, rules);
         let r = run_static(&nodes, &loaded[w].1, pol.as_ref(), s, a.max_pct);
         eprintln!("  {:<12} {:<16} seed {s}: {:.2}% ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.ratio_at[a.max_pct as usize], t.elapsed().as_secs_f64());
         r
@@ -262,7 +272,7 @@ fn main() -> Result<()> {
         };
         let dres: Vec<DynamicRun> = par(a.jobs, dtasks.clone(), |&(w, k)| {
             let t = Instant::now();
-            let pol = k.policy(&dists[w], seeds[0]);
+            let pol = k.policy_with(&dists[w], seeds[0], rules);
             let r = run_dynamic(&dnodes, &replay_of(w).1, pol.as_ref(), 400);
             eprintln!("  dynamic {:<12} {:<16}: mean {:.2}%, served {:.0} GPU-h, overloaded {:.2}%, p99 delay {}s, gave up {} ({:.1}s)", loaded[w].0, k.label(), 100.0 * r.mean_ratio, r.served_gpu_h, 100.0 * r.mean_ratio_overloaded, r.delay_p99, r.abandoned, t.elapsed().as_secs_f64());
             eprintln!("{}", why_lines(&loaded[w].0, k.label(), &r));
@@ -302,7 +312,7 @@ fn main() -> Result<()> {
             let got: Vec<Replayed> = par(a.jobs, tasks.clone(), |&(w, k, s)| {
                 let t = Instant::now();
                 let pods = overlay(&loaded[w].1, replay_of(w).0, s);
-                let r = run_dynamic(&dnodes, &pods, k.policy(&dists[w], s).as_ref(), 2);
+                let r = run_dynamic(&dnodes, &pods, k.policy_with(&dists[w], s, rules).as_ref(), 2);
                 eprintln!("  dynamic {:<12} {:<16} seed {s}: served {:.0} GPU-h, gave up {} ({:.1}s)", loaded[w].0, k.label(), r.served_gpu_h, r.abandoned, t.elapsed().as_secs_f64());
                 Replayed { gpu_h: r.served_gpu_h, gave_up: r.abandoned as f64 }
             });
@@ -339,6 +349,9 @@ fn main() -> Result<()> {
     let machine = machine();
     let mut md = String::new();
     let _ = writeln!(md, "# Placement simulation results\n");
+    if rules != TieRules::ALL {
+        let _ = writeln!(md, "rgpu's rows are its policy without the tie rules {} (`--without`), not the broker's.\n", rules.left_out());
+    }
     // --no-static: no table of zeros that reads as results.
     if !a.no_static {
         let _ = writeln!(md, "GPU allocation ratio (%) at {}% arrived demand, mean ± stddev over seeds {:?}; {} GPU nodes, {gpus} GPUs (`{}`); synthetic topology: {NODES_PER_LEAF} GPU nodes per leaf switch in trace order.\n", a.max_pct, seeds, nodes.len(), node_path.display());

@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 
 use rgpu_pool_broker::inventory::{GpuSpec, Server, ServerSpec};
 use rgpu_pool_broker::placement::{place_in, Context, Demand, Host, NoPlace, Policy, Scope, Slot, Unit};
-use rgpu_pool_broker::policies::{BestFit, Fgd, RandomFit, Shape, Workload};
+use rgpu_pool_broker::policies::{BestFit, Fgd, RandomFit, Shape, TieRules, Workload};
 
 use crate::trace::{Node, Pod};
 
@@ -60,12 +60,18 @@ impl Kind {
     /// A fresh policy for one run; `mix` is the trace file's distribution
     /// of requests (FGD's measure weighs by it).
     pub fn policy(self, mix: &Mix, seed: u64) -> Box<dyn Policy> {
+        self.policy_with(mix, seed, TieRules::ALL)
+    }
+
+    /// [`Kind::policy`], rgpu's with only `rules` of its tie rules (the
+    /// other kinds have none).
+    pub fn policy_with(self, mix: &Mix, seed: u64, rules: TieRules) -> Box<dyn Policy> {
         let typical = mix.typical.clone();
         match self {
             Kind::Random => Box::new(RandomFit::new(seed)),
             Kind::BestFit => Box::new(BestFit::new()),
             Kind::Fgd => Box::new(Fgd::new(typical, seed)),
-            Kind::Ours => Box::new(Fgd::packing_seen(typical, &mix.seen, seed)),
+            Kind::Ours => Box::new(Fgd::packing_seen(typical, &mix.seen, seed).with_rules(rules)),
             Kind::OursCpu => Box::new(Fgd::packing_cpu_capped(typical, seed)),
         }
     }

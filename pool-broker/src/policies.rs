@@ -240,6 +240,53 @@ pub fn node_frag(node: &NodeRes, w: &Workload) -> f64 {
     w.shapes.iter().map(|(s, p)| p * frag(node, s) as f64).sum()
 }
 
+/// rgpu's tie rules ([`Fgd::score`]), each of which may be left out to
+/// measure what it does (the simulator's `--without`). The broker keeps
+/// them all ([`TieRules::ALL`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TieRules {
+    /// A request of one GPU or less does not open a whole node.
+    pub keep_whole: bool,
+    /// Requests that take any model go to the model others want least.
+    pub model: bool,
+    /// The least growth of the measure by demand.
+    pub by_demand: bool,
+    /// GPU requests pack: best fit in CPU and GPU, the node left with the
+    /// least free share, the GPU left fullest.
+    pub pack_gpu: bool,
+    /// Host-only requests go to the node left with the least free share.
+    pub pack_host: bool,
+}
+
+impl TieRules {
+    pub const ALL: TieRules = TieRules { keep_whole: true, model: true, by_demand: true, pack_gpu: true, pack_host: true };
+    /// The rules' names, as `--without` takes them.
+    pub const NAMES: [&'static str; 5] = ["keep-whole", "model", "by-demand", "pack-gpu", "pack-host"];
+
+    /// [`TieRules::ALL`] less the rules named (from [`TieRules::NAMES`]).
+    pub fn without<'a>(names: impl IntoIterator<Item = &'a str>) -> Result<TieRules, String> {
+        let mut r = TieRules::ALL;
+        for n in names {
+            let flag = match n {
+                "keep-whole" => &mut r.keep_whole,
+                "model" => &mut r.model,
+                "by-demand" => &mut r.by_demand,
+                "pack-gpu" => &mut r.pack_gpu,
+                "pack-host" => &mut r.pack_host,
+                _ => return Err(format!("unknown tie rule {n:?} (known: {})", TieRules::NAMES.join(", "))),
+            };
+            *flag = false;
+        }
+        Ok(r)
+    }
+
+    /// The names of the rules left out, comma-separated ("" for none).
+    pub fn left_out(&self) -> String {
+        let on = [self.keep_whole, self.model, self.by_demand, self.pack_gpu, self.pack_host];
+        TieRules::NAMES.iter().zip(on).filter(|(_, on)| !on).map(|(n, _)| *n).collect::<Vec<_>>().join(",")
+    }
+}
+
 /// How placements that fragment equally are told apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tie {
@@ -415,6 +462,8 @@ pub struct Fgd {
     /// [`Fgd::score`]): the shapes seen, weighed by the GPU share each
     /// asks, measured by [`frag_capped`].
     by_demand: Option<Box<Fgd>>,
+    /// Which of rgpu's tie rules apply ([`Tie::FullestGpu`] only).
+    rules: TieRules,
 }
 
 #[derive(Default)]
@@ -447,6 +496,13 @@ impl Fgd {
         let mut f = Fgd::with(typical, Tie::FullestGpu(seed), "fgd-pack");
         f.by_demand = Some(Box::new(Fgd::by_demand(seen)));
         f
+    }
+
+    /// This policy with only `rules` of rgpu's tie rules (the simulator
+    /// measures what each does; see [`TieRules`]).
+    pub fn with_rules(mut self, rules: TieRules) -> Fgd {
+        self.rules = rules;
+        self
     }
 
     /// The measure of rgpu's tie rule by demand: the shapes `w` has seen
@@ -520,6 +576,7 @@ impl Fgd {
             epoch: AtomicU64::new(0),
             cpu_cap: false,
             by_demand: None,
+            rules: TieRules::ALL,
         }
     }
 
@@ -688,17 +745,20 @@ impl Fgd {
         match self.tie {
             Tie::First => (primary << 56) as i64,
             Tie::FullestGpu(_) => {
-                let keeps_whole = !c.opens_whole_node as u64;
-                let by_demand = c.by_demand_growth.map_or(0, |g| paper_score(g) as u64);
+                let r = self.rules;
+                let keeps_whole = (r.keep_whole && !c.opens_whole_node) as u64;
+                let by_demand = c.by_demand_growth.filter(|_| r.by_demand).map_or(0, |g| paper_score(g) as u64);
                 let (model, pack) = if c.host {
-                    (0, least_free_node << 10)
+                    (0, if r.pack_host { least_free_node << 10 } else { 0 })
+                } else if !r.pack_gpu {
+                    (if r.model { 255 - c.wanted.min(255) } else { 0 }, 0)
                 } else {
                     let best_fit = if self.cpu_aware.load(Ordering::Relaxed) {
                         best_fit_score(c.cpu_after.unwrap_or(0), c.node_free_after).clamp(0, 127) as u64
                     } else {
                         0
                     };
-                    (255 - c.wanted.min(255), (best_fit << 31) | (least_free_node << 18) | (fullest_gpu << 8))
+                    (if r.model { 255 - c.wanted.min(255) } else { 0 }, (best_fit << 31) | (least_free_node << 18) | (fullest_gpu << 8))
                 };
                 // Bits: primary 56-62 (0..=100), keeps_whole 55, model 47-54,
                 // by_demand 39-45 (0..=100), pack 8-37.
@@ -1275,6 +1335,45 @@ mod tests {
         // FGD has none of them: equal paper scores tie.
         let f = Fgd::new(Workload { shapes: vec![(shape(0, 500, 1), 1.0)] }, 1);
         assert_eq!(f.score(&Candidate { opens_whole_node: true, wanted: 255, ..base }), f.score(&base));
+    }
+
+    #[test]
+    fn a_tie_rule_left_out_no_longer_decides_and_the_others_still_do() {
+        let w = Workload { shapes: vec![(shape(0, 500, 1), 1.0)] };
+        let base = Candidate {
+            growth: 0.0,
+            by_demand_growth: Some(0.0),
+            opens_whole_node: false,
+            node_free_after: 1000,
+            gpu_free_after: 500,
+            cpu_after: None,
+            host: false,
+            wanted: 0,
+        };
+        let pairs = [
+            ("keep-whole", Candidate { opens_whole_node: true, ..base }),
+            ("model", Candidate { wanted: 200, ..base }),
+            ("by-demand", Candidate { by_demand_growth: Some(5000.0), ..base }),
+            ("pack-gpu", Candidate { node_free_after: 4000, gpu_free_after: 1000, ..base }),
+            ("pack-host", Candidate { host: true, node_free_after: 4000, ..base }),
+        ];
+        for (name, worse) in pairs {
+            let better = if worse.host { Candidate { host: true, ..base } } else { base };
+            let all = Fgd::packing(w.clone(), 1);
+            assert!(all.score(&better) > all.score(&worse), "{name} decides with every rule");
+            let rules = TieRules::without([name]).unwrap();
+            assert_eq!(rules.left_out(), name);
+            let p = Fgd::packing(w.clone(), 1).with_rules(rules);
+            assert_eq!(p.score(&better), p.score(&worse), "{name} left out still decided");
+            // Each other rule still decides with this one left out.
+            for (other, worse2) in pairs.iter().filter(|(n, _)| *n != name) {
+                let better2 = if worse2.host { Candidate { host: true, ..base } } else { base };
+                assert!(p.score(&better2) > p.score(worse2), "{other} without {name}");
+            }
+        }
+        assert!(TieRules::without(["pack"]).unwrap_err().contains("pack-gpu"));
+        assert_eq!(TieRules::without(TieRules::NAMES).unwrap().left_out(), TieRules::NAMES.join(","));
+        assert_eq!(TieRules::without([]).unwrap(), TieRules::ALL);
     }
 
     #[test]
