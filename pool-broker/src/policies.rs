@@ -1310,10 +1310,9 @@ mod tests {
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &Fgd::packing(w, 1), &cx), Ok(vec![(1, 0)]));
     }
 
-    #[test]
-    fn rgpus_tie_rules_apply_in_their_order() {
-        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 500, 1), 1.0)] }, 1);
-        let base = Candidate {
+    /// A GPU request's placement with nothing for any tie rule to hold against it.
+    fn tied() -> Candidate {
+        Candidate {
             growth: 0.0,
             by_demand_growth: Some(0.0),
             opens_whole_node: false,
@@ -1322,7 +1321,13 @@ mod tests {
             cpu_after: None,
             host: false,
             wanted: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn rgpus_tie_rules_apply_in_their_order() {
+        let p = Fgd::packing(Workload { shapes: vec![(shape(0, 500, 1), 1.0)] }, 1);
+        let base = tied();
         let s = |c: Candidate| p.score(&c);
         // Less growth by FGD's score wins over every tie rule.
         assert!(s(Candidate { growth: -2000.0, opens_whole_node: true, wanted: 255, by_demand_growth: Some(5000.0), ..base }) > s(Candidate { ..base }));
@@ -1340,16 +1345,7 @@ mod tests {
     #[test]
     fn a_tie_rule_left_out_no_longer_decides_and_the_others_still_do() {
         let w = Workload { shapes: vec![(shape(0, 500, 1), 1.0)] };
-        let base = Candidate {
-            growth: 0.0,
-            by_demand_growth: Some(0.0),
-            opens_whole_node: false,
-            node_free_after: 1000,
-            gpu_free_after: 500,
-            cpu_after: None,
-            host: false,
-            wanted: 0,
-        };
+        let base = tied();
         let pairs = [
             ("keep-whole", Candidate { opens_whole_node: true, ..base }),
             ("model", Candidate { wanted: 200, ..base }),
