@@ -49,6 +49,8 @@ pub const IDLE_PING: Duration = Duration::from_secs(10);
 
 /// CUDA_ERROR_INVALID_VALUE, for a request the frame format cannot carry.
 const INVALID_VALUE: u32 = 1;
+/// CUDA_ERROR_DEINITIALIZED, for a call after the session was closed.
+const DEINITIALIZED: u32 = 4;
 /// How often a suspended session's server is asked again: a resumed lease
 /// is back within this.
 const SUSPENDED_POLL: Duration = Duration::from_millis(500);
@@ -193,6 +195,14 @@ impl<T: Transport> Connection<T> {
             addr: self.addr.clone(),
             reason: "internal error while sending (lock poisoned)".into(),
         })?;
+        if g.closed {
+            // The session was closed at exit, and the runtime's own exit
+            // handlers (registered before ours, so run after) still call
+            // in: answer as a driver shutting down does, and leave the
+            // stream the Close frame ended alone, so nothing reports a lost
+            // connection.
+            return Err(ClientError::Cuda(DEINITIALIZED));
+        }
         match &g.broken {
             Some(e) => Err(e.clone()),
             None => Ok(g),

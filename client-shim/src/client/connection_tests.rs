@@ -453,6 +453,30 @@ fn dropping_the_connection_ends_the_flusher_and_closes_the_stream() {
     });
 }
 
+/// Found as a flaky integration test: a call made after the exit-time
+/// close (the CUDA runtime's own exit handlers run after ours) flushed into
+/// the closed stream and reported "connection lost".
+#[test]
+fn a_call_after_close_is_refused_quietly_and_sends_nothing() {
+    let log = within(LIMIT, || {
+        crate::log_capture::captured(|| {
+            let (c, sent, server) = connect(no_flusher());
+            let srv = well_behaved(server);
+            ping(&c).unwrap();
+            c.close();
+            let frames = sent.count();
+            assert!(matches!(htod(&c, 1, &[0; 4]), Err(ClientError::Cuda(4))));
+            assert!(matches!(ping(&c), Err(ClientError::Cuda(4))));
+            assert!(matches!(c.flush(), Err(ClientError::Cuda(4))));
+            assert_eq!(sent.count(), frames, "nothing is sent after the close");
+            drop(c);
+            srv.join().unwrap();
+        })
+        .1
+    });
+    assert!(!log.contains("lost"), "{log}");
+}
+
 // ---- a dead peer ------------------------------------------------------------
 
 #[test]
