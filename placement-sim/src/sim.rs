@@ -508,6 +508,8 @@ pub fn run_static(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, seed: u64, 
 
 /// [`run_static`] on a given cluster (the pooling experiment's).
 pub fn run_static_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, seed: u64, max_pct: u32) -> StaticRun {
+    // As the broker tells it when servers register.
+    policy.pool_changed(&c.servers);
     let order = sample(pods, c.capacity_milli, max_pct as f64 / 100.0, seed);
     let mut ratio_at = vec![0.0; max_pct as usize + 1];
     let mut next_pct = 1usize;
@@ -658,6 +660,7 @@ pub fn run_dynamic(nodes: &[Node], pods: &[Pod], policy: &dyn Policy, points: us
 
 /// [`run_dynamic`] on a given cluster (the pooling experiment's).
 pub fn run_dynamic_in(mut c: Cluster, pods: &[Pod], policy: &dyn Policy, points: usize) -> DynamicRun {
+    policy.pool_changed(&c.servers);
     let t0 = pods.iter().map(|p| p.creation).min().unwrap_or(0);
     let t_end = pods.iter().map(|p| p.deletion.unwrap_or(p.creation)).max().unwrap_or(t0);
     let mut heap: BinaryHeap<Reverse<(u64, Ev)>> = pods.iter().enumerate().map(|(i, p)| Reverse((p.creation, Ev::Arrive(i)))).collect();

@@ -110,6 +110,11 @@ pub trait Policy: Send + Sync {
     fn score_epoch(&self) -> Option<u64> {
         None
     }
+    /// The pool's servers after one registered, changed its GPUs or was
+    /// restored: a policy that weighs the pool as a whole (how many GPUs of
+    /// each model) counts it here, not on every placement. Default:
+    /// nothing.
+    fn pool_changed(&self, _servers: &[Server]) {}
 }
 
 /// Host resources (CPU, memory) beside the GPUs.

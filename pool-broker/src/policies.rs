@@ -247,7 +247,8 @@ pub fn node_frag(node: &NodeRes, w: &Workload) -> f64 {
 pub struct TieRules {
     /// A request of one GPU or less does not open a whole node.
     pub keep_whole: bool,
-    /// Requests that take any model go to the model others want least.
+    /// Requests that take any model go to the model others want least for
+    /// its part of the pool.
     pub model: bool,
     /// The least growth of the measure by demand.
     pub by_demand: bool,
@@ -362,12 +363,11 @@ impl Tables {
         Tables { w, cpu_steps, cpu_rank, models: Vec::new(), allowed, wanted: Vec::new() }
     }
 
-    /// How much requests restricted to some models want GPUs of `model`,
-    /// 0..=255 (2 per milli-GPU of expected demand per request; see
-    /// [`Fgd::score`]); interns it.
-    fn wanted(&mut self, model: &str) -> u64 {
+    /// The expected demand (milli-GPUs per request) of requests restricted
+    /// to models that include `model`; interns it.
+    fn wanted(&mut self, model: &str) -> f64 {
         let i = self.intern(model) as usize;
-        (self.wanted[i] * 2.0).clamp(0.0, 255.0) as u64
+        self.wanted[i]
     }
 
     fn model_id(&self, model: &str) -> Option<u32> {
@@ -464,6 +464,47 @@ pub struct Fgd {
     by_demand: Option<Box<Fgd>>,
     /// Which of rgpu's tie rules apply ([`Tie::FullestGpu`] only).
     rules: TieRules,
+    /// The pool's GPUs by model ([`Policy::pool_changed`]): the model rule
+    /// weighs what restricted requests want of a model against how many
+    /// GPUs of it there are.
+    pool: RwLock<PoolModels>,
+}
+
+/// GPUs per model (as servers spell it; compared ignoring case).
+#[derive(Debug, Default, PartialEq)]
+struct PoolModels {
+    gpus: Vec<(String, u64)>,
+    total: u64,
+}
+
+impl PoolModels {
+    fn of(servers: &[Server]) -> PoolModels {
+        let mut p = PoolModels::default();
+        for g in servers.iter().flat_map(|s| &s.gpus) {
+            match p.gpus.iter_mut().find(|(m, _)| m.eq_ignore_ascii_case(&g.spec.model)) {
+                Some((_, n)) => *n += 1,
+                None => p.gpus.push((g.spec.model.clone(), 1)),
+            }
+            p.total += 1;
+        }
+        p
+    }
+
+    /// [`Fgd::score`]'s model term, 0..=255: restricted requests' expected
+    /// demand for `model` (`wanted`, milli-GPUs per request) over the
+    /// model's part of the pool, 4 milli-GPUs a step. Against the part and
+    /// not in absolute terms: the pool's most common model is what most
+    /// restricted requests name, yet a rarer model they name less can be
+    /// the one they crowd (openb's gpuspec25: 8% of the GPU time asks for
+    /// G2, 70% of the GPUs; 6% for G3, 4%). A pool not counted yet (or a
+    /// model not in it) weighs `wanted` alone, 2 a milli-GPU.
+    fn pressure(&self, wanted: f64, model: &str) -> u64 {
+        let p = match self.gpus.iter().find(|(m, _)| m.eq_ignore_ascii_case(model)) {
+            Some(&(_, n)) if n > 0 => wanted * self.total as f64 / n as f64 / 4.0,
+            _ => wanted * 2.0,
+        };
+        p.clamp(0.0, 255.0) as u64
+    }
 }
 
 #[derive(Default)]
@@ -577,6 +618,7 @@ impl Fgd {
             cpu_cap: false,
             by_demand: None,
             rules: TieRules::ALL,
+            pool: RwLock::new(PoolModels::default()),
         }
     }
 
@@ -672,13 +714,12 @@ impl Fgd {
         if !demand.models.is_empty() || !matches!(self.tie, Tie::FullestGpu(_)) {
             return 0;
         }
-        {
+        let known = {
             let t = self.tables.read().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = t.model_id(model) {
-                return (t.wanted[i as usize] * 2.0).clamp(0.0, 255.0) as u64;
-            }
-        }
-        self.tables.write().unwrap_or_else(|e| e.into_inner()).wanted(model)
+            t.model_id(model).map(|i| t.wanted[i as usize])
+        };
+        let w = known.unwrap_or_else(|| self.tables.write().unwrap_or_else(|e| e.into_inner()).wanted(model));
+        self.pool.read().unwrap_or_else(|e| e.into_inner()).pressure(w, model)
     }
 
     /// F(M) of the node after `take`, without the memo.
@@ -719,10 +760,12 @@ impl Fgd {
     ///   need whole nodes, and by count they weigh too little in the
     ///   measure to keep them);
     /// - a GPU request that takes any model goes to the model that
-    ///   requests restricted to some models want least (`wanted`,
-    ///   [`Tables::wanted`]): without it, packing filled the few GPUs of
-    ///   the models such requests need, and in the simulator's dynamic
-    ///   replay of gpuspec10 served 15% less GPU time than FGD;
+    ///   requests restricted to some models want least for its part of the
+    ///   pool (`wanted`, [`PoolModels::pressure`]): without it, packing
+    ///   filled the few GPUs of the models such requests need, and in the
+    ///   simulator's dynamic replay of gpuspec10 served 15% less GPU time
+    ///   than FGD; weighed in absolute terms, not against the pool, it
+    ///   sent them to the rare model restricted requests crowd (run 9);
     /// - the least growth of the fragment measured with the shapes weighed
     ///   by the GPU share they ask and with CPU bounding what a node's
     ///   share can serve ([`Fgd::by_demand`]), as the same whole-number
@@ -847,6 +890,18 @@ impl Policy for Fgd {
 
     fn score_epoch(&self) -> Option<u64> {
         Some(self.epoch.load(Ordering::Relaxed))
+    }
+
+    fn pool_changed(&self, servers: &[Server]) {
+        if !matches!(self.tie, Tie::FullestGpu(_)) {
+            return;
+        }
+        let now = PoolModels::of(servers);
+        let mut p = self.pool.write().unwrap_or_else(|e| e.into_inner());
+        if *p != now {
+            *p = now;
+            self.epoch.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn score_gpu(&self, server: &Server, gpu: &Gpu, demand: &Demand) -> i64 {
@@ -1443,6 +1498,47 @@ mod tests {
         // A request restricted to T4 still gets a T4.
         let t4 = Demand { models: vec!["T4".into()], ..any };
         assert_eq!(crate::placement::place_in(&servers, &t4, &all, &p, &cx), Ok(vec![(0, 0)]));
+    }
+
+    #[test]
+    fn the_model_rule_weighs_what_restricted_requests_want_against_the_pool() {
+        let of = |id: &str, model: &str| {
+            let mut s = server(id, 2);
+            for g in &mut s.spec.gpus {
+                g.model = model.into();
+            }
+            for g in &mut s.gpus {
+                g.spec.model = model.into();
+            }
+            s
+        };
+        // Restricted requests name the common model B twice as often as
+        // the rare R, but B has three times R's GPUs: per GPU, R is the one
+        // they crowd.
+        let servers = [of("b1", "B"), of("r", "R"), of("b2", "B"), of("b3", "B")];
+        let only = |m: &str| Shape { models: vec![m.into()], ..shape(0, 500, 1) };
+        let w = Workload { shapes: vec![(shape(0, 500, 1), 0.97), (only("B"), 0.02), (only("R"), 0.01)] };
+        let all = |_: &Server| true;
+        let cx = Context::default();
+        let any = Demand { compute_milli: 500, memory: 500, ..Demand::default() };
+        let p = Fgd::packing(w, 1);
+        // Not told the pool, it weighs what is wanted alone: R, wanted less.
+        assert_eq!(crate::placement::place_in(&servers, &any, &all, &p, &cx), Ok(vec![(1, 0)]));
+        let before = p.score_epoch();
+        p.pool_changed(&servers);
+        assert_ne!(p.score_epoch(), before, "cached scores must not outlive the pool they weighed");
+        assert_eq!(crate::placement::place_in(&servers, &any, &all, &p, &cx), Ok(vec![(0, 0)]));
+        // The same pool again changes nothing.
+        let after = p.score_epoch();
+        p.pool_changed(&servers);
+        assert_eq!(p.score_epoch(), after);
+        // Requests restricted to R still get R.
+        let r = Demand { models: vec!["R".into()], ..any };
+        assert_eq!(crate::placement::place_in(&servers, &r, &all, &p, &cx), Ok(vec![(1, 0)]));
+        // With R's GPUs as many as B's, B is the more wanted per GPU again.
+        let even = [of("b1", "B"), of("r", "R"), of("b2", "B"), of("r2", "R"), of("r3", "R")];
+        p.pool_changed(&even[..]);
+        assert_eq!(crate::placement::place_in(&even, &any, &all, &p, &cx), Ok(vec![(1, 0)]));
     }
 
     #[test]

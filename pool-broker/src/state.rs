@@ -392,6 +392,7 @@ impl State {
             s.drain = drain;
             self.servers.push(s);
         }
+        self.policy.pool_changed(&self.servers);
         self.generation = generation;
         for l in leases {
             self.generation = self.generation.max(l.generation);
@@ -513,6 +514,7 @@ impl State {
                     s.recount();
                     let drain = s.drain;
                     self.changes.push(Change::Server { spec, drain });
+                    self.policy.pool_changed(&self.servers);
                 }
             }
             None => {
@@ -520,6 +522,7 @@ impl State {
                 self.fabric.place_server(self.servers.len(), &spec.leaf, link, true);
                 self.servers.push(Server::new(spec.clone(), now));
                 self.changes.push(Change::Server { spec, drain: None });
+                self.policy.pool_changed(&self.servers);
             }
         }
         // A GPU may come back unhealthy, or a new server be the target an
@@ -1394,6 +1397,41 @@ mod tests {
             Ok(Outcome::Queued(t)) => panic!("queued as {t}"),
             Err(e) => panic!("{e}"),
         }
+    }
+
+    /// Records the pool it is told of, as GPUs in all.
+    struct PoolSeen(std::sync::Arc<std::sync::Mutex<Vec<usize>>>);
+
+    impl Policy for PoolSeen {
+        fn name(&self) -> &'static str {
+            "pool-seen"
+        }
+        fn score_gpu(&self, _: &Server, _: &crate::inventory::Gpu, _: &Demand) -> i64 {
+            0
+        }
+        fn score_unit(&self, _: &crate::placement::Unit, _: &Demand) -> i64 {
+            0
+        }
+        fn pool_changed(&self, servers: &[Server]) {
+            self.0.lock().unwrap().push(servers.iter().map(|s| s.gpus.len()).sum());
+        }
+    }
+
+    /// The model rule weighs the pool's GPUs by model: the policy must be
+    /// told when servers join or change, and not on every registration.
+    #[test]
+    fn the_policy_is_told_the_pool_when_servers_join_change_or_are_restored() {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut s = State::new(Limits::default(), HashMap::new(), Box::new(PoolSeen(seen.clone())));
+        s.register(spec("a", 4, &[]), 0);
+        s.register(spec("b", 2, &[]), 0);
+        s.register(spec("a", 4, &[]), 1);
+        s.register(spec("b", 3, &[]), 2);
+        assert_eq!(*seen.lock().unwrap(), vec![4, 6, 7], "joined, joined, (unchanged), changed");
+        let restored = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut r = State::new(Limits::default(), HashMap::new(), Box::new(PoolSeen(restored.clone())));
+        r.restore(vec![(spec("a", 4, &[]), None), (spec("b", 2, &[]), None)], Vec::new(), 1, 0);
+        assert_eq!(*restored.lock().unwrap(), vec![6]);
     }
 
     /// A gang (GPUs across the servers of one leaf) with the broker's
