@@ -332,6 +332,12 @@ fn intake_on(mut t: TcpTransport, peer: &str, service: &Arc<Service>) {
     let mut r = ChunkReader::new(&mut t);
     let sizes: Vec<u64> = service.backend.devices().iter().map(|d| d.total_mem).collect();
     let mut open = |whose: Option<precopy::Whose>| {
+        // A session that just left here (perhaps this very one, moved away
+        // and now coming back) frees its memory as its thread ends: the
+        // ranges staged next need the same addresses.
+        if !service.sessions.wait_for_leaving(crate::relocate::REPLACE_WAIT) {
+            warn!(%peer, "a session leaving this server is still ending; staging the incoming one beside it");
+        }
         let budget = whose.and_then(|w| service.leases.budget_of(w.lease, w.memory_limit));
         service.backend.open_session(budget).map_err(|e| SnapshotError::Device(e, "opening a session"))
     };

@@ -34,7 +34,7 @@ use crate::state::SessionState;
 const IO_BUFFER: usize = 8 << 20;
 /// How long a restore waits for a lingering session of the same id here (its
 /// state left in the snapshot) to end.
-const REPLACE_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const REPLACE_WAIT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpError {

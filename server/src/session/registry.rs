@@ -475,6 +475,28 @@ impl Registry {
         }
     }
 
+    /// Waits, up to `wait`, until no session that is leaving this server
+    /// (moved away or suspended, its thread ending at once) is left. Such a session frees its device memory only as its
+    /// thread ends, and a session arriving meanwhile (the same one coming
+    /// straight back, as a migration there and back does) needs the same
+    /// device addresses. `false`: one was still ending at the deadline.
+    pub fn wait_for_leaving(&self, wait: std::time::Duration) -> bool {
+        let until = Instant::now() + wait;
+        loop {
+            {
+                let inner = self.lock();
+                let leaving = |id: &u64| inner.active.contains_key(id);
+                if !(inner.moved.keys().any(leaving) || inner.suspended.keys().any(leaving)) {
+                    return true;
+                }
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Forgets an active session (its thread is ending).
     pub fn detach(&self, id: u64) {
         self.lock().active.remove(&id);
@@ -563,6 +585,37 @@ mod tests {
         let (c, res) = resume_on_loopback();
         assert!(r.resume(7, &key, c, res).is_ok());
         assert!(matches!(rx.try_recv(), Ok(Wake::Resume(_))));
+    }
+
+    #[test]
+    fn an_arrival_waits_for_a_session_leaving_here_to_end() {
+        let r = Arc::new(Registry::default());
+        let key = [5u8; SESSION_KEY_LEN];
+        assert!(r.wait_for_leaving(Duration::ZERO), "nothing is leaving");
+        let _rx = r.adopt(7, key, "c", false, Duration::ZERO).unwrap();
+        assert!(r.wait_for_leaving(Duration::ZERO), "a session served here is not leaving");
+        r.forward(7, key, "gpu2:7767");
+        // Moved away, its thread still ending: its memory is not yet free.
+        let t = Instant::now();
+        assert!(!r.wait_for_leaving(Duration::from_millis(50)));
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        let ending = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                r.detach(7);
+            })
+        };
+        let t = Instant::now();
+        assert!(r.wait_for_leaving(Duration::from_secs(10)));
+        assert!(t.elapsed() >= Duration::from_millis(90), "returned before the session ended");
+        ending.join().unwrap();
+        // A suspended session is leaving too.
+        let _rx = r.adopt(8, key, "c", false, Duration::ZERO).unwrap();
+        assert!(r.suspend(8, key, 0x11));
+        assert!(!r.wait_for_leaving(Duration::ZERO));
+        r.detach(8);
+        assert!(r.wait_for_leaving(Duration::ZERO));
     }
 
     #[test]
