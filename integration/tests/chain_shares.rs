@@ -44,6 +44,8 @@ struct SharedGpu {
     a: Server,
     small: serde_json::Value,
     large: serde_json::Value,
+    /// Server A's metrics address.
+    metrics: String,
 }
 
 impl SharedGpu {
@@ -52,16 +54,23 @@ impl SharedGpu {
         let d = &dir.0;
         let broker = broker(d);
         let sim = Server::start(ServerOpts { devices: 1, ..ServerOpts::default() });
-        let flags: Vec<String> =
-            ["--broker".to_string(), broker.addr.clone(), "--broker-key-file".to_string(), d.join("key").display().to_string()]
-                .into();
+        let metrics = free_port();
+        let flags: Vec<String> = [
+            "--broker".to_string(),
+            broker.addr.clone(),
+            "--broker-key-file".to_string(),
+            d.join("key").display().to_string(),
+            "--metrics".to_string(),
+            metrics.clone(),
+        ]
+        .into();
         let a = Server::start_chain_with(&sim, &flags);
         let addr = a.addr_string();
         wait_until("server A registered", Duration::from_secs(30), || servers_up(&broker, d) == vec![addr.clone()]);
         let lease = |milli: &str| json(&["lease", "--compute", milli, "--bearer-token"], &broker, d);
         let (small, large) = (lease("300"), lease("700"));
         assert_eq!(small["gpus"], large["gpus"], "both leases should share the one GPU");
-        SharedGpu { _dir: dir, _broker: broker, sim, a, small, large }
+        SharedGpu { _dir: dir, _broker: broker, sim, a, small, large, metrics }
     }
 
     /// rt_busy with `args` on `lease`'s token.
@@ -69,6 +78,18 @@ impl SharedGpu {
         let env = [("RGPU_TOKEN", lease["token"].as_str()), ("RGPU_PLAINTEXT", Some("1")), ("RGPU_TLS_CA", None)];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         spawn_rgpu_with(&self.a.addr_string(), exe, &args, &env)
+    }
+
+    /// The fraction of the wall time from unix ms `from` to `to` that
+    /// server A's GPU spent running kernels, by A's meter.
+    fn busy_between(&self, from: u128, to: u128) -> f64 {
+        const BUSY: &str = r#"rgpu_server_device_busy_seconds_total{device="0""#;
+        let at = |ms: u128| {
+            std::thread::sleep(Duration::from_millis(ms.saturating_sub(now_ms()) as u64));
+            (std::time::Instant::now(), scrape(&self.metrics, BUSY))
+        };
+        let ((t0, b0), (t1, b1)) = (at(from), at(to));
+        (b1 - b0) / t1.duration_since(t0).as_secs_f64()
     }
 
     fn passed(&self, r: Running) -> RunOutput {
@@ -120,7 +141,19 @@ fn fractional_leases_on_the_cuda_backend_get_device_time_by_their_shares() {
 }
 
 /// When the 700 lease stops, the 300 one gets the device: from 0.5 s to
-/// 1.5 s after the stop it runs at least 95% of its rate alone.
+/// 1.5 s after the stop, server A keeps the GPU at least 95% as busy with
+/// it as with the same lease alone.
+///
+/// Busy is A's metered device time over the window's wall time, not
+/// kernels a second: the host's cores are the sim's GPU, and on a shared
+/// 2-core machine their speed drifts by a third from one second to the
+/// next (the two halves of one solo run: 113 and 79 kernels), more than
+/// the 5% the test must tell apart. A share enforced as a cap, or a turn
+/// still kept for the stopped lease, leaves the device idle between the
+/// 300 lease's kernels however fast the cores run. The lease alone must
+/// keep the device busy most of the time (its kernels are separated by one
+/// round trip each), so a turn never given back, which would idle the
+/// device in both windows alike, fails too.
 #[test]
 fn when_one_share_stops_the_other_gets_the_device_within_a_second() {
     let _alone = alone();
@@ -129,27 +162,29 @@ fn when_one_share_stops_the_other_gets_the_device_within_a_second() {
     let mut runs = Vec::new();
     for _ in 0..3 {
         let from = now_ms() + 6000;
-        // The 700 lease stops at 2 s; the 300 one counts from 2.5 s to 3.5 s.
+        // The 700 lease stops at 2 s; the 300 one is watched from 2.5 s to 3.5 s.
         let rs = pool.spawn(&exe, &pool.small, &window(from, 3500, Some(2500)));
         let rl = pool.spawn(&exe, &pool.large, &window(from, 2000, None));
+        let after = pool.busy_between(from + 2500, from + 3500);
         let (os, ol) = (pool.passed(rs), pool.passed(rl));
-        let (shared, after) = (kernels(&os) - count(&os, "kernels from phase"), count(&os, "kernels from phase"));
-        let solo = pool.passed(pool.spawn(&exe, &pool.small, &window(now_ms() + 3000, 1000, None)));
-        let alone = kernels(&solo);
-        let got = after as f64 / alone.max(1) as f64;
+        let solo_from = now_ms() + 3000;
+        let rsolo = pool.spawn(&exe, &pool.small, &window(solo_from, 1500, None));
+        let alone = pool.busy_between(solo_from + 250, solo_from + 1250);
+        let solo = pool.passed(rsolo);
         eprintln!(
-            "300 lease: {shared} kernels in 2.5 s beside the 700 one, {after} in the second from 0.5 s after it stopped, \
-             {alone} in a second alone ({:.0}%)",
-            got * 100.0
+            "device busy with the 300 lease from 0.5 s after the 700 one stopped: {:.1}%, alone: {:.1}% \
+             ({} kernels in that second, {} in 1.5 s alone)",
+            after * 100.0,
+            alone * 100.0,
+            count(&os, "kernels from phase"),
+            kernels(&solo)
         );
         runs.push((after, alone));
-        // Kernels are counted whole: one fewer in a second of about 30 is
-        // the counting's own error.
-        if !late(&os) && !late(&ol) && !late(&solo) && after + 1 >= (alone as f64 * 0.95).ceil() as u64 {
+        if !late(&os) && !late(&ol) && !late(&solo) && alone >= 0.75 && after >= 0.95 * alone {
             return;
         }
     }
-    panic!("after the 700 lease stopped the 300 one ran (after, alone) {runs:?} kernels a second\n{}", pool.a.describe());
+    panic!("after the 700 lease stopped the device was busy (after, alone) {runs:?} of the time\n{}", pool.a.describe());
 }
 
 fn free_port() -> String {
@@ -204,3 +239,4 @@ fn the_cuda_backend_meters_device_time_by_events() {
     assert!(tb > 0.2, "kernels long enough to compare: {tb} s");
     assert!(off < 0.05, "A metered {ta} s of device time, B ran the kernels for {tb} s");
 }
+
