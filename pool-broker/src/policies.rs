@@ -252,8 +252,10 @@ pub struct TieRules {
     pub model: bool,
     /// The least growth of the measure by demand.
     pub by_demand: bool,
-    /// GPU requests pack: best fit in CPU and GPU, the node left with the
-    /// least free share, the GPU left fullest.
+    /// GPU requests pack (by the workload's mix, [`Fgd::score`]): the
+    /// node left with the least GPU share its CPU cannot serve, best fit
+    /// in CPU and GPU, the GPU left fullest; or the most free CPU; or,
+    /// without host CPU, the node left with the least free share.
     pub pack_gpu: bool,
     /// Host-only requests go to the node left with the least free share.
     pub pack_host: bool,
@@ -452,6 +454,9 @@ pub struct Fgd {
     /// Fractions are under a third of the workload's GPU demand: rgpu's tie
     /// rule weighs CPU (see [`Fgd::score`]).
     cpu_aware: AtomicBool,
+    /// The workload's host CPU per GPU, milli-cores per whole GPU: how
+    /// much of a node's free share its CPU can serve ([`stranded`]).
+    cpu_per_gpu: AtomicU64,
     /// Changes when the workload does, and scores with it
     /// ([`Policy::score_epoch`]).
     epoch: AtomicU64,
@@ -565,6 +570,7 @@ impl Fgd {
             d.set_workload(bd, None);
         }
         self.cpu_aware.store(!self.cpu_cap && cpu_aware(&w), Ordering::Relaxed);
+        self.cpu_per_gpu.store(cpu_per_gpu(&w), Ordering::Relaxed);
         *self.tables.write().unwrap_or_else(|e| e.into_inner()) = Tables::new(w);
         self.memo.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
@@ -610,6 +616,7 @@ impl Fgd {
         Fgd {
             name,
             cpu_aware: AtomicBool::new(cpu_aware(&workload)),
+            cpu_per_gpu: AtomicU64::new(cpu_per_gpu(&workload)),
             tables: RwLock::new(Tables::new(workload)),
             memo: Mutex::new(Memo::default()),
             tie,
@@ -776,10 +783,18 @@ impl Fgd {
     ///   can use (placed as the paper's FGD places them, the first node
     ///   that does not fragment, they cost 2.7 points on default). GPU
     ///   requests, when fractions are under a third of the workload's GPU
-    ///   demand, go first to the node left fullest in CPU and GPU
-    ///   together, by the paper's best-fit formula (whole-GPU requests
-    ///   want whole nodes, CPU and GPUs, left free), then to the node left
-    ///   with the least free GPU share, then the GPU left fullest. When
+    ///   demand, go first to the node left with the least free GPU share
+    ///   that its CPU cannot serve at the workload's CPU per GPU
+    ///   ([`stranded`]: the capped fragment's idea, [`frag_capped`], as a
+    ///   tie), then to the node left fullest in CPU and GPU together, by
+    ///   the paper's best-fit formula (whole-GPU requests want whole
+    ///   nodes, CPU and GPUs, left free), then the GPU left fullest.
+    ///   Best-fit first instead filled nodes' CPU beside free GPUs, and in
+    ///   the simulator's dynamic replay small requests gave up for CPU
+    ///   with GPUs free (default: 1,023 on the ten-seed mean against FGD's
+    ///   822; this rule 646; docs/placement.md, run 11). Without host CPU
+    ///   (the broker) it is best-fit in GPU, then the node left with the
+    ///   least free GPU share, then the fullest GPU. When
     ///   fractions are a large part of it and the node's CPU is part of the
     ///   placement (a pod's CPU part runs beside its GPUs, as in a trace),
     ///   they go to the node left with the most free CPU, then the GPU
@@ -808,8 +823,14 @@ impl Fgd {
                     (if r.model { 255 - c.wanted.min(255) } else { 0 }, 0)
                 } else {
                     let pack = match (self.cpu_aware.load(Ordering::Relaxed), c.cpu_after) {
-                        (true, cpu) => {
-                            let best_fit = best_fit_score(cpu.unwrap_or(0), c.node_free_after).clamp(0, 127) as u64;
+                        (true, Some(cpu)) => {
+                            let per_gpu = self.cpu_per_gpu.load(Ordering::Relaxed);
+                            let servable = 8191 - stranded(c.node_free_after, cpu, per_gpu).min(8191);
+                            let best_fit = best_fit_score(cpu, c.node_free_after).clamp(0, 127) as u64;
+                            (servable << 25) | (best_fit << 18) | (fullest_gpu << 8)
+                        }
+                        (true, None) => {
+                            let best_fit = best_fit_score(0, c.node_free_after).clamp(0, 127) as u64;
                             (best_fit << 31) | (least_free_node << 18) | (fullest_gpu << 8)
                         }
                         (false, Some(cpu)) => (most_cpu_left(cpu) << 18) | (fullest_gpu << 8),
@@ -893,6 +914,31 @@ fn cpu_aware(w: &Workload) -> bool {
         }
     }
     all > 0.0 && frac < all / 3.0
+}
+
+/// The part of `gpu_free` milli-GPUs that a node left with `cpu_left`
+/// milli-cores cannot serve, at the workload's `cpu_per_gpu` milli-cores
+/// per whole GPU: free GPU share no typical request can use for want of
+/// CPU beside it.
+fn stranded(gpu_free: u64, cpu_left: u64, cpu_per_gpu: u64) -> u64 {
+    gpu_free.saturating_sub(cpu_left.saturating_mul(WHOLE_MILLI as u64) / cpu_per_gpu.max(1))
+}
+
+/// Milli-cores per whole GPU that the GPU requests of `w` ask, weighed by
+/// their frequency (0 without any).
+fn cpu_per_gpu(w: &Workload) -> u64 {
+    let (mut cpu, mut gpu) = (0.0, 0.0);
+    for (s, p) in &w.shapes {
+        if s.gpus > 0 {
+            cpu += p * s.cpu_milli as f64;
+            gpu += p * s.gpus as f64 * s.gpu_milli as f64;
+        }
+    }
+    if gpu > 0.0 {
+        (cpu / gpu * WHOLE_MILLI as f64) as u64
+    } else {
+        0
+    }
 }
 
 fn node_free(server: &Server) -> u64 {
@@ -1271,11 +1317,12 @@ mod tests {
         assert!(cpu_aware(&whole));
         assert!(!cpu_aware(&shared));
         assert!(!cpu_aware(&Workload::default()));
-        // Two empty 4-GPU nodes, the first with less CPU left: with whole
-        // GPUs dominating, rgpu's rule takes the node left fuller in CPU;
-        // with fractions dominating, the node left with more CPU.
+        // Two empty 4-GPU nodes, the first with less CPU left (but enough
+        // for its three free GPUs at the workload's 8 cores a GPU): with
+        // whole GPUs dominating, rgpu's rule takes the node left fuller in
+        // CPU; with fractions dominating, the node left with more CPU.
         let servers = [server("a", 4), server("b", 4)];
-        let hosts = [Host { cpu_milli: 16_000, memory: 1 << 40 }, Host { cpu_milli: 64_000, memory: 1 << 40 }];
+        let hosts = [Host { cpu_milli: 32_000, memory: 1 << 40 }, Host { cpu_milli: 64_000, memory: 1 << 40 }];
         let cx = Context { hosts: &hosts, need: Host { cpu_milli: 8000, memory: 1 << 30 } };
         let d = Demand { gpus: 1, ..Demand::default() };
         let all = |_: &Server| true;
@@ -1290,6 +1337,34 @@ mod tests {
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(1, 0)]));
         let p = Fgd::packing(shared, 1);
         assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(0, 0)]));
+    }
+
+    #[test]
+    fn with_whole_gpus_dominating_rgpu_leaves_free_gpus_beside_cpu_to_serve_them() {
+        // 8 cores a GPU, in the mean over the shapes.
+        let whole = Workload { shapes: vec![(shape(8000, 1000, 1), 0.7), (shape(4000, 500, 1), 0.3)] };
+        assert_eq!(cpu_per_gpu(&whole), 8000);
+        assert_eq!(stranded(3000, 8000, 8000), 2000);
+        assert_eq!(stranded(3000, 56_000, 8000), 0);
+        assert_eq!(stranded(3000, 8000, 0), 0, "no GPU requests: nothing to serve");
+        // Taking a GPU and 8 cores leaves node a 3 GPUs and 8 cores (two
+        // GPUs no request can use) and node b 3 GPUs and 56 cores. Best-fit
+        // alone would fill a; rgpu keeps its GPUs usable and takes b, in
+        // either order of the nodes.
+        let servers = [server("a", 4), server("b", 4)];
+        let d = Demand { gpus: 1, ..Demand::default() };
+        let all = |_: &Server| true;
+        let p = Fgd::packing(whole, 1);
+        let need = Host { cpu_milli: 8000, memory: 1 << 30 };
+        for (hosts, b) in [([16_000, 64_000], 1), ([64_000, 16_000], 0)] {
+            let hosts = hosts.map(|cpu_milli| Host { cpu_milli, memory: 1 << 40 });
+            let cx = Context { hosts: &hosts, need };
+            assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &cx), Ok(vec![(b, 0)]), "{hosts:?}");
+        }
+        // Without hosts (the broker) CPU strands nothing: the first node
+        // of two equal ones.
+        let none = Context { hosts: &[], need: Host::default() };
+        assert_eq!(crate::placement::place_in(&servers, &d, &all, &p, &none), Ok(vec![(0, 0)]));
     }
 
     #[test]
