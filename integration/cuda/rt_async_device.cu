@@ -86,5 +86,33 @@ int main() {
     CHECK(cudaStreamSynchronize(b));
     EXPECT(h == n, "a copy ordered after the other stream's event read %u, expected %u", h, n);
     ok("cudaStreamWaitEvent orders a stream after another's event");
+
+    // Synchronising an event waits for the work before its record, not for
+    // the kernel queued after it (a ring of events keeps the device fed
+    // that way); synchronising a stream does not wait for another stream.
+    const unsigned long_n = 50 * n;
+    cudaEvent_t first, second;
+    CHECK(cudaEventCreate(&first));
+    CHECK(cudaEventCreate(&second));
+    count_to<<<1, 128, 0, a>>>(d, n);
+    CHECK(cudaEventRecord(first, a));
+    count_to<<<1, 128, 0, a>>>(d + 1, long_n);
+    CHECK(cudaEventRecord(second, a));
+    CHECK(cudaEventSynchronize(first));
+    EXPECT(cudaEventQuery(second) == cudaErrorNotReady,
+           "cudaEventSynchronize waited for the kernel queued after the event");
+    CHECK(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, b));
+    CHECK(cudaStreamSynchronize(b));
+    EXPECT(h == n, "the kernel before the event wrote %u, expected %u", h, n);
+    CHECK(cudaEventSynchronize(second));
+    count_to<<<1, 128, 0, a>>>(d + 1, long_n);
+    count_to<<<1, 128, 0, b>>>(d + 2, n);
+    CHECK(cudaStreamSynchronize(b));
+    EXPECT(cudaStreamQuery(a) == cudaErrorNotReady, "cudaStreamSynchronize waited for another stream");
+    CHECK(cudaDeviceSynchronize());
+    unsigned h3[3] = {0, 0, 0};
+    CHECK(cudaMemcpy(h3, d, sizeof h3, cudaMemcpyDeviceToHost));
+    EXPECT(h3[1] == long_n && h3[2] == n, "the kernels wrote %u and %u, expected %u and %u", h3[1], h3[2], long_n, n);
+    ok("cudaEventSynchronize and cudaStreamSynchronize return while later work and other streams still run");
     return test_end();
 }

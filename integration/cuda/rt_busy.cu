@@ -7,6 +7,8 @@
 //                 ("ok: kernels from phase N")
 //   --iters N     loop length of each thread (default 9000: about a
 //                 millisecond a block on the sim)
+//   --depth N     kernels kept in flight (default 1: each waited for before
+//                 the next); a kernel counts when it is seen to have ended
 // Prints "ok: kernels N" and checks every kernel's result.
 #include <cuda_runtime.h>
 #include <chrono>
@@ -46,14 +48,31 @@ int main(int argc, char **argv) {
     if (late > 0) note("started %lld ms late", late);
     while (now_ms() < from) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     long long phase = arg_ll(argc, argv, "--phase-ms", until);
-    long long kernels = 0, in_phase = 0;
+    int depth = (int)arg_ll(argc, argv, "--depth", 1);
+    if (depth < 1 || depth > 64) depth = 1;
+    // A ring of events, one per kernel in flight, with whether each
+    // kernel was launched in the phase.
+    cudaEvent_t ends[64];
+    bool phased[64];
+    for (int i = 0; i < depth; i++) CHECK(cudaEventCreate(&ends[i]));
+    long long kernels = 0, in_phase = 0, launched = 0;
     while (now_ms() < until) {
-        bool counted = now_ms() >= phase;
+        int slot = (int)(launched % depth);
+        if (launched >= depth) {
+            // The oldest kernel in flight holds this slot: count it when it ends.
+            CHECK(cudaEventSynchronize(ends[slot]));
+            kernels++;
+            in_phase += phased[slot];
+            if (now_ms() >= until) break;
+        }
+        phased[slot] = now_ms() >= phase;
         busy<<<blocks, threads>>>(d, iters);
-        CHECK(cudaDeviceSynchronize());
-        kernels++;
-        in_phase += counted;
+        CHECK(cudaEventRecord(ends[slot], 0));
+        launched++;
     }
+    // The kernels still in flight ended after the window: not counted.
+    CHECK(cudaDeviceSynchronize());
+    for (int i = 0; i < depth; i++) CHECK(cudaEventDestroy(ends[i]));
     got = 0;
     CHECK(cudaMemcpy(&got, d + 5, sizeof got, cudaMemcpyDeviceToHost));
     EXPECT(got == want, "after %lld kernels thread 5 holds %u, not %u", kernels, got, want);

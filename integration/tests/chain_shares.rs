@@ -118,12 +118,19 @@ fn fractional_leases_on_the_cuda_backend_get_device_time_by_their_shares() {
     let _alone = alone();
     let exe = build("rt_busy", Variant::Cudart13Shared);
     let pool = SharedGpu::start();
-    // Up to three runs, as the sim's own share test: a client the host does
-    // not schedule for over 100 ms rejoins at the other's clock, which no
-    // scheduler can tell from a lease that stopped. A broken one fails all.
+    // Each program keeps four kernels in flight, as a program that queues
+    // its work does: a share is owed to a lease with a kernel waiting when
+    // the device frees, and a program that waits for each kernel before it
+    // sends the next has none then for the round trip, which a loaded host
+    // stretches (with four busy loops on the two cores, one in flight gave
+    // ratios 1.27-2.00, four 2.23-2.39). Up to three runs, as the sim's own
+    // share test: a client the host does not schedule for over 100 ms
+    // rejoins at the other's clock, which no scheduler can tell from a lease
+    // that stopped. A broken one fails all.
     let mut runs = Vec::new();
     for _ in 0..3 {
-        let args = window(now_ms() + 6000, 3000, None);
+        let mut args = window(now_ms() + 6000, 3000, None);
+        args.extend(["--depth".to_string(), "4".to_string()]);
         let (rs, rl) = (pool.spawn(&exe, &pool.small, &args), pool.spawn(&exe, &pool.large, &args));
         let (os, ol) = (pool.passed(rs), pool.passed(rl));
         let got = (kernels(&os), kernels(&ol));

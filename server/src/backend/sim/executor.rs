@@ -9,10 +9,14 @@
 //! item of the device's default stream (non-blocking streams wait for
 //! neither); a stream wait, the item that records the event. A few worker
 //! threads take the first ready item in order. Everything else the session
-//! does (copies, frees, unloads, synchronisations) first waits until the
-//! list is empty ([`Executor::wait_idle`]), which is what CUDA's implicit
-//! synchronisation allows and keeps memory a kernel may still touch from
-//! being freed or reused under it.
+//! does (copies, frees, unloads, device synchronisation) first waits until
+//! the list is empty ([`Executor::wait_idle`]), which is what CUDA's
+//! implicit synchronisation allows and keeps memory a kernel may still
+//! touch from being freed or reused under it. An event or a created
+//! stream is synchronised by waiting for its one item
+//! ([`Executor::wait_for`]) and no more: a program that keeps kernels
+//! queued behind the event it waits on (a ring of events, a copy stream
+//! beside a compute stream) must get it back while they run, as on a GPU.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -275,6 +279,28 @@ impl Executor {
         }
     }
 
+    /// Waits until item `id` is done, and with it everything it was
+    /// ordered after; once the session ended, until it is dropped or has
+    /// returned.
+    pub fn wait_for(&self, id: u64) {
+        let mut s = self.inner.lock();
+        while s.live.contains(&id) {
+            if self.inner.stopped(&s) {
+                self.inner.drop_queued(&mut s);
+                if !s.live.contains(&id) {
+                    break;
+                }
+            }
+            s = self.inner.wait(s);
+        }
+    }
+
+    /// The last item queued on `lane`, while it is queued or running.
+    pub fn last_live(&self, lane: Lane) -> Option<u64> {
+        let s = self.inner.lock();
+        s.last.get(&lane).copied().filter(|id| s.live.contains(id))
+    }
+
     /// As [`Executor::wait_idle`], for at most `timeout`: whether it is idle.
     pub fn wait_idle_for(&self, timeout: Duration) -> bool {
         let until = Instant::now() + timeout;
@@ -471,6 +497,36 @@ mod tests {
         assert_eq!(x.take_error(), Some(CuError::ILLEGAL_ADDRESS));
         assert_eq!(x.take_error(), None);
         assert_eq!(x.take_output(), b"hi");
+    }
+
+    /// An event or a stream synchronised while more work runs behind it,
+    /// or beside it on another stream, returns once its own work is done.
+    #[test]
+    fn waiting_for_an_item_waits_for_what_it_follows_and_nothing_after() {
+        let mut x = Executor::new(Arc::new(AtomicBool::new(false)));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let done = |log: &Arc<Mutex<Vec<(u32, Instant, Instant)>>>| -> Vec<u32> {
+            let mut v: Vec<u32> = log.lock().unwrap().iter().map(|e| e.0).collect();
+            v.sort();
+            v
+        };
+        x.enqueue(blocking(1), None, sleeper(50, log.clone(), 1)).unwrap();
+        let rec = x.enqueue(blocking(1), None, Work::Record(Arc::new(Mutex::new(None)))).unwrap();
+        x.enqueue(blocking(1), None, sleeper(400, log.clone(), 2)).unwrap();
+        x.wait_for(rec);
+        assert!(!x.pending(rec));
+        assert_eq!(done(&log), [1], "the record waits for the kernel before it, not the one after");
+        x.wait_idle();
+
+        let nb = |t| Lane::Created { token: t, device: 0, blocking: false };
+        x.enqueue(nb(3), None, sleeper(400, log.clone(), 3)).unwrap();
+        x.enqueue(nb(4), None, sleeper(20, log.clone(), 4)).unwrap();
+        x.enqueue(nb(4), None, sleeper(20, log.clone(), 5)).unwrap();
+        let last = x.last_live(nb(4)).expect("stream 4 is busy");
+        x.wait_for(last);
+        assert_eq!(done(&log), [1, 2, 4, 5], "stream 4 is done and stream 3 still runs");
+        x.wait_idle();
+        assert_eq!(x.last_live(nb(4)), None);
     }
 
     #[test]

@@ -856,8 +856,17 @@ impl BackendSession for SimSession {
     }
 
     fn stream_synchronize(&mut self, stream: StreamRef) -> CuResult {
-        self.check_stream(stream)?;
-        self.exec.wait_idle();
+        match self.lane(stream)? {
+            // Its last item follows every earlier item of the stream.
+            lane @ executor::Lane::Created { .. } => {
+                if let Some(id) = self.exec.last_live(lane) {
+                    self.exec.wait_for(id);
+                }
+            }
+            // Programs sync the legacy stream to mean "all my work"; waiting
+            // for all of it is never less than CUDA waits.
+            executor::Lane::Default(_) => self.exec.wait_idle(),
+        }
         Ok(())
     }
 
@@ -924,7 +933,11 @@ impl BackendSession for SimSession {
                     }
                 }
             }
-            _ => self.exec.wait_idle(),
+            // This session's record: it is done once the stream reached it,
+            // whatever was queued after it.
+            Some((_, id)) => self.exec.wait_for(id),
+            // Never recorded: nothing to wait for.
+            None => {}
         }
         Ok(())
     }
