@@ -267,32 +267,14 @@ impl Executor {
     /// the running ones returned (they stop soon: they poll the same flag)
     /// and the rest are dropped.
     pub fn wait_idle(&self) {
-        let mut s = self.inner.lock();
-        while !s.live.is_empty() {
-            if self.inner.stopped(&s) {
-                self.inner.drop_queued(&mut s);
-                if s.live.is_empty() {
-                    break;
-                }
-            }
-            s = self.inner.wait(s);
-        }
+        self.wait_while(|s| !s.live.is_empty(), None);
     }
 
     /// Waits until item `id` is done, and with it everything it was
     /// ordered after; once the session ended, until it is dropped or has
     /// returned.
     pub fn wait_for(&self, id: u64) {
-        let mut s = self.inner.lock();
-        while s.live.contains(&id) {
-            if self.inner.stopped(&s) {
-                self.inner.drop_queued(&mut s);
-                if !s.live.contains(&id) {
-                    break;
-                }
-            }
-            s = self.inner.wait(s);
-        }
+        self.wait_while(|s| s.live.contains(&id), None);
     }
 
     /// The last item queued on `lane`, while it is queued or running.
@@ -303,16 +285,22 @@ impl Executor {
 
     /// As [`Executor::wait_idle`], for at most `timeout`: whether it is idle.
     pub fn wait_idle_for(&self, timeout: Duration) -> bool {
-        let until = Instant::now() + timeout;
+        self.wait_while(|s| !s.live.is_empty(), Some(Instant::now() + timeout))
+    }
+
+    /// Waits while `busy` holds, or until `until`: whether it stopped
+    /// holding. Once the session ended, queued work is dropped so that
+    /// only running items (which poll the same flag) are waited for.
+    fn wait_while(&self, busy: impl Fn(&State) -> bool, until: Option<Instant>) -> bool {
         let mut s = self.inner.lock();
-        while !s.live.is_empty() {
+        while busy(&s) {
             if self.inner.stopped(&s) {
                 self.inner.drop_queued(&mut s);
-                if s.live.is_empty() {
+                if !busy(&s) {
                     break;
                 }
             }
-            if Instant::now() >= until {
+            if until.is_some_and(|t| Instant::now() >= t) {
                 return false;
             }
             s = self.inner.wait(s);
