@@ -117,4 +117,5 @@ runtime_tests! {
     async_copy => plain;
     cooperative => plain;
     ipc => plain;
+    pitched => plain;
 }
