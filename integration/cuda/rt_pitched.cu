@@ -1,7 +1,7 @@
 // Pitched copies: cudaMemcpy2D / 2DAsync and cudaMemcpy3D / 3DAsync between
 // host and pitched device memory, every direction, with offsets into both
 // sides; the bytes between rows stay as they were; hostile pitches and
-// offsets are errors that change nothing.
+// offsets (and a 2-D memset's) are errors that change nothing.
 #include <cuda_runtime.h>
 #include <vector>
 #include "check.h"
@@ -166,6 +166,9 @@ int main() {
     expect_failed(cudaMemcpy2D(tiny.b.data(), 16, d, (size_t)1 << 62, 16, 4, cudaMemcpyDeviceToHost), "a pitch of 2^62 from the device");
     expect_failed(cudaMemcpy2D(tiny.b.data(), 16, d + dpitch * H - 8, dpitch, 16, 1, cudaMemcpyDeviceToHost), "a row that ends past the allocation");
     expect_failed(cudaMemcpy2D(d, (size_t)-1 / 2, tiny.b.data(), 16, 16, 3, cudaMemcpyHostToDevice), "a destination pitch that wraps");
+    // A pitch whose product with the rows wraps to a few bytes: refused at once, not sent.
+    expect_failed(cudaMemset2D(d, ((size_t)1 << 63) + 16, 0x5A, 16, 3), "a memset pitch that wraps");
+    CHECK(cudaDeviceSynchronize());
     cudaMemcpy3DParms r = p;
     r.dstPos = make_cudaPos(0, 0, 2);  // slices 2..4 of a 4-slice volume
     expect_failed(cudaMemcpy3D(&r), "a 3-D box past the last slice");

@@ -549,7 +549,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
         if (pitch as u64) < row_bytes {
             return Err(CuError::INVALID_VALUE);
         }
-        (pitch as u64) * (rows as u64 - 1) + row_bytes
+        (pitch as u64).checked_mul(rows as u64 - 1).and_then(|b| b.checked_add(row_bytes)).ok_or(CuError::INVALID_VALUE)?
     };
     let dev = objects().memory.check_range(dst, span)?;
     let op = MemsetNode { dst, value, elem, width: count, pitch, height: if pitch == 0 { 1 } else { rows } };
