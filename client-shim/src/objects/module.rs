@@ -134,7 +134,8 @@ pub unsafe fn image_bytes<'a>(image: *const c_void) -> CuResult<&'a [u8]> {
             let phoff = (p.add(0x20) as *const u64).read_unaligned();
             let phentsize = (p.add(0x36) as *const u16).read_unaligned() as u64;
             let phnum = (p.add(0x38) as *const u16).read_unaligned() as u64;
-            let end = (shoff + shentsize * shnum).max(phoff + phentsize * phnum).max(64);
+            // Saturating: header fields that wrap must not make a short image of a long one.
+            let end = shoff.saturating_add(shentsize * shnum).max(phoff.saturating_add(phentsize * phnum)).max(64);
             if end > MAX_IMAGE {
                 return Err(CuError::INVALID_IMAGE);
             }
@@ -338,4 +339,27 @@ pub fn check_launchable(f: &Function) -> CuResult<()> {
         objects().logs.deliver(CUlogLevel::CU_LOG_LEVEL_ERROR, &format!("rgpu: {msg}"));
     }
     Err(CuError::NOT_SUPPORTED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elf_headers_whose_table_offsets_wrap_are_invalid_images() {
+        let mut elf = [0u8; 64];
+        elf[..4].copy_from_slice(&ELF_MAGIC.to_le_bytes());
+        elf[4] = 2; // ELF64
+        elf[0x28..0x30].copy_from_slice(&(u64::MAX - 10).to_le_bytes()); // section headers' offset
+        elf[0x3A..0x3C].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3C..0x3E].copy_from_slice(&1u16.to_le_bytes());
+        // SAFETY: a 64-byte buffer; the header claims more, which must be refused before reading.
+        let r = unsafe { image_bytes(elf.as_ptr() as *const c_void) };
+        assert_eq!(r.err(), Some(CuError::INVALID_IMAGE));
+        // The same header with its tables inside the 64 bytes is 64 bytes long.
+        elf[0x28..0x30].copy_from_slice(&0u64.to_le_bytes());
+        elf[0x3C..0x3E].copy_from_slice(&0u16.to_le_bytes());
+        let r = unsafe { image_bytes(elf.as_ptr() as *const c_void) };
+        assert_eq!(r.map(|b| b.len()), Ok(64));
+    }
 }
