@@ -36,6 +36,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_checkpoint",
     "rt_ipc",
     "rt_busy",
+    "rt_pitched",
 ];
 
 /// Every `rt_*.cu` in integration/cuda is listed above (so none is forgotten).
