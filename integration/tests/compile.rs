@@ -35,6 +35,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_cooperative",
     "rt_checkpoint",
     "rt_ipc",
+    "rt_graph_nodes",
     "rt_busy",
     "rt_pitched",
 ];

@@ -118,4 +118,5 @@ runtime_tests! {
     cooperative => plain;
     ipc => plain;
     pitched => plain;
+    graph_nodes => plain;
 }

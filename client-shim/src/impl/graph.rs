@@ -71,8 +71,15 @@ pub(crate) unsafe fn destroy(g: CUgraph) -> CuResult<()> {
 
 pub(crate) unsafe fn clone(ph: &mut CUgraph, g: CUgraph) -> CuResult<()> {
     let (_, graph) = graphs::get(g)?;
-    let (body, _) = graph.body().clone_with(graphs::mint_node);
-    *ph = graphs::create(body) as usize as CUgraph;
+    let (body, pairs) = graph.body().clone_with(graphs::mint_node);
+    *ph = graphs::create_clone(body, pairs) as usize as CUgraph;
+    Ok(())
+}
+
+pub(crate) unsafe fn node_find_in_clone(ph: &mut CUgraphNode, original: CUgraphNode, cloned: CUgraph) -> CuResult<()> {
+    let (_, clone) = graphs::get(cloned)?;
+    let h = clone.copy_of(original as usize as u64).ok_or(CuError::INVALID_VALUE)?;
+    *ph = node_handle(h);
     Ok(())
 }
 
@@ -226,13 +233,17 @@ pub(crate) unsafe fn add_empty_node(ph: &mut CUgraphNode, g: CUgraph, deps: *con
 }
 
 pub(crate) unsafe fn add_child_graph_node(ph: &mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, n: usize, child: CUgraph) -> CuResult<()> {
+    add(ph, g, deps, n, child_node(g, child))
+}
+
+/// A child graph node of `parent`: CUDA copies the child graph into the node.
+fn child_node(parent: CUgraph, child: CUgraph) -> CuResult<Node> {
     let (ch, c) = graphs::get(child)?;
-    if ch == g as usize as u64 {
+    if ch == parent as usize as u64 {
         return Err(CuError::INVALID_VALUE);
     }
-    // CUDA copies the child graph into the node.
     let (body, _) = c.body().clone_with(graphs::mint_node);
-    add(ph, g, deps, n, Ok(Node::Child(body)))
+    Ok(Node::Child(body))
 }
 
 // ---- queries ---------------------------------------------------------------------------------
@@ -529,6 +540,164 @@ pub(crate) unsafe fn event_wait_node_get_event(node: CUgraphNode, out: &mut CUev
     })
 }
 
+pub(crate) unsafe fn event_record_node_set_event(node: CUgraphNode, e: CUevent) -> CuResult<()> {
+    set_node(node, event_node(e, false))
+}
+
+pub(crate) unsafe fn event_wait_node_set_event(node: CUgraphNode, e: CUevent) -> CuResult<()> {
+    set_node(node, event_node(e, true))
+}
+
+// ---- the generic node API (cuGraphAddNode, cuGraphNode{Get,Set}Params) ----------------------
+
+/// The node `p` describes, for graph `parent` (None: a node's new parameters, where a child
+/// graph cannot change). Kinds rgpu does not run are CUDA_ERROR_NOT_SUPPORTED.
+unsafe fn generic_node(p: *const CUgraphNodeParams, parent: Option<CUgraph>) -> CuResult<Node> {
+    type T = CUgraphNodeType;
+    let p = p.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    if p.reserved0 != [0; 3] || p.reserved2 != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    let u = &p.__bindgen_anon_1;
+    match p.type_ {
+        T::CU_GRAPH_NODE_TYPE_EMPTY => Ok(Node::Empty),
+        T::CU_GRAPH_NODE_TYPE_KERNEL => {
+            let k = &u.kernel;
+            let (grid, block) = ([k.gridDimX, k.gridDimY, k.gridDimZ], [k.blockDimX, k.blockDimY, k.blockDimZ]);
+            kernel_node(k.func, k.kern, grid, block, k.sharedMemBytes, k.kernelParams, k.extra)
+        }
+        T::CU_GRAPH_NODE_TYPE_MEMCPY => {
+            let m = &u.memcpy;
+            if m.flags != 0 || m.reserved != 0 {
+                return Err(CuError::INVALID_VALUE);
+            }
+            memcpy_node(&m.copyParams)
+        }
+        T::CU_GRAPH_NODE_TYPE_MEMSET => {
+            let m = &u.memset;
+            let v1 = CUDA_MEMSET_NODE_PARAMS { dst: m.dst, pitch: m.pitch, value: m.value, elementSize: m.elementSize, width: m.width, height: m.height };
+            memset_node(&v1)
+        }
+        T::CU_GRAPH_NODE_TYPE_HOST => {
+            let h = &u.host;
+            let v1 = CUDA_HOST_NODE_PARAMS { fn_: h.fn_, userData: h.userData };
+            host_node(&v1)
+        }
+        T::CU_GRAPH_NODE_TYPE_EVENT_RECORD => event_node(u.eventRecord.event, false),
+        T::CU_GRAPH_NODE_TYPE_WAIT_EVENT => event_node(u.eventWait.event, true),
+        T::CU_GRAPH_NODE_TYPE_GRAPH => {
+            let Some(parent) = parent else {
+                tracing::warn!("changing a child graph node's graph is not supported by rgpu");
+                return Err(CuError::NOT_SUPPORTED);
+            };
+            if u.graph.ownership != CUgraphChildGraphNodeOwnership::CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE {
+                tracing::warn!("child graph nodes that take their graph over (ownership {}) are not supported by rgpu", u.graph.ownership.0);
+                return Err(CuError::NOT_SUPPORTED);
+            }
+            child_node(parent, u.graph.graph)
+        }
+        t => {
+            tracing::warn!("graph nodes of type {} are not supported by rgpu through cuGraphAddNode", t.0);
+            Err(CuError::NOT_SUPPORTED)
+        }
+    }
+}
+
+pub(crate) unsafe fn add_node(ph: &mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, n: usize, p: *mut CUgraphNodeParams) -> CuResult<()> {
+    add(ph, g, deps, n, generic_node(p, Some(g)))
+}
+
+pub(crate) unsafe fn add_node_v2(
+    ph: &mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    data: *const CUgraphEdgeData,
+    n: usize,
+    p: *mut CUgraphNodeParams,
+) -> CuResult<()> {
+    default_edges(data, n)?;
+    add_node(ph, g, deps, n, p)
+}
+
+/// CUDA 13.4's cuGraphAddNode: the same parameters (it takes node kinds 13.4 added, which
+/// rgpu does not run).
+pub(crate) unsafe fn add_node_v3(
+    ph: &mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    data: *const CUgraphEdgeData,
+    n: usize,
+    p: *mut CUgraphNodeParams,
+) -> CuResult<()> {
+    add_node_v2(ph, g, deps, data, n, p)
+}
+
+pub(crate) unsafe fn node_set_params(node: CUgraphNode, p: *mut CUgraphNodeParams) -> CuResult<()> {
+    set_node(node, generic_node(p, None))
+}
+
+pub(crate) unsafe fn node_set_params_v2(node: CUgraphNode, p: *mut CUgraphNodeParams) -> CuResult<()> {
+    node_set_params(node, p)
+}
+
+pub(crate) unsafe fn exec_node_set_params(e: CUgraphExec, node: CUgraphNode, p: *mut CUgraphNodeParams) -> CuResult<()> {
+    exec_set(e, node, generic_node(p, None))
+}
+
+pub(crate) unsafe fn node_get_params(node: CUgraphNode, out: &mut CUgraphNodeParams) -> CuResult<()> {
+    type T = CUgraphNodeType;
+    let mut p: CUgraphNodeParams = std::mem::zeroed();
+    p.type_ = with_node(node, |n| Ok(n.kind()))?;
+    let u = &mut p.__bindgen_anon_1;
+    match p.type_ {
+        T::CU_GRAPH_NODE_TYPE_EMPTY => {}
+        T::CU_GRAPH_NODE_TYPE_KERNEL => {
+            let mut k = CUDA_KERNEL_NODE_PARAMS::default();
+            kernel_node_get_params_v2(node, &mut k)?;
+            u.kernel = CUDA_KERNEL_NODE_PARAMS_v3 {
+                func: k.func,
+                gridDimX: k.gridDimX,
+                gridDimY: k.gridDimY,
+                gridDimZ: k.gridDimZ,
+                blockDimX: k.blockDimX,
+                blockDimY: k.blockDimY,
+                blockDimZ: k.blockDimZ,
+                sharedMemBytes: k.sharedMemBytes,
+                kernelParams: k.kernelParams,
+                extra: k.extra,
+                kern: k.kern,
+                ctx: k.ctx,
+            };
+        }
+        T::CU_GRAPH_NODE_TYPE_MEMCPY => memcpy_node_get_params(node, &mut u.memcpy.copyParams)?,
+        T::CU_GRAPH_NODE_TYPE_MEMSET => {
+            let mut m = CUDA_MEMSET_NODE_PARAMS::default();
+            memset_node_get_params(node, &mut m)?;
+            u.memset.dst = m.dst;
+            u.memset.pitch = m.pitch;
+            u.memset.value = m.value;
+            u.memset.elementSize = m.elementSize;
+            u.memset.width = m.width;
+            u.memset.height = m.height;
+        }
+        T::CU_GRAPH_NODE_TYPE_HOST => {
+            let mut h: CUDA_HOST_NODE_PARAMS = std::mem::zeroed();
+            host_node_get_params(node, &mut h)?;
+            u.host.fn_ = h.fn_;
+            u.host.userData = h.userData;
+        }
+        T::CU_GRAPH_NODE_TYPE_EVENT_RECORD => event_record_node_get_event(node, &mut u.eventRecord.event)?,
+        T::CU_GRAPH_NODE_TYPE_WAIT_EVENT => event_wait_node_get_event(node, &mut u.eventWait.event)?,
+        t => {
+            // A child graph's or graph memory's parameters are handles rgpu does not keep.
+            tracing::warn!("cuGraphNodeGetParams on a node of type {} is not supported by rgpu", t.0);
+            return Err(CuError::NOT_SUPPORTED);
+        }
+    }
+    *out = p;
+    Ok(())
+}
+
 /// A DOT description of the graph (nodes by kind, edges), for looking at; `flags` choose
 /// CUDA's extra detail, which is left out.
 pub(crate) unsafe fn debug_dot_print(g: CUgraph, path: *const c_char, _flags: u32) -> CuResult<()> {
@@ -710,7 +879,7 @@ pub(crate) unsafe fn launch(e: CUgraphExec, s: CUstream) -> CuResult<()> {
         return Err(CuError::INVALID_VALUE);
     }
     // Launched into a capturing stream, the graph becomes a child graph node, as in CUDA.
-    if capture::record(sh, || Ok(Node::Child(exec.body().clone_with(graphs::mint_node).0)))? {
+    if capture::record(sh, || Ok(Node::Child(exec.as_run().clone_with(graphs::mint_node).0)))? {
         return Ok(());
     }
     // Managed memory the host wrote reaches the device before any of the graph's work runs.
@@ -805,4 +974,24 @@ pub(crate) unsafe fn exec_memset_node_set_params(e: CUgraphExec, node: CUgraphNo
 
 pub(crate) unsafe fn exec_host_node_set_params(e: CUgraphExec, node: CUgraphNode, p: *const CUDA_HOST_NODE_PARAMS) -> CuResult<()> {
     exec_set(e, node, host_node(p))
+}
+
+pub(crate) unsafe fn exec_event_record_node_set_event(e: CUgraphExec, node: CUgraphNode, ev: CUevent) -> CuResult<()> {
+    exec_set(e, node, event_node(ev, false))
+}
+
+pub(crate) unsafe fn exec_event_wait_node_set_event(e: CUgraphExec, node: CUgraphNode, ev: CUevent) -> CuResult<()> {
+    exec_set(e, node, event_node(ev, true))
+}
+
+pub(crate) unsafe fn node_set_enabled(e: CUgraphExec, node: CUgraphNode, on: u32) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (_, exec) = execs::get(e)?;
+    exec.set_enabled(rt, node as usize as u64, on != 0)
+}
+
+pub(crate) unsafe fn node_get_enabled(e: CUgraphExec, node: CUgraphNode, on: &mut u32) -> CuResult<()> {
+    let (_, exec) = execs::get(e)?;
+    *on = exec.enabled(node as usize as u64)? as u32;
+    Ok(())
 }

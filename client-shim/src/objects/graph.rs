@@ -287,11 +287,20 @@ impl Body {
 
 pub struct Graph {
     body: Mutex<Body>,
+    /// For a clone (cuGraphClone), each node of the original at the time, to its copy here
+    /// (node handles are never reused, so the original's handles say which graph it was).
+    copies: BTreeMap<u64, u64>,
 }
 
 impl Graph {
     pub fn new(body: Body) -> Self {
-        Graph { body: Mutex::new(body) }
+        Graph { body: Mutex::new(body), copies: BTreeMap::new() }
+    }
+
+    /// The node of this clone copied from `original`, if it still has it.
+    pub fn copy_of(&self, original: u64) -> Option<u64> {
+        let h = *self.copies.get(&original)?;
+        self.body().nodes.contains_key(&h).then_some(h)
     }
 
     pub fn body(&self) -> MutexGuard<'_, Body> {
@@ -323,8 +332,17 @@ pub fn add(g: u64, graph: &Graph, node: Node, deps: &[u64]) -> CuResult<u64> {
 
 /// A new graph holding `body`, its nodes registered as its own.
 pub fn create(body: Body) -> u64 {
-    let nodes: Vec<u64> = body.nodes.keys().copied().collect();
-    let (g, _) = objects().graphs.insert(Graph::new(body));
+    insert(Graph::new(body))
+}
+
+/// A new graph holding `body`, a clone whose nodes were copied as `pairs` (original, copy) say.
+pub fn create_clone(body: Body, pairs: Vec<(u64, u64)>) -> u64 {
+    insert(Graph { body: Mutex::new(body), copies: pairs.into_iter().collect() })
+}
+
+fn insert(graph: Graph) -> u64 {
+    let nodes: Vec<u64> = graph.body().nodes.keys().copied().collect();
+    let (g, _) = objects().graphs.insert(graph);
     for n in nodes {
         objects().graph_nodes.insert_with_handle(n, g);
     }

@@ -14,6 +14,7 @@
 //! host-to-device copy whose source a device-to-host copy of the same step writes also starts
 //! a new step, so it reads the bytes that copy brought back.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use rgpu_cuda_types::*;
@@ -178,6 +179,20 @@ struct State {
     /// server's steps and these may differ (a launch would pair old host buffers with new
     /// operations).
     broken: Option<CuError>,
+    /// Nodes of `body` switched off by cuGraphNodeSetEnabled: planned as empty nodes, their
+    /// parameters kept for when they are switched on again.
+    disabled: BTreeSet<u64>,
+}
+
+/// `body` as it runs with `disabled` nodes switched off.
+fn with_disabled(body: &Body, disabled: &BTreeSet<u64>) -> Body {
+    let mut b = body.clone();
+    for h in disabled {
+        if let Some(e) = b.nodes.get_mut(h) {
+            e.node = Node::Empty;
+        }
+    }
+    b
 }
 
 impl Exec {
@@ -202,7 +217,7 @@ impl Exec {
             }
         };
         let kept = mems.iter().filter(|m| !freed.contains(&m.ptr)).cloned().collect();
-        let state = Mutex::new(State { body, steps: Arc::new(steps), broken: None });
+        let state = Mutex::new(State { body, steps: Arc::new(steps), broken: None, disabled: BTreeSet::new() });
         Ok(Exec { device, ctx, flags, state, mems, kept })
     }
 
@@ -210,19 +225,31 @@ impl Exec {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A copy of the graph as instantiated (to capture a launch into another graph).
+    /// A copy of the graph as instantiated, with its nodes' changes.
     pub fn body(&self) -> Body {
         self.state().body.clone()
+    }
+
+    /// The graph as a launch runs it, switched-off nodes empty (to capture a launch into
+    /// another graph).
+    pub fn as_run(&self) -> Body {
+        let st = self.state();
+        with_disabled(&st.body, &st.disabled)
     }
 
     /// Replaces the exec's graph by `body`, which has its shape; the server's steps are
     /// replaced in stream order (launches already queued run as they were).
     pub fn rebuild(&self, rt: &Runtime, body: Body) -> Result<(), (CuError, u64)> {
-        let (steps, device) = plan(&body)?;
+        let mut st = self.state();
+        let disabled = st.disabled.clone();
+        self.replace(rt, &mut st, body, disabled)
+    }
+
+    fn replace(&self, rt: &Runtime, st: &mut State, body: Body, disabled: BTreeSet<u64>) -> Result<(), (CuError, u64)> {
+        let (steps, device) = plan(&with_disabled(&body, &disabled))?;
         if device.is_some_and(|d| d != self.device) {
             return Err((CuError::INVALID_VALUE, 0));
         }
-        let mut st = self.state();
         let old: Vec<u64> = st.steps.iter().filter(|(s, _)| matches!(s, Step::Device(_))).map(|(_, h)| *h).collect();
         let steps = match send_steps(rt, self.device, steps, &old) {
             Ok(s) => s,
@@ -236,19 +263,43 @@ impl Exec {
             destroy_step(rt, self.device, *h);
         }
         st.body = body;
+        st.disabled = disabled;
         st.steps = Arc::new(steps);
         Ok(())
     }
 
     /// Replaces node `h` of the instantiated graph by `node` (of the same kind).
     pub fn set_node(&self, rt: &Runtime, h: u64, node: Node) -> CuResult<()> {
-        let mut body = self.body();
+        let mut st = self.state();
+        let mut body = st.body.clone();
         let e = body.nodes.get_mut(&h).ok_or(CuError::INVALID_VALUE)?;
         if e.node.kind() != node.kind() {
             return Err(CuError::INVALID_VALUE);
         }
         e.node = node;
-        self.rebuild(rt, body).map_err(|(e, _)| e)
+        let disabled = st.disabled.clone();
+        self.replace(rt, &mut st, body, disabled).map_err(|(e, _)| e)
+    }
+
+    /// Whether node `h` runs (cuGraphNodeGetEnabled).
+    pub fn enabled(&self, h: u64) -> CuResult<bool> {
+        let st = self.state();
+        switchable(&st.body, h)?;
+        Ok(!st.disabled.contains(&h))
+    }
+
+    /// Switches node `h` off or on again (cuGraphNodeSetEnabled): a switched-off node runs
+    /// as an empty one.
+    pub fn set_enabled(&self, rt: &Runtime, h: u64, on: bool) -> CuResult<()> {
+        let mut st = self.state();
+        switchable(&st.body, h)?;
+        let mut disabled = st.disabled.clone();
+        let changed = if on { disabled.remove(&h) } else { disabled.insert(h) };
+        if !changed {
+            return Ok(());
+        }
+        let body = st.body.clone();
+        self.replace(rt, &mut st, body, disabled).map_err(|(e, _)| e)
     }
 
     /// Runs the exec on `stream` (its server handle; `s` as the program passed it).
@@ -317,6 +368,14 @@ impl Exec {
                 destroy_step(rt, self.device, *h);
             }
         }
+    }
+}
+
+/// CUDA switches only kernel, memcpy and memset nodes on and off.
+fn switchable(body: &Body, h: u64) -> CuResult<()> {
+    match body.nodes.get(&h).map(|e| &e.node) {
+        Some(Node::Kernel(_) | Node::Memcpy { .. } | Node::Memset { .. }) => Ok(()),
+        _ => Err(CuError::INVALID_VALUE),
     }
 }
 
