@@ -97,6 +97,17 @@ int main() {
     EXPECT(free_after >= free_b - free_b / 100, "free memory %zu after failed allocations, %zu before", free_after, free_b);
     ok("failed allocations leak nothing");
 
+    // Cache preferences outside the enum are refused, not kept and read back.
+    CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
+    CHECK_ERR(cudaDeviceSetCacheConfig((cudaFuncCache)17), cudaErrorInvalidValue);
+    cudaFuncCache cache = cudaFuncCachePreferNone;
+    CHECK(cudaDeviceGetCacheConfig(&cache));
+    EXPECT(cache == cudaFuncCachePreferShared, "the device's cache preference reads back as %d", (int)cache);
+    CHECK_ERR(cudaFuncSetCacheConfig(square, (cudaFuncCache)4), cudaErrorInvalidValue);
+    CHECK(cudaFuncSetCacheConfig(square, cudaFuncCachePreferL1));
+    CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferNone));
+    ok("cache preferences outside the enum -> cudaErrorInvalidValue; a valid one reads back");
+
     // Invalid device ordinal.
     CHECK_ERR(cudaSetDevice(1000), cudaErrorInvalidDevice);
     still_works("cudaSetDevice(1000)", cudaErrorInvalidDevice);

@@ -169,7 +169,8 @@ pub(crate) unsafe fn get_cache_config(config: &mut CUfunc_cache) -> CuResult<()>
 
 pub(crate) unsafe fn set_cache_config(config: CUfunc_cache) -> CuResult<()> {
     // A preference only; the real driver may ignore it too.
-    ctx::current()?.1.cache_config.store(config.0, Ordering::Relaxed);
+    let config = super::function::checked_cache_config(config)?;
+    ctx::current()?.1.cache_config.store(config as _, Ordering::Relaxed);
     Ok(())
 }
 

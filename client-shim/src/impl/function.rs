@@ -21,8 +21,18 @@ pub(crate) unsafe fn set_attribute(f: CUfunction, attrib: CUfunction_attribute, 
 }
 
 pub(crate) unsafe fn set_cache_config(f: CUfunction, config: CUfunc_cache) -> CuResult<()> {
-    resolve_function(f)?.cache_config.store(config.0 as i32, Ordering::Relaxed);
+    let config = checked_cache_config(config)?;
+    resolve_function(f)?.cache_config.store(config, Ordering::Relaxed);
     Ok(())
+}
+
+/// A cache preference the driver knows (`CU_FUNC_CACHE_PREFER_NONE` to `_PREFER_EQUAL`):
+/// any other is `CUDA_ERROR_INVALID_VALUE`, not a value kept and read back.
+pub(crate) fn checked_cache_config(config: CUfunc_cache) -> CuResult<i32> {
+    match config.0 {
+        c @ 0..=3 => Ok(c as i32),
+        _ => Err(CuError::INVALID_VALUE),
+    }
 }
 
 pub(crate) unsafe fn get_param_info(f: CUfunction, index: usize, offset: Option<&mut usize>, size: Option<&mut usize>) -> CuResult<()> {

@@ -29,7 +29,8 @@ pub(crate) unsafe fn set_attribute(attrib: CUfunction_attribute, val: i32, kerne
 }
 
 pub(crate) unsafe fn set_cache_config(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) -> CuResult<()> {
-    function(kernel, dev)?.cache_config.store(config.0 as i32, std::sync::atomic::Ordering::Relaxed);
+    let config = super::function::checked_cache_config(config)?;
+    function(kernel, dev)?.cache_config.store(config, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 
