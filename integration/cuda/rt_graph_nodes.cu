@@ -153,6 +153,12 @@ int main() {
               cudaErrorInvalidValue);
     CHECK_ERR(cudaGraphExecMemcpyNodeSetParams1D(e, up, d, in.data(), 0, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
     CHECK_ERR(cudaGraphExecMemcpyNodeSetParams1D(e, k, d, in.data(), BYTES, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    // A host span that wraps the address space: read at launch, it would fault.
+    const void *wraps = (const void *)(~(uintptr_t)0 - 15);
+    CHECK_ERR(cudaGraphExecMemcpyNodeSetParams1D(e, up, d, wraps, BYTES, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    CHECK_ERR(cudaGraphExecMemcpyNodeSetParams1D(e, up, d, wraps, BYTES, cudaMemcpyDefault), cudaErrorInvalidValue);
+    cudaGraphNode_t wrapped;
+    CHECK_ERR(cudaGraphAddMemcpyNode1D(&wrapped, g, nullptr, 0, d, wraps, BYTES, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
     cudaHostNodeParams hnull = {nullptr, &log_a};
     CHECK_ERR(cudaGraphExecHostNodeSetParams(e, host, &hnull), cudaErrorInvalidValue);
     cudaGraph_t other;
@@ -164,7 +170,7 @@ int main() {
     launch(e, s);
     expect_plus(out_a, in2, 10, "exec after refused changes");
     EXPECT(log_b.calls == 3, "host node after refused changes ran %d times in all", log_b.calls);
-    ok("out-of-bounds, empty, wrong-kind and foreign-node exec changes are refused and change nothing");
+    ok("out-of-bounds, wrapping, empty, wrong-kind and foreign-node changes are refused and change nothing");
 
     // ---- memset nodes ----
     cudaGraph_t gm;

@@ -129,12 +129,17 @@ fn side(ty: CUmemorytype, host: usize, dev: u64, x: usize, n: usize) -> CuResult
         let p = p.checked_add(x as u64).ok_or(CuError::INVALID_VALUE)?;
         Ok(Side::Device(p, objects().memory.check_range(p, n as u64)?))
     };
+    // A host span that wraps the address space would be read or written at launch.
+    let on_host = |p: usize| -> CuResult<Side> {
+        let p = p.checked_add(x).filter(|p| p.checked_add(n).is_some()).ok_or(CuError::INVALID_VALUE)?;
+        Ok(Side::Host(p))
+    };
     match ty {
-        M::CU_MEMORYTYPE_HOST if host != 0 => Ok(Side::Host(host.checked_add(x).ok_or(CuError::INVALID_VALUE)?)),
+        M::CU_MEMORYTYPE_HOST if host != 0 => on_host(host),
         M::CU_MEMORYTYPE_HOST => Err(CuError::INVALID_VALUE),
         M::CU_MEMORYTYPE_DEVICE => on_device(dev),
         M::CU_MEMORYTYPE_UNIFIED if objects().memory.find_alloc(dev).is_some() => on_device(dev),
-        M::CU_MEMORYTYPE_UNIFIED if dev != 0 => Ok(Side::Host(dev as usize + x)),
+        M::CU_MEMORYTYPE_UNIFIED if dev != 0 => on_host(dev as usize),
         M::CU_MEMORYTYPE_UNIFIED => Err(CuError::INVALID_VALUE),
         // CUDA arrays are not offered by rgpu.
         _ => Err(CuError::NOT_SUPPORTED),
