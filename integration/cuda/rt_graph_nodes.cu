@@ -57,6 +57,16 @@ static void reset(cudaGraphNodeParams &p, cudaGraphNodeType t) {
     p.type = t;
 }
 
+// A one-row byte memset of `width` bytes at `dst`.
+static void memset_params(cudaGraphNodeParams &p, void *dst, unsigned value, size_t width) {
+    reset(p, cudaGraphNodeTypeMemset);
+    p.memset.dst = dst;
+    p.memset.value = value;
+    p.memset.elementSize = 1;
+    p.memset.width = width;
+    p.memset.height = 1;
+}
+
 static cudaError_t add_node(cudaGraphNode_t *n, cudaGraph_t g, const cudaGraphNode_t *deps, size_t nd, cudaGraphNodeParams *p) {
 #if CUDART_VERSION >= 13000
     return cudaGraphAddNode(n, g, deps, nullptr, nd, p);
@@ -284,12 +294,7 @@ int main() {
     CHECK(cudaGraphCreate(&gg, 0));
     NodeParams hold_p;
     cudaGraphNodeParams &p = hold_p.p;
-    reset(p, cudaGraphNodeTypeMemset);
-    p.memset.dst = d2;
-    p.memset.value = 0x5a;
-    p.memset.elementSize = 1;
-    p.memset.width = BYTES;
-    p.memset.height = 1;
+    memset_params(p, d2, 0x5a, BYTES);
     cudaGraphNode_t gms, gk, gback, ghost;
     CHECK(add_node(&gms, gg, nullptr, 0, &p));
     reset(p, cudaGraphNodeTypeKernel);
@@ -332,23 +337,13 @@ int main() {
     EXPECT(q.type == cudaGraphNodeTypeHost && q.host.fn == host_a && q.host.userData == &log_c,
            "generic host node reads back wrong");
 #endif
-    reset(p, cudaGraphNodeTypeMemset);
-    p.memset.dst = d2;
-    p.memset.value = 0x01;
-    p.memset.elementSize = 1;
-    p.memset.width = BYTES;
-    p.memset.height = 1;
+    memset_params(p, d2, 0x01, BYTES);
     CHECK(cudaGraphExecNodeSetParams(eg, gms, &p));
     launch(eg, s);
     expect_all(out_b, 0x01010102, "exec after cudaGraphExecNodeSetParams");
     p.type = cudaGraphNodeTypeHost;
     CHECK_ERR(cudaGraphExecNodeSetParams(eg, gms, &p), cudaErrorInvalidValue);
-    reset(p, cudaGraphNodeTypeMemset);
-    p.memset.dst = d2;
-    p.memset.value = 0x02;
-    p.memset.elementSize = 1;
-    p.memset.width = BYTES + 1;
-    p.memset.height = 1;
+    memset_params(p, d2, 0x02, BYTES + 1);
     CHECK_ERR(cudaGraphNodeSetParams(gms, &p), cudaErrorInvalidValue);
     p.memset.width = BYTES;
     CHECK(cudaGraphNodeSetParams(gms, &p));
