@@ -1,7 +1,9 @@
 // Pitched copies: cudaMemcpy2D / 2DAsync and cudaMemcpy3D / 3DAsync between
 // host and pitched device memory, every direction, with offsets into both
 // sides; the bytes between rows stay as they were; hostile pitches and
-// offsets (and a 2-D memset's) are errors that change nothing.
+// offsets (and a 2-D memset's) are errors that change nothing. The same copies
+// captured from a stream and added to graphs as memcpy nodes, replayed with new
+// host data.
 #include <cuda_runtime.h>
 #include <vector>
 #include "check.h"
@@ -179,6 +181,130 @@ int main() {
     EXPECT(vgot.b == vsaved, "a refused 3-D copy changed the volume");
     ok("hostile pitches and offsets are errors and write nothing; the device still works");
 
+    // ---- captured: 2-D host to device, then device to host; replayed twice ----
+    Image csrc(400, 16, 20), cout(310, 16, 21);
+    const Image cout_before = cout;
+    cudaGraph_t cg;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMemcpy2DAsync(d + dpitch + 3, dpitch, csrc.b.data() + 2 * 400 + 1, 400, 200, 12, cudaMemcpyHostToDevice, s));
+    CHECK(cudaMemcpy2DAsync(cout.b.data() + 310 + 5, 310, d + dpitch + 3, dpitch, 200, 12, cudaMemcpyDeviceToHost, s));
+    CHECK(cudaStreamEndCapture(s, &cg));
+    size_t nodes = 0;
+    CHECK(cudaGraphGetNodes(cg, nullptr, &nodes));
+    EXPECT(nodes == 2, "the capture made %zu nodes", nodes);
+    cudaGraphNode_t cn[2];
+    CHECK(cudaGraphGetNodes(cg, cn, &nodes));
+    cudaMemcpy3DParms cp = {};
+    CHECK(cudaGraphMemcpyNodeGetParams(cn[0], &cp));
+    EXPECT(cp.extent.width == 200 && cp.extent.height == 12 && cp.extent.depth == 1 && cp.srcPtr.pitch == 400 &&
+               cp.dstPtr.pitch == dpitch,
+           "the captured 2-D copy reads back as %zu x %zu x %zu, pitches %zu and %zu", cp.extent.width, cp.extent.height,
+           cp.extent.depth, cp.srcPtr.pitch, cp.dstPtr.pitch);
+    cudaGraphExec_t ce;
+    CHECK(cudaGraphInstantiate(&ce, cg, 0));
+    CHECK(cudaMemcpy(got.b.data(), d, got.b.size(), cudaMemcpyDeviceToHost));
+    for (uint32_t round = 0; round < 2; round++) {
+        const Image before = got;
+        fill_pattern(csrc.b.data(), csrc.b.size(), 30 + round);  // read when the graph runs
+        CHECK(cudaGraphLaunch(ce, s));
+        CHECK(cudaStreamSynchronize(s));
+        CHECK(cudaMemcpy(got.b.data(), d, got.b.size(), cudaMemcpyDeviceToHost));
+        expect_block(got, before, csrc, 1, 2, 3, 1, 200, 12, "captured cudaMemcpy2DAsync H2D");
+        expect_block(cout, cout_before, got, 3, 1, 5, 1, 200, 12, "captured cudaMemcpy2DAsync D2H");
+    }
+    ok("cudaMemcpy2DAsync both ways captured as memcpy nodes with their rows, replayed twice with new host data");
+
+    // ---- captured: 3-D device to device between volumes ----
+    cudaPitchedPtr vol2;
+    CHECK(cudaMalloc3D(&vol2, ext));
+    CHECK(cudaMemset(vol2.ptr, 0, vol2.pitch * 8 * 4));
+    cudaMemcpy3DParms t = {};
+    t.srcPtr = vol;
+    t.srcPos = make_cudaPos(11, 1, 1);
+    t.dstPtr = vol2;
+    t.dstPos = make_cudaPos(2, 0, 0);
+    t.extent = make_cudaExtent(40, 5, 3);
+    t.kind = cudaMemcpyDeviceToDevice;
+    cudaGraph_t vg;
+    cudaGraphExec_t ve;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    CHECK(cudaMemcpy3DAsync(&t, s));
+    CHECK(cudaStreamEndCapture(s, &vg));
+    CHECK(cudaGraphInstantiate(&ve, vg, 0));
+    CHECK(cudaGraphLaunch(ve, s));
+    CHECK(cudaStreamSynchronize(s));
+    Image v2(vol2.pitch, 8 * 4, 0);
+    CHECK(cudaMemcpy(v2.b.data(), vol2.ptr, v2.b.size(), cudaMemcpyDeviceToHost));
+    for (size_t z = 0; z < 4; z++)
+        for (size_t y = 0; y < 8; y++)
+            for (size_t x = 0; x < vol2.pitch; x++) {
+                bool in = z < 3 && y < 5 && x >= 2 && x < 42;
+                size_t at = (z * 8 + y) * vol2.pitch + x;
+                unsigned char want = in ? vsaved[((z + 1) * 8 + y + 1) * vol.pitch + x - 2 + 11] : 0;
+                EXPECT(v2.b[at] == want, "captured cudaMemcpy3DAsync D2D: (%zu, %zu, %zu) is 0x%02x, expected 0x%02x", x, y, z,
+                       v2.b[at], want);
+            }
+    ok("cudaMemcpy3DAsync device to device captured and replayed: a 40 x 5 x 3 box between volumes");
+
+    // ---- a 3-D memcpy node added by hand: the volume to a host volume ----
+    Image hb(50, 6 * 4, 40);
+    const Image hb_before = hb;
+    cudaMemcpy3DParms u = q;
+    u.dstPtr = make_cudaPitchedPtr(hb.b.data(), 50, 50, 6);
+    cudaGraph_t ng;
+    cudaGraphNode_t node;
+    cudaGraphExec_t ne;
+    CHECK(cudaGraphCreate(&ng, 0));
+    CHECK(cudaGraphAddMemcpyNode(&node, ng, nullptr, 0, &u));
+    CHECK(cudaGraphMemcpyNodeGetParams(node, &cp));
+    EXPECT(cp.extent.width == 40 && cp.extent.height == 5 && cp.extent.depth == 3 && cp.dstPtr.pitch == 50,
+           "the 3-D node reads back as %zu x %zu x %zu, destination pitch %zu", cp.extent.width, cp.extent.height,
+           cp.extent.depth, cp.dstPtr.pitch);
+    CHECK(cudaGraphInstantiate(&ne, ng, 0));
+    CHECK(cudaGraphLaunch(ne, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (size_t z = 0; z < 4; z++)
+        for (size_t y = 0; y < 6; y++)
+            for (size_t x = 0; x < 50; x++) {
+                bool in = z < 3 && y < 5 && x >= 3 && x < 43;
+                size_t at = (z * 6 + y) * 50 + x;
+                unsigned char want = in ? vsaved[((z + 1) * 8 + y + 1) * vol.pitch + x - 3 + 11] : hb_before.b[at];
+                EXPECT(hb.b[at] == want, "3-D memcpy node D2H: (%zu, %zu, %zu) is 0x%02x, expected 0x%02x", x, y, z, hb.b[at], want);
+            }
+    ok("cudaGraphAddMemcpyNode with a 3-D box, device to a host volume");
+
+    // ---- hostile shapes in a capture and in a node ----
+    cudaGraph_t bad = nullptr;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    expect_failed(cudaMemcpy2DAsync(d, (size_t)-1 / 2, tiny.b.data(), 16, 16, 3, cudaMemcpyHostToDevice, s),
+                  "a captured copy whose destination pitch wraps");
+    CHECK_ERR(cudaStreamEndCapture(s, &bad), cudaErrorStreamCaptureInvalidated);
+    EXPECT(bad == nullptr, "an invalidated capture gave a graph");
+    cudaGetLastError();
+    unsigned char *sparse = nullptr;
+    const size_t many = (1 << 16) + 1;  // rows of one byte, two apart: one piece each
+    CHECK(cudaMalloc((void **)&sparse, 2 * many));
+    cudaMemcpy3DParms w = {};
+    w.srcPtr = make_cudaPitchedPtr(sparse, 2, 1, many);
+    std::vector<unsigned char> gathered(many);
+    w.dstPtr = make_cudaPitchedPtr(gathered.data(), 1, 1, many);
+    w.extent = make_cudaExtent(1, many, 1);
+    w.kind = cudaMemcpyDeviceToHost;
+    CHECK_ERR(cudaGraphAddMemcpyNode(&node, ng, nullptr, 0, &w), cudaErrorNotSupported);
+    w.extent = make_cudaExtent(1, many - 1, 1);
+    cudaGraphNode_t gather;
+    CHECK(cudaGraphAddMemcpyNode(&gather, ng, nullptr, 0, &w));
+    CHECK(cudaGraphDestroyNode(gather));
+    CHECK(cudaFree(sparse));
+    ok("a hostile captured copy invalidates the capture; a node of over 65,536 separate rows is refused as not supported");
+
+    CHECK(cudaGraphExecDestroy(ce));
+    CHECK(cudaGraphExecDestroy(ve));
+    CHECK(cudaGraphExecDestroy(ne));
+    CHECK(cudaGraphDestroy(cg));
+    CHECK(cudaGraphDestroy(vg));
+    CHECK(cudaGraphDestroy(ng));
+    CHECK(cudaFree(vol2.ptr));
     CHECK(cudaStreamDestroy(s));
     CHECK(cudaFree(d));
     CHECK(cudaFree(e));

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::cuda::types::*;
 use crate::objects::capture;
 use crate::objects::graph::{self as graphs, node_list, Body, Copy, KernelNode, MemsetNode, Node};
+use crate::r#impl::memory::Copy3;
 use crate::objects::graph_exec::{self as execs, Exec};
 use crate::objects::kernel_args::{check_dims, pack};
 use crate::objects::library::resolve_function;
@@ -117,58 +118,15 @@ unsafe fn kernel_node_v1(p: *const CUDA_KERNEL_NODE_PARAMS_v1) -> CuResult<Node>
     kernel_node(p.func, std::ptr::null_mut(), grid, block, p.sharedMemBytes, p.kernelParams, p.extra)
 }
 
-/// One side of a memcpy node: device memory (with its device) or host memory.
-enum Side {
-    Device(u64, CUdevice),
-    Host(usize),
-}
-
-fn side(ty: CUmemorytype, host: usize, dev: u64, x: usize, n: usize) -> CuResult<Side> {
-    type M = CUmemorytype;
-    let on_device = |p: u64| -> CuResult<Side> {
-        let p = p.checked_add(x as u64).ok_or(CuError::INVALID_VALUE)?;
-        Ok(Side::Device(p, objects().memory.check_range(p, n as u64)?))
-    };
-    // A host span that wraps the address space would be read or written at launch.
-    let on_host = |p: usize| -> CuResult<Side> {
-        let p = p.checked_add(x).filter(|p| p.checked_add(n).is_some()).ok_or(CuError::INVALID_VALUE)?;
-        Ok(Side::Host(p))
-    };
-    match ty {
-        M::CU_MEMORYTYPE_HOST if host != 0 => on_host(host),
-        M::CU_MEMORYTYPE_HOST => Err(CuError::INVALID_VALUE),
-        M::CU_MEMORYTYPE_DEVICE => on_device(dev),
-        M::CU_MEMORYTYPE_UNIFIED if objects().memory.find_alloc(dev).is_some() => on_device(dev),
-        M::CU_MEMORYTYPE_UNIFIED if dev != 0 => on_host(dev as usize),
-        M::CU_MEMORYTYPE_UNIFIED => Err(CuError::INVALID_VALUE),
-        // CUDA arrays are not offered by rgpu.
-        _ => Err(CuError::NOT_SUPPORTED),
-    }
-}
-
-/// A memcpy node: rgpu takes one-dimensional copies (one row, one slice).
+/// A memcpy node: 1-D, 2-D or 3-D between linear memory, checked as the pitched copies are
+/// (`impl::memory`) before it joins the graph.
 unsafe fn memcpy_node(p: *const CUDA_MEMCPY3D) -> CuResult<Node> {
     let p = p.as_ref().ok_or(CuError::INVALID_VALUE)?;
-    let n = p.WidthInBytes;
-    if n == 0 {
+    // CUDA makes no empty memcpy nodes.
+    if p.WidthInBytes == 0 || p.Height == 0 || p.Depth == 0 {
         return Err(CuError::INVALID_VALUE);
     }
-    if p.Height > 1 || p.Depth > 1 || p.srcY != 0 || p.srcZ != 0 || p.dstY != 0 || p.dstZ != 0 || p.srcLOD != 0 || p.dstLOD != 0 {
-        tracing::warn!("graph memcpy nodes of more than one row are not supported by rgpu");
-        return Err(CuError::NOT_SUPPORTED);
-    }
-    let src = side(p.srcMemoryType, p.srcHost as usize, p.srcDevice, p.srcXInBytes, n)?;
-    let dst = side(p.dstMemoryType, p.dstHost as usize, p.dstDevice, p.dstXInBytes, n)?;
-    let (copy, device) = match (src, dst) {
-        (Side::Host(s), Side::Device(d, dev)) => (Copy::HtoD { dst: d, src: s }, dev),
-        (Side::Device(s, dev), Side::Host(d)) => (Copy::DtoH { dst: d, src: s }, dev),
-        (Side::Device(s, _), Side::Device(d, dev)) => (Copy::DtoD { dst: d, src: s }, dev),
-        (Side::Host(_), Side::Host(_)) => {
-            tracing::warn!("graph memcpy nodes between host buffers are not supported by rgpu");
-            return Err(CuError::NOT_SUPPORTED);
-        }
-    };
-    Ok(Node::Memcpy { copy, size: n, device })
+    Copy3::from_3d(p)?.ok_or(CuError::INVALID_VALUE)?.node()
 }
 
 unsafe fn memset_node(p: *const CUDA_MEMSET_NODE_PARAMS) -> CuResult<Node> {
@@ -470,8 +428,17 @@ pub(crate) unsafe fn kernel_node_set_params(node: CUgraphNode, p: *const CUDA_KE
 pub(crate) unsafe fn memcpy_node_get_params(node: CUgraphNode, out: &mut CUDA_MEMCPY3D) -> CuResult<()> {
     type M = CUmemorytype;
     with_node(node, |n| {
-        let Node::Memcpy { copy, size, .. } = *n else { return Err(CuError::INVALID_VALUE) };
-        let mut p = CUDA_MEMCPY3D { WidthInBytes: size, Height: 1, Depth: 1, ..Default::default() };
+        let Node::Memcpy { copy, size, rows, .. } = *n else { return Err(CuError::INVALID_VALUE) };
+        let mut p = CUDA_MEMCPY3D {
+            WidthInBytes: size,
+            Height: rows.height,
+            Depth: rows.depth,
+            srcPitch: rows.src_pitch,
+            srcHeight: rows.src_rows,
+            dstPitch: rows.dst_pitch,
+            dstHeight: rows.dst_rows,
+            ..Default::default()
+        };
         match copy {
             Copy::HtoD { dst, src } => {
                 (p.srcMemoryType, p.srcHost, p.dstMemoryType, p.dstDevice) = (M::CU_MEMORYTYPE_HOST, src as *const c_void, M::CU_MEMORYTYPE_DEVICE, dst)
@@ -733,11 +700,18 @@ fn dot_label(n: &Node) -> String {
     match n {
         Node::Empty => "empty".into(),
         Node::Kernel(k) => format!("kernel {}", k.function.name.to_string_lossy()),
-        Node::Memcpy { copy, size, .. } => match copy {
-            Copy::HtoD { .. } => format!("memcpy HtoD {size} B"),
-            Copy::DtoH { .. } => format!("memcpy DtoH {size} B"),
-            Copy::DtoD { .. } => format!("memcpy DtoD {size} B"),
-        },
+        Node::Memcpy { copy, size, rows, .. } => {
+            let way = match copy {
+                Copy::HtoD { .. } => "HtoD",
+                Copy::DtoH { .. } => "DtoH",
+                Copy::DtoD { .. } => "DtoD",
+            };
+            match (rows.height, rows.depth) {
+                (1, 1) => format!("memcpy {way} {size} B"),
+                (h, 1) => format!("memcpy {way} {h} rows of {size} B"),
+                (h, d) => format!("memcpy {way} {d} slices of {h} rows of {size} B"),
+            }
+        }
         Node::Memset { op, .. } => format!("memset {}x{} of {} B", op.width, op.height, op.elem),
         Node::Host { .. } => "host".into(),
         Node::EventRecord { .. } => "event record".into(),

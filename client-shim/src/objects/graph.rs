@@ -45,6 +45,71 @@ pub enum Copy {
     DtoD { dst: u64, src: u64 },
 }
 
+/// Pieces one memcpy node may run as: more (a pitched copy of very many short rows) is
+/// refused when the node is made, so no plan of a hostile shape grows without bound.
+pub const MAX_RUNS: usize = 1 << 16;
+
+/// Where a memcpy node's rows lie (CUDA's pitched copies): `height` rows of the node's `size`
+/// bytes a slice, `depth` slices; each side's pitch (bytes from row to row) and rows from one
+/// slice to the next. Offsets are from the node's first byte on each side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rows {
+    pub height: usize,
+    pub depth: usize,
+    pub src_pitch: usize,
+    pub src_rows: usize,
+    pub dst_pitch: usize,
+    pub dst_rows: usize,
+}
+
+impl Rows {
+    /// One row: a 1-D copy.
+    pub const ONE: Rows = Rows { height: 1, depth: 1, src_pitch: 0, src_rows: 0, dst_pitch: 0, dst_rows: 0 };
+
+    /// Whether each slice's rows follow each other on both sides.
+    fn rows_meet(&self, width: usize) -> bool {
+        self.height == 1 || self.src_pitch == width && self.dst_pitch == width
+    }
+
+    /// Whether, besides, each slice follows the one before on both sides.
+    fn slices_meet(&self, width: usize) -> bool {
+        let span = |pitch: usize| (self.height - 1) * pitch + width;
+        self.rows_meet(width)
+            && (self.depth == 1 || self.src_rows * self.src_pitch == span(self.src_pitch) && self.dst_rows * self.dst_pitch == span(self.dst_pitch))
+    }
+
+    /// How many pieces [`Rows::runs`] gives.
+    pub fn run_count(&self, width: usize) -> usize {
+        if self.slices_meet(width) {
+            1
+        } else if self.rows_meet(width) {
+            self.depth
+        } else {
+            self.height.saturating_mul(self.depth)
+        }
+    }
+
+    /// The copy as contiguous pieces, (source offset, destination offset, bytes): rows, or
+    /// slices or the whole where they follow each other on both sides. The shape was checked
+    /// against both sides' memory when the node was made, so no offset overflows.
+    pub fn runs(&self, width: usize) -> Vec<(usize, usize, usize)> {
+        let at = |pitch: usize, rows: usize, y: usize, z: usize| (z * rows + y) * pitch;
+        if self.slices_meet(width) {
+            return vec![(0, 0, width * self.height * self.depth)];
+        }
+        if self.rows_meet(width) {
+            return (0..self.depth).map(|z| (at(self.src_pitch, self.src_rows, 0, z), at(self.dst_pitch, self.dst_rows, 0, z), width * self.height)).collect();
+        }
+        let mut v = Vec::with_capacity(self.run_count(width));
+        for z in 0..self.depth {
+            for y in 0..self.height {
+                v.push((at(self.src_pitch, self.src_rows, y, z), at(self.dst_pitch, self.dst_rows, y, z), width));
+            }
+        }
+        v
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemsetNode {
     pub dst: u64,
@@ -61,7 +126,8 @@ pub struct MemsetNode {
 pub enum Node {
     Empty,
     Kernel(KernelNode),
-    Memcpy { copy: Copy, size: usize, device: CUdevice },
+    /// `size` bytes a row; `rows` says how many rows and where ([`Rows::ONE`]: a 1-D copy).
+    Memcpy { copy: Copy, size: usize, rows: Rows, device: CUdevice },
     Memset { op: MemsetNode, device: CUdevice },
     /// A host function and its argument (kept as addresses: they are only called).
     Host { f: usize, data: usize },
@@ -390,6 +456,48 @@ mod tests {
             b.add_edge(f, t).unwrap();
         }
         b
+    }
+
+    /// Every byte a shape copies, as (source offset, destination offset), row by row.
+    fn bytes_of(r: &Rows, width: usize) -> Vec<(usize, usize)> {
+        let mut v = vec![];
+        for z in 0..r.depth {
+            for y in 0..r.height {
+                for x in 0..width {
+                    v.push(((z * r.src_rows + y) * r.src_pitch + x, (z * r.dst_rows + y) * r.dst_pitch + x));
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn memcpy_rows_run_as_contiguous_pieces_that_copy_every_byte_once() {
+        let rows = |height, depth, src_pitch, src_rows, dst_pitch, dst_rows| Rows { height, depth, src_pitch, src_rows, dst_pitch, dst_rows };
+        // (shape, width, pieces expected)
+        let cases = [
+            (Rows::ONE, 100, 1),
+            (rows(8, 1, 16, 0, 16, 0), 16, 1),  // rows back to back on both sides
+            (rows(8, 1, 32, 0, 16, 0), 16, 8),  // source pitched
+            (rows(8, 1, 16, 0, 48, 0), 16, 8),  // destination pitched
+            (rows(4, 3, 16, 4, 16, 4), 16, 1),  // a dense volume
+            (rows(4, 3, 16, 6, 16, 4), 16, 3),  // slices apart on the source
+            (rows(4, 3, 24, 4, 16, 4), 16, 12), // rows apart on the source
+            (rows(1, 5, 8, 1, 8, 1), 8, 1),     // one-row slices back to back
+            (rows(1, 5, 8, 2, 8, 1), 8, 5),     // one-row slices apart on the source
+        ];
+        for (r, width, pieces) in cases {
+            let runs = r.runs(width);
+            assert_eq!(runs.len(), pieces, "{r:?}");
+            assert_eq!(r.run_count(width), pieces, "{r:?}");
+            let mut got = vec![];
+            for (s, d, n) in runs {
+                got.extend((0..n).map(|i| (s + i, d + i)));
+            }
+            assert_eq!(got, bytes_of(&r, width), "{r:?} copies other bytes than its rows");
+        }
+        // Counted without listing: a hostile shape's count is known before anything is built.
+        assert_eq!(rows(usize::MAX, 2, 2, usize::MAX, 1, usize::MAX).run_count(1), usize::MAX);
     }
 
     #[test]

@@ -102,11 +102,18 @@ impl Planner {
                     continue;
                 }
                 Node::Kernel(k) => Op::Kernel(k.clone()),
-                Node::Memcpy { copy, size, .. } => match *copy {
-                    Copy::HtoD { dst, src } => Op::HtoD { dst, src, size: *size },
-                    Copy::DtoH { dst, src } => Op::DtoH { dst, src, size: *size },
-                    Copy::DtoD { dst, src } => Op::DtoD { dst, src, size: *size },
-                },
+                Node::Memcpy { copy, size, rows, .. } => {
+                    // A pitched copy runs as its contiguous pieces, in order.
+                    for (so, d, n) in rows.runs(*size) {
+                        let op = match *copy {
+                            Copy::HtoD { dst, src } => Op::HtoD { dst: dst + d as u64, src: src + so, size: n },
+                            Copy::DtoH { dst, src } => Op::DtoH { dst: dst + d, src: src + so as u64, size: n },
+                            Copy::DtoD { dst, src } => Op::DtoD { dst: dst + d as u64, src: src + so as u64, size: n },
+                        };
+                        self.push(op).map_err(|e| (e, h))?;
+                    }
+                    continue;
+                }
                 Node::Memset { op, .. } => Op::Memset(*op),
                 Node::EventRecord { event, .. } => Op::EventRecord(*event),
                 Node::EventWait { event, .. } => Op::EventWait(*event),
@@ -481,9 +488,10 @@ pub fn get(e: CUgraphExec) -> CuResult<(u64, Arc<Exec>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::objects::graph::Rows;
 
     fn copy(b: &mut Body, h: u64, copy: Copy, size: usize, deps: &[u64]) {
-        b.add(h, Node::Memcpy { copy, size, device: 0 }, deps).unwrap();
+        b.add(h, Node::Memcpy { copy, size, rows: Rows::ONE, device: 0 }, deps).unwrap();
     }
 
     fn shape(steps: &[Step]) -> Vec<String> {
@@ -533,7 +541,7 @@ mod tests {
         b.add(2, Node::Child(child), &[1]).unwrap();
         let (steps, _) = plan(&b).unwrap();
         assert_eq!(shape(&steps), ["dev3"]);
-        b.add(3, Node::Memcpy { copy: Copy::DtoD { dst: 1, src: 2 }, size: 4, device: 1 }, &[2]).unwrap();
+        b.add(3, Node::Memcpy { copy: Copy::DtoD { dst: 1, src: 2 }, size: 4, rows: Rows::ONE, device: 1 }, &[2]).unwrap();
         assert_eq!(plan(&b).err(), Some((CuError::NOT_SUPPORTED, 3)));
     }
 }

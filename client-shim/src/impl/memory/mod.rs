@@ -12,7 +12,7 @@ use crate::cuda::types::*;
 use crate::objects::managed;
 use crate::objects::memory::{self as mem, Alloc, HostAlloc};
 use crate::objects::{capture, graph_mem};
-use crate::objects::graph::{Copy, MemsetNode, Node};
+use crate::objects::graph::{Copy, MemsetNode, Node, Rows};
 use crate::objects::{context, objects, stream};
 use crate::runtime::{self, cu_err, Runtime};
 
@@ -296,7 +296,7 @@ unsafe fn htod_as(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: 
         return Err(CuError::INVALID_VALUE);
     }
     let dev = objects().memory.check_range(dst, n as u64)?;
-    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::HtoD { dst, src: src as usize }, size: n, device: dev }))? {
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::HtoD { dst, src: src as usize }, size: n, rows: Rows::ONE, device: dev }))? {
         return Ok(());
     }
     // Managed memory as the source is read on the host: its newest bytes first.
@@ -376,7 +376,7 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
     }
     let node = || {
         let device = objects().memory.check_range(src, n as u64)?;
-        Ok(Node::Memcpy { copy: Copy::DtoH { dst: dst as usize, src }, size: n, device })
+        Ok(Node::Memcpy { copy: Copy::DtoH { dst: dst as usize, src }, size: n, rows: Rows::ONE, device })
     };
     if capture::record(stream, node)? {
         return Ok(());
@@ -422,7 +422,7 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
     }
     let ddev = objects().memory.check_range(dst, n as u64)?;
     let sdev = objects().memory.check_range(src, n as u64)?;
-    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::DtoD { dst, src }, size: n, device: ddev }))? {
+    if capture::record(stream, || Ok(Node::Memcpy { copy: Copy::DtoD { dst, src }, size: n, rows: Rows::ONE, device: ddev }))? {
         return Ok(());
     }
     if rt.device(ddev)?.server != rt.device(sdev)?.server {
@@ -693,4 +693,4 @@ pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
 }
 
 mod pitched;
-pub(crate) use pitched::{memcpy_2d_async_v2, memcpy_2d_v2, memcpy_3d_async_v2, memcpy_3d_v2};
+pub(crate) use pitched::{memcpy_2d_async_v2, memcpy_2d_v2, memcpy_3d_async_v2, memcpy_3d_v2, Copy3};

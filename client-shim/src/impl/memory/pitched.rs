@@ -6,11 +6,16 @@
 //! byte moves, so a hostile pitch or offset is `CUDA_ERROR_INVALID_VALUE`
 //! and never a partial copy, a wrapped address or a huge staging buffer.
 //! CUDA arrays are not offered by rgpu (`CUDA_ERROR_NOT_SUPPORTED`).
+//!
+//! The same checked copy becomes a graph memcpy node ([`Copy3::node`]) when a stream
+//! captures it or a program adds it to a graph (`impl::graph`): a node of rows that the
+//! instantiated graph runs as contiguous pieces.
 
 use std::ffi::c_void;
 
 use super::{dtod, dtoh, htod, synchronous};
 use crate::cuda::types::*;
+use crate::objects::graph::{Copy, Node, Rows, MAX_RUNS};
 use crate::objects::{capture, managed, objects, stream};
 use crate::runtime::{self, Runtime};
 
@@ -42,7 +47,7 @@ impl Plane {
 
 /// A pitched copy: `depth` slices of `height` rows of `width` bytes.
 #[derive(Debug, PartialEq, Eq)]
-struct Copy3 {
+pub(crate) struct Copy3 {
     src: Plane,
     dst: Plane,
     width: usize,
@@ -246,50 +251,95 @@ fn check_device(p: u64, len: u64) -> CuResult<()> {
     objects().memory.check_range(p, len).map(|_| ())
 }
 
-unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
-    capture::refuse(stream, CuError::NOT_SUPPORTED, "cuMemcpy2DAsync")?;
-    let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
-    let side = |ty, host: *const c_void, dev, x, y, pitch| SideParams { ty, host: host as usize, dev, x, y, z: 0, lod: 0, pitch, slice_rows: 0 };
-    let src = side(c.srcMemoryType, c.srcHost, c.srcDevice, c.srcXInBytes, c.srcY, c.srcPitch);
-    let dst = side(c.dstMemoryType, c.dstHost as *const c_void, c.dstDevice, c.dstXInBytes, c.dstY, c.dstPitch);
-    match Copy3::new(src, dst, (c.WidthInBytes, c.Height, 1), &is_device, &check_device)? {
-        Some(copy) => copy.run(runtime::get()?, stream),
+impl Copy3 {
+    /// A CUDA_MEMCPY2D's copy, checked; None: nothing to copy.
+    pub(crate) fn from_2d(c: &CUDA_MEMCPY2D) -> CuResult<Option<Copy3>> {
+        let side = |ty, host: *const c_void, dev, x, y, pitch| SideParams { ty, host: host as usize, dev, x, y, z: 0, lod: 0, pitch, slice_rows: 0 };
+        let src = side(c.srcMemoryType, c.srcHost, c.srcDevice, c.srcXInBytes, c.srcY, c.srcPitch);
+        let dst = side(c.dstMemoryType, c.dstHost as *const c_void, c.dstDevice, c.dstXInBytes, c.dstY, c.dstPitch);
+        Copy3::new(src, dst, (c.WidthInBytes, c.Height, 1), &is_device, &check_device)
+    }
+
+    /// A CUDA_MEMCPY3D's copy, checked; None: nothing to copy.
+    pub(crate) fn from_3d(c: &CUDA_MEMCPY3D) -> CuResult<Option<Copy3>> {
+        if !c.reserved0.is_null() || !c.reserved1.is_null() {
+            return Err(CuError::INVALID_VALUE);
+        }
+        let src = SideParams {
+            ty: c.srcMemoryType,
+            host: c.srcHost as usize,
+            dev: c.srcDevice,
+            x: c.srcXInBytes,
+            y: c.srcY,
+            z: c.srcZ,
+            lod: c.srcLOD,
+            pitch: c.srcPitch,
+            slice_rows: c.srcHeight,
+        };
+        let dst = SideParams {
+            ty: c.dstMemoryType,
+            host: c.dstHost as usize,
+            dev: c.dstDevice,
+            x: c.dstXInBytes,
+            y: c.dstY,
+            z: c.dstZ,
+            lod: c.dstLOD,
+            pitch: c.dstPitch,
+            slice_rows: c.dstHeight,
+        };
+        Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)
+    }
+
+    /// The copy as a graph memcpy node, on the device of its device side (the destination's
+    /// for device to device). Graphs do not copy between host buffers here, and a copy of more
+    /// than [`MAX_RUNS`] separate rows is not made a node.
+    pub(crate) fn node(&self) -> CuResult<Node> {
+        let rows = Rows {
+            height: self.height,
+            depth: self.depth,
+            src_pitch: self.src.pitch,
+            src_rows: self.src.slice_rows,
+            dst_pitch: self.dst.pitch,
+            dst_rows: self.dst.slice_rows,
+        };
+        if rows.run_count(self.width) > MAX_RUNS {
+            tracing::warn!("a graph memcpy node of more than {MAX_RUNS} separate rows is not supported by rgpu");
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        let device = |p: u64| objects().memory.check_range(p, 1);
+        let (copy, device) = match (self.src.at, self.dst.at) {
+            (Side::Host(src), Side::Device(dst)) => (Copy::HtoD { dst, src }, device(dst)?),
+            (Side::Device(src), Side::Host(dst)) => (Copy::DtoH { dst, src }, device(src)?),
+            (Side::Device(src), Side::Device(dst)) => (Copy::DtoD { dst, src }, device(dst)?),
+            (Side::Host(_), Side::Host(_)) => {
+                tracing::warn!("graph memcpy nodes between host buffers are not supported by rgpu");
+                return Err(CuError::NOT_SUPPORTED);
+            }
+        };
+        Ok(Node::Memcpy { copy, size: self.width, rows, device })
+    }
+}
+
+/// Runs `copy` on `stream`, or records it as a node if the stream captures (an empty copy as
+/// an empty node, keeping the stream's order).
+unsafe fn copy_on(stream: u64, copy: impl Fn() -> CuResult<Option<Copy3>>) -> CuResult<()> {
+    if capture::record(stream, || copy()?.map_or(Ok(Node::Empty), |c| c.node()))? {
+        return Ok(());
+    }
+    match copy()? {
+        Some(c) => c.run(runtime::get()?, stream),
         None => Ok(()),
     }
 }
 
-unsafe fn copy_3d(c: *const CUDA_MEMCPY3D, stream: u64) -> CuResult<()> {
-    capture::refuse(stream, CuError::NOT_SUPPORTED, "cuMemcpy3DAsync")?;
+unsafe fn copy_2d(c: *const CUDA_MEMCPY2D, stream: u64) -> CuResult<()> {
     let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
-    if !c.reserved0.is_null() || !c.reserved1.is_null() {
-        return Err(CuError::INVALID_VALUE);
-    }
-    let src = SideParams {
-        ty: c.srcMemoryType,
-        host: c.srcHost as usize,
-        dev: c.srcDevice,
-        x: c.srcXInBytes,
-        y: c.srcY,
-        z: c.srcZ,
-        lod: c.srcLOD,
-        pitch: c.srcPitch,
-        slice_rows: c.srcHeight,
-    };
-    let dst = SideParams {
-        ty: c.dstMemoryType,
-        host: c.dstHost as usize,
-        dev: c.dstDevice,
-        x: c.dstXInBytes,
-        y: c.dstY,
-        z: c.dstZ,
-        lod: c.dstLOD,
-        pitch: c.dstPitch,
-        slice_rows: c.dstHeight,
-    };
-    match Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)? {
-        Some(copy) => copy.run(runtime::get()?, stream),
-        None => Ok(()),
-    }
+    copy_on(stream, || Copy3::from_2d(c))
+}
+
+unsafe fn copy_3d(c: *const CUDA_MEMCPY3D, stream: u64) -> CuResult<()> {
+    let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    copy_on(stream, || Copy3::from_3d(c))
 }
 
 pub(crate) unsafe fn memcpy_2d_v2(c: *const CUDA_MEMCPY2D) -> CuResult<()> {
