@@ -441,6 +441,9 @@ pub fn build(program: &str, variant: Variant) -> PathBuf {
             .iter()
             .map(os)
             .collect(),
+        // rt_per_thread tests the driver's per-thread-stream entry points, which cudart
+        // calls only in a program built for them.
+        "rt_per_thread" => vec![os(format!("-arch={}", arch())), os("--default-stream"), os("per-thread")],
         _ => vec![os(format!("-arch={}", arch()))],
     };
     let mut args: Vec<std::ffi::OsString> = code;

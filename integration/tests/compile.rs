@@ -36,6 +36,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_checkpoint",
     "rt_ipc",
     "rt_graph_nodes",
+    "rt_per_thread",
     "rt_busy",
     "rt_pitched",
 ];

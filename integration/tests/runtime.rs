@@ -119,4 +119,5 @@ runtime_tests! {
     ipc => plain;
     pitched => plain;
     graph_nodes => plain;
+    per_thread => plain;
 }

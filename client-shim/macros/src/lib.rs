@@ -374,6 +374,21 @@ fn expand(input: Input) -> syn::Result<TokenStream2> {
         alias_of.insert(a, t);
     }
 
+    // A program built with `--default-stream per-thread` reaches a function's `_ptds` or
+    // `_ptsz` form instead of the function: when the function is implemented, that form must
+    // be too (an alias, as a rule), or such a program gets CUDA_ERROR_NOT_SUPPORTED for a call
+    // rgpu serves.
+    for d in &decls {
+        let n = d.name.to_string();
+        let Some(base) = n.strip_suffix("_ptds").or_else(|| n.strip_suffix("_ptsz")) else { continue };
+        if implemented.contains(base) && !implemented.contains(&n) && !alias_of.contains_key(&n) {
+            return Err(syn::Error::new(
+                Span::call_site(),
+                format!("`{base}` is implemented but its per-thread form `{n}` is neither implemented nor an alias"),
+            ));
+        }
+    }
+
     let path_str = path.to_string_lossy().into_owned();
     let mut fns = vec![];
     let mut arms = vec![];
