@@ -351,6 +351,10 @@ int main() {
     p.reserved0[1] = 1;
     cudaGraphNode_t never;
     CHECK_ERR(add_node(&never, gg, nullptr, 0, &p), cudaErrorInvalidValue);
+    reset(p, (cudaGraphNodeType)0x7fff);
+    CHECK_ERR(add_node(&never, gg, nullptr, 0, &p), cudaErrorInvalidValue);
+    reset(p, cudaGraphNodeTypeConditional);
+    CHECK_ERR(add_node(&never, gg, nullptr, 0, &p), cudaErrorNotSupported);
     launch(eg, s);
     expect_all(out_b, 0x01010102, "exec after its graph's node changed");
     cudaGraphExec_t eg2;

@@ -568,10 +568,20 @@ unsafe fn generic_node(p: *const CUgraphNodeParams, parent: Option<CUgraph>) -> 
             }
             child_node(parent, u.graph.graph)
         }
-        t => {
+        // Kinds CUDA has that rgpu does not run; any other number is no kind at all.
+        t @ (T::CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL
+        | T::CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT
+        | T::CU_GRAPH_NODE_TYPE_MEM_ALLOC
+        | T::CU_GRAPH_NODE_TYPE_MEM_FREE
+        | T::CU_GRAPH_NODE_TYPE_BATCH_MEM_OP
+        | T::CU_GRAPH_NODE_TYPE_CONDITIONAL
+        | T::CU_GRAPH_NODE_TYPE_MEMCPY_BATCH
+        | T::CU_GRAPH_NODE_TYPE_EXTERNAL_ENGINE
+        | T::CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH) => {
             tracing::warn!("graph nodes of type {} are not supported by rgpu through cuGraphAddNode", t.0);
             Err(CuError::NOT_SUPPORTED)
         }
+        _ => Err(CuError::INVALID_VALUE),
     }
 }
 
