@@ -233,18 +233,43 @@ int main() {
     CHECK(cudaGraphInstantiate(&ve, vg, 0));
     CHECK(cudaGraphLaunch(ve, s));
     CHECK(cudaStreamSynchronize(s));
-    Image v2(vol2.pitch, 8 * 4, 0);
-    CHECK(cudaMemcpy(v2.b.data(), vol2.ptr, v2.b.size(), cudaMemcpyDeviceToHost));
-    for (size_t z = 0; z < 4; z++)
-        for (size_t y = 0; y < 8; y++)
-            for (size_t x = 0; x < vol2.pitch; x++) {
-                bool in = z < 3 && y < 5 && x >= 2 && x < 42;
-                size_t at = (z * 8 + y) * vol2.pitch + x;
-                unsigned char want = in ? vsaved[((z + 1) * 8 + y + 1) * vol.pitch + x - 2 + 11] : 0;
-                EXPECT(v2.b[at] == want, "captured cudaMemcpy3DAsync D2D: (%zu, %zu, %zu) is 0x%02x, expected 0x%02x", x, y, z,
-                       v2.b[at], want);
-            }
+    // vol2 holds the 40 x 5 x 3 box from vol's (11, 1, 1) at (2, 0, 0), zeros elsewhere.
+    auto expect_box_in_vol2 = [&](const char *what) {
+        Image v2(vol2.pitch, 8 * 4, 0);
+        CHECK(cudaMemcpy(v2.b.data(), vol2.ptr, v2.b.size(), cudaMemcpyDeviceToHost));
+        for (size_t z = 0; z < 4; z++)
+            for (size_t y = 0; y < 8; y++)
+                for (size_t x = 0; x < vol2.pitch; x++) {
+                    bool in = z < 3 && y < 5 && x >= 2 && x < 42;
+                    size_t at = (z * 8 + y) * vol2.pitch + x;
+                    unsigned char want = in ? vsaved[((z + 1) * 8 + y + 1) * vol.pitch + x - 2 + 11] : 0;
+                    EXPECT(v2.b[at] == want, "%s: (%zu, %zu, %zu) is 0x%02x, expected 0x%02x", what, x, y, z, v2.b[at], want);
+                }
+    };
+    expect_box_in_vol2("captured cudaMemcpy3DAsync D2D");
     ok("cudaMemcpy3DAsync device to device captured and replayed: a 40 x 5 x 3 box between volumes");
+
+    // The same box through cudaMemcpy3DPeer and cudaMemcpy3DPeerAsync (one device here).
+    cudaMemcpy3DPeerParms pp = {};
+    pp.srcPtr = vol;
+    pp.srcPos = make_cudaPos(11, 1, 1);
+    pp.srcDevice = 0;
+    pp.dstPtr = vol2;
+    pp.dstPos = make_cudaPos(2, 0, 0);
+    pp.dstDevice = 0;
+    pp.extent = make_cudaExtent(40, 5, 3);
+    CHECK(cudaMemset(vol2.ptr, 0, vol2.pitch * 8 * 4));
+    CHECK(cudaMemcpy3DPeer(&pp));
+    expect_box_in_vol2("cudaMemcpy3DPeer");
+    CHECK(cudaMemset(vol2.ptr, 0, vol2.pitch * 8 * 4));
+    CHECK(cudaMemcpy3DPeerAsync(&pp, s));
+    CHECK(cudaStreamSynchronize(s));
+    expect_box_in_vol2("cudaMemcpy3DPeerAsync");
+    cudaMemcpy3DPeerParms past = pp;
+    past.dstPos = make_cudaPos(2, 0, 2);  // slices 2..4 of a 4-slice volume
+    expect_failed(cudaMemcpy3DPeer(&past), "a 3-D peer box past the last slice");
+    expect_box_in_vol2("after a refused cudaMemcpy3DPeer");
+    ok("cudaMemcpy3DPeer and cudaMemcpy3DPeerAsync between volumes; one past the end refused, nothing written");
 
     // ---- a 3-D memcpy node added by hand: the volume to a host volume ----
     Image hb(50, 6 * 4, 40);

@@ -98,6 +98,45 @@ int main(int argc, char **argv) {
         printf("SKIP cudaMemcpyPeer: %d (%s)\n", (int)e, cudaGetErrorName(e));
     }
 
+    // A 3-D box from device 0 to device 1 (across servers where each device is its own).
+    if (e == cudaSuccess) {
+        const size_t rows = 6, slices = 3;
+        cudaPitchedPtr v[2];
+        for (int dev = 0; dev < 2; dev++) {
+            CHECK(cudaSetDevice(dev));
+            CHECK(cudaMalloc3D(&v[dev], make_cudaExtent(48, rows, slices)));
+        }
+        std::vector<unsigned char> h0(v[0].pitch * rows * slices), h1(v[1].pitch * rows * slices);
+        fill_pattern(h0.data(), h0.size(), 77);
+        CHECK(cudaSetDevice(0));
+        CHECK(cudaMemcpy(v[0].ptr, h0.data(), h0.size(), cudaMemcpyHostToDevice));
+        CHECK(cudaSetDevice(1));
+        CHECK(cudaMemset(v[1].ptr, 0, h1.size()));
+        cudaMemcpy3DPeerParms pp = {};
+        pp.srcPtr = v[0];
+        pp.srcDevice = 0;
+        pp.srcPos = make_cudaPos(5, 1, 0);
+        pp.dstPtr = v[1];
+        pp.dstDevice = 1;
+        pp.dstPos = make_cudaPos(0, 0, 1);
+        pp.extent = make_cudaExtent(40, 5, 2);
+        CHECK(cudaMemcpy3DPeer(&pp));
+        CHECK(cudaMemcpy(h1.data(), v[1].ptr, h1.size(), cudaMemcpyDeviceToHost));
+        for (size_t z = 0; z < slices; z++)
+            for (size_t y = 0; y < rows; y++)
+                for (size_t x = 0; x < v[1].pitch; x++) {
+                    bool in = z >= 1 && y < 5 && x < 40;
+                    unsigned char want = in ? h0[((z - 1) * rows + y + 1) * v[0].pitch + x + 5] : 0;
+                    unsigned char got = h1[(z * rows + y) * v[1].pitch + x];
+                    EXPECT(got == want, "cudaMemcpy3DPeer: (%zu, %zu, %zu) is 0x%02x, expected 0x%02x", x, y, z, got, want);
+                }
+        for (int dev = 0; dev < 2; dev++) {
+            CHECK(cudaSetDevice(dev));
+            CHECK(cudaFree(v[dev].ptr));
+        }
+        ok("cudaMemcpy3DPeer device 0 -> device 1: a 40 x 5 x 2 box at offsets");
+    }
+
     for (int dev = 0; dev < 2; dev++) {
         CHECK(cudaSetDevice(dev));
         CHECK(cudaFree(d[dev]));

@@ -693,4 +693,4 @@ pub(crate) unsafe fn host_unregister(p: *mut c_void) -> CuResult<()> {
 }
 
 mod pitched;
-pub(crate) use pitched::{memcpy_2d_async_v2, memcpy_2d_v2, memcpy_3d_async_v2, memcpy_3d_v2, Copy3};
+pub(crate) use pitched::{memcpy_2d_async_v2, memcpy_2d_v2, memcpy_3d_async_v2, memcpy_3d_peer, memcpy_3d_peer_async, memcpy_3d_v2, Copy3};

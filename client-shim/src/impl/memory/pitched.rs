@@ -290,6 +290,34 @@ impl Copy3 {
         Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)
     }
 
+    /// A CUDA_MEMCPY3D_PEER's copy, checked; None: nothing to copy. The contexts are not
+    /// needed: unified addresses say each side's device.
+    pub(crate) fn from_3d_peer(c: &CUDA_MEMCPY3D_PEER) -> CuResult<Option<Copy3>> {
+        let src = SideParams {
+            ty: c.srcMemoryType,
+            host: c.srcHost as usize,
+            dev: c.srcDevice,
+            x: c.srcXInBytes,
+            y: c.srcY,
+            z: c.srcZ,
+            lod: c.srcLOD,
+            pitch: c.srcPitch,
+            slice_rows: c.srcHeight,
+        };
+        let dst = SideParams {
+            ty: c.dstMemoryType,
+            host: c.dstHost as usize,
+            dev: c.dstDevice,
+            x: c.dstXInBytes,
+            y: c.dstY,
+            z: c.dstZ,
+            lod: c.dstLOD,
+            pitch: c.dstPitch,
+            slice_rows: c.dstHeight,
+        };
+        Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)
+    }
+
     /// The copy as a graph memcpy node, on the device of its device side (the destination's
     /// for device to device). Graphs do not copy between host buffers here, and a copy of more
     /// than [`MAX_RUNS`] separate rows is not made a node.
@@ -357,6 +385,18 @@ pub(crate) unsafe fn memcpy_3d_v2(c: *const CUDA_MEMCPY3D) -> CuResult<()> {
 }
 pub(crate) unsafe fn memcpy_3d_async_v2(c: *const CUDA_MEMCPY3D, s: CUstream) -> CuResult<()> {
     copy_3d(c, stream::remote(s)?)
+}
+
+pub(crate) unsafe fn memcpy_3d_peer(c: *const CUDA_MEMCPY3D_PEER) -> CuResult<()> {
+    capture::check_unsafe_call()?;
+    let rt = runtime::get()?;
+    let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    synchronous(rt, copy_on(0, || Copy3::from_3d_peer(c)))
+}
+pub(crate) unsafe fn memcpy_3d_peer_async(c: *const CUDA_MEMCPY3D_PEER, s: CUstream) -> CuResult<()> {
+    let stream = stream::remote(s)?;
+    let c = c.as_ref().ok_or(CuError::INVALID_VALUE)?;
+    copy_on(stream, || Copy3::from_3d_peer(c))
 }
 
 #[cfg(test)]
