@@ -29,6 +29,7 @@ pub mod r#impl;
 // The only place a driver function becomes supported. Keep the list sorted (byte order).
 rgpu_shim_macros::cuda_entry_points! {
     implemented: [
+
         cuCtxCreate_v2,
         cuCtxCreate_v3,
         cuCtxCreate_v4,
@@ -184,6 +185,7 @@ rgpu_shim_macros::cuda_entry_points! {
         cuLibraryGetGlobal,
         cuLibraryGetKernel,
         cuLibraryGetKernelCount,
+        cuLibraryGetManaged,
         cuLibraryGetModule,
         cuLibraryLoadData,
         cuLibraryLoadFromFile,

@@ -56,6 +56,7 @@ fn load(data: &[u8]) {
                 name: g.name.clone(),
                 ptr,
                 size: g.size,
+                managed: g.managed,
             }
         })
         .collect();

@@ -37,6 +37,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_ipc",
     "rt_graph_nodes",
     "rt_per_thread",
+    "rt_managed_vars",
     "rt_busy",
     "rt_pitched",
 ];

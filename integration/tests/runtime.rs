@@ -120,4 +120,5 @@ runtime_tests! {
     pitched => plain;
     graph_nodes => plain;
     per_thread => plain;
+    managed_vars => plain;
 }

@@ -183,6 +183,9 @@ struct GlobalInfo {
   name @0 :Text;
   ptr @1 :UInt64;
   size @2 :UInt64;
+  # A `__managed__` variable (`.attribute(.managed)`): the client keeps a host
+  # copy at `ptr` coherent with it, as with managed memory.
+  managed @3 :Bool;
 }
 
 struct LaunchKernel {

@@ -471,6 +471,16 @@ fn var_decl(p: &mut P, line: u32) -> Result<Var, PtxError> {
                     "v4" => v.vec = 4,
                     "v8" => v.vec = 8,
                     "ptr" | "noreturn" => {}
+                    // `__managed__` variables: ordinary global storage here; the client keeps
+                    // host and device copies coherent.
+                    "attribute" if space == Space::Global => {
+                        p.expect('(')?;
+                        match p.next()? {
+                            Tok::Dot(a) if a == "managed" => {}
+                            _ => return p.err("unknown variable attribute"),
+                        }
+                        p.expect(')')?;
+                    }
                     // `.ptr.global.align 4` in parameter attributes.
                     "global" | "shared" | "const" | "local" if space == Space::Param => {}
                     t if type_size(t).is_some() => v.ty = t.to_string(),

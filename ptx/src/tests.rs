@@ -952,3 +952,22 @@ fn random_straight_line_code_agrees_on_both_tiers() {
         assert_eq!(out.len(), init.len());
     }
 }
+
+#[test]
+fn managed_variables_are_module_storage() {
+    // What nvcc emits for `__managed__ int counter;` and `atomicAdd(&counter, 1)`.
+    let src = ".version 8.0\n.target sm_90\n.address_size 64\n\
+               .global .attribute(.managed) .align 4 .u32 counter;\n\
+               .visible .entry k()\n{\n.reg .b32 %r<2>;\n.reg .b64 %rd<2>;\n\
+               mov.u64 %rd1, counter;\natom.global.add.u32 %r1, [%rd1], 1;\nret;\n}\n";
+    let m = Module::parse(src).unwrap_or_else(|e| panic!("{e}"));
+    let mut mem = HostMemory::new(BASE, 1 << 20);
+    let counter = mem.alloc(4).unwrap();
+    mem.write(counter, &5u32.to_le_bytes());
+    let p = m.lower("k", &|n| (n == "counter").then_some(counter)).unwrap();
+    launch(&p, &cfg(2, 32), &[], &mem).unwrap();
+    assert_eq!(mem.read(counter, 4).unwrap(), 69u32.to_le_bytes());
+    // Any other attribute is refused rather than ignored.
+    let other = src.replace(".attribute(.managed)", ".attribute(.unified)");
+    assert!(Module::parse(&other).is_err());
+}

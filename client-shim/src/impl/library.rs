@@ -109,6 +109,29 @@ pub(crate) unsafe fn get_module(out: &mut CUmodule, library: CUlibrary) -> CuRes
     Ok(())
 }
 
+/// A `__managed__` variable of the library: the module's storage for it, made managed memory
+/// (`objects::managed::adopt_global`), so that host code and kernels share it at one address
+/// under the managed-memory rules. cudart asks for each such variable when it loads the
+/// library, and host code reaches the variable through the pointer answered here.
+pub(crate) unsafe fn get_managed(dptr: Option<&mut CUdeviceptr>, bytes: Option<&mut usize>, library: CUlibrary, name: *const c_char) -> CuResult<()> {
+    let rt = runtime::get()?;
+    let (_, lib) = libraries::get(library)?;
+    let (_, m) = libraries::managed_module(&lib)?;
+    let module = modules::get(m as usize as CUmodule)?;
+    let (ptr, size) = module.global_for_host(rt, name)?;
+    if !module.managed.contains(CStr::from_ptr(name).to_str().map_err(|_| CuError::NOT_FOUND)?) {
+        // A global that is not `__managed__`: cuLibraryGetGlobal's.
+        return Err(CuError::NOT_FOUND);
+    }
+    if let Some(d) = dptr {
+        *d = ptr;
+    }
+    if let Some(b) = bytes {
+        *b = size as usize;
+    }
+    Ok(())
+}
+
 pub(crate) unsafe fn get_global(
     dptr: Option<&mut CUdeviceptr>,
     bytes: Option<&mut usize>,

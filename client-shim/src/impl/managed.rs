@@ -54,31 +54,6 @@ fn address_free(rt: &Runtime, dev: CUdevice, ptr: u64, size: u64) {
     });
 }
 
-/// Maps `size` bytes of host memory at exactly `va`; false if anything is there already.
-fn map_host(va: u64, size: u64) -> bool {
-    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            va as usize as *mut libc::c_void,
-            size as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return false;
-    }
-    if p as usize as u64 != va {
-        // An old kernel that takes the flag as a hint.
-        // SAFETY: unmapping the mapping just made.
-        unsafe { libc::munmap(p, size as usize) };
-        return false;
-    }
-    true
-}
-
 pub(crate) unsafe fn alloc_managed(dptr: &mut CUdeviceptr, bytesize: usize, flags: u32) -> CuResult<()> {
     let rt = runtime::get()?;
     if bytesize == 0 || !(flags == ATTACH_GLOBAL || flags == ATTACH_HOST) {
@@ -98,7 +73,7 @@ pub(crate) unsafe fn alloc_managed(dptr: &mut CUdeviceptr, bytesize: usize, flag
     let mut va = 0;
     for _ in 0..8 {
         let v = reserve(rt, dev, mapped, hint)?;
-        if map_host(v, mapped) {
+        if managed::map_host(v, mapped) {
             va = v;
             break;
         }
@@ -146,7 +121,7 @@ pub(crate) unsafe fn alloc_managed(dptr: &mut CUdeviceptr, bytesize: usize, flag
         undo_host();
         return Err(e);
     }
-    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host, advice: managed::AdviceMap::new(size) });
+    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host, advice: managed::AdviceMap::new(size), module_global: false });
     objects().memory.record(va, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false, ipc: 0 });
     *dptr = va;
     Ok(())
@@ -167,6 +142,10 @@ fn release_device(rt: &Runtime, dev: CUdevice, va: u64, mapped: u64, handle: u64
 /// cuMemFree of a managed allocation (called from `memory::free_v2`). CUDA's cuMemFree of
 /// managed memory waits for the device; the server does it in order.
 pub(crate) fn free(ptr: u64) -> CuResult<bool> {
+    if managed::is_global(ptr) {
+        // A module's variable is freed with its module.
+        return Err(CuError::INVALID_VALUE);
+    }
     let Some(a) = managed::remove(ptr) else { return Ok(false) };
     let rt = runtime::get()?;
     objects().memory.allocs.lock().unwrap_or_else(|e| e.into_inner()).remove(&ptr);

@@ -77,7 +77,8 @@ pub(crate) unsafe fn get_global_v2(
     hmod: CUmodule,
     name: *const c_char,
 ) -> CuResult<()> {
-    let (ptr, size) = modules::get(hmod)?.global(name)?;
+    // cudart 12 finds a `__managed__` variable's address here, and host code uses it.
+    let (ptr, size) = modules::get(hmod)?.global_for_host(runtime::get()?, name)?;
     if let Some(d) = dptr {
         *d = ptr;
     }

@@ -19,11 +19,16 @@ pub struct Library {
     pub modules: Mutex<HashMap<u64, (CUdevice, u64)>>,
     /// kernel name -> kernel handle
     pub kernels: Mutex<HashMap<String, u64>>,
+    /// The context whose copy holds the library's `__managed__` variables, once one was asked
+    /// for: CUDA has one copy of such a variable for every device, rgpu the module's copy in
+    /// one context, so the library is not loaded into another (a second copy of the variable
+    /// would silently differ from the first).
+    pub managed_in: Mutex<Option<u64>>,
 }
 
 impl Library {
     pub fn new(image: Vec<u8>) -> Library {
-        Library { image, modules: Mutex::new(HashMap::new()), kernels: Mutex::new(HashMap::new()) }
+        Library { image, modules: Mutex::new(HashMap::new()), kernels: Mutex::new(HashMap::new()), managed_in: Mutex::new(None) }
     }
 }
 
@@ -54,10 +59,33 @@ pub fn module_on(lib: &Library, dev: CUdevice) -> CuResult<u64> {
             return Ok(m);
         }
     }
+    if lib.managed_in.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|c| c != ctx) {
+        tracing::warn!("a library with __managed__ variables is used in a second context or on a second device, which rgpu does not support");
+        return Err(CuError::NOT_SUPPORTED);
+    }
     let rt = runtime::get()?;
     let m = module::load_image(rt, dev, ctx, &lib.image)?;
     mods.insert(ctx, (dev, m));
     Ok(m)
+}
+
+/// The context and module that hold `lib`'s `__managed__` variables: the current context's,
+/// or device 0's primary context when there is none (cudart asks for them when it loads the
+/// library, before it has made a context).
+pub fn managed_module(lib: &Library) -> CuResult<(CUdevice, u64)> {
+    let dev = context::current_device().unwrap_or(0);
+    let ctx = match context::current() {
+        Ok((h, c)) if c.device == dev => h,
+        _ => objects().primaries.handle(dev)?,
+    };
+    let mut held = lib.managed_in.lock().unwrap_or_else(|e| e.into_inner());
+    if held.is_some_and(|c| c != ctx) {
+        tracing::warn!("a library's __managed__ variables asked for in a second context, which rgpu does not support");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let m = module_on(lib, dev)?;
+    *held = Some(ctx);
+    Ok((dev, m))
 }
 
 /// The module of the library on the current context's device.

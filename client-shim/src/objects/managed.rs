@@ -20,6 +20,11 @@
 //! ([`before_host_access`]) and, when the copy wrote it, leaves it host-owned. The unit is the
 //! whole allocation: simple, always right under the rule, and it costs one copy of the
 //! managed memory each way per synchronisation epoch that has device work.
+//!
+//! A module's `__managed__` variable (cuLibraryGetManaged) is kept the same way: its device
+//! side is the module's own storage for it, and its host side is this process's memory at
+//! the same address, the pages mapped for it shared with the module's other such variables
+//! ([`adopt_global`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
@@ -50,12 +55,16 @@ pub struct Managed {
     pub owner: Owner,
     /// cuMemAdvise and cuMemPrefetchAsync, for cuMemRangeGetAttribute.
     pub advice: AdviceMap,
+    /// A module's `__managed__` variable: freed with its module, never by cuMemFree.
+    pub module_global: bool,
 }
 
 #[derive(Default)]
 pub struct ManagedTable {
     /// By address (the same on host and device).
     allocs: Mutex<BTreeMap<u64, Managed>>,
+    /// Host pages mapped for module variables, with how many variables use each.
+    global_pages: Mutex<BTreeMap<u64, usize>>,
 }
 
 impl ManagedTable {
@@ -78,6 +87,119 @@ impl ManagedTable {
 
 fn table() -> &'static ManagedTable {
     &super::objects().managed
+}
+
+/// Maps `size` bytes of host memory at exactly `va`; false if anything is there already.
+pub fn map_host(va: u64, size: u64) -> bool {
+    // SAFETY: MAP_FIXED_NOREPLACE never replaces an existing mapping; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            va as usize as *mut libc::c_void,
+            size as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return false;
+    }
+    if p as usize as u64 != va {
+        // An old kernel that takes the flag as a hint.
+        // SAFETY: unmapping the mapping just made.
+        unsafe { libc::munmap(p, size as usize) };
+        return false;
+    }
+    true
+}
+
+/// The host pages `[ptr, ptr + size)` lies on.
+fn pages(ptr: u64, size: u64) -> CuResult<std::ops::Range<u64>> {
+    let end = ptr.checked_add(size.max(1)).and_then(|e| e.checked_next_multiple_of(PAGE)).ok_or(CuError::INVALID_VALUE)?;
+    Ok(ptr / PAGE..end / PAGE)
+}
+
+/// Makes module variable `[ptr, ptr + size)` on `device` managed memory: host pages mapped at
+/// its address (or shared with a variable already there), its bytes (the module's initial
+/// values, or what kernels wrote) brought to them, and host-owned from then on. Asking again
+/// for the same variable changes nothing.
+pub fn adopt_global(rt: &Runtime, device: CUdevice, ptr: u64, size: u64) -> CuResult<()> {
+    let d = rt.device(device)?;
+    if d.server != 0 || d.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY)? == 0 {
+        tracing::warn!("__managed__ variables need managed memory, which device {device} does not offer through rgpu");
+        return Err(CuError::NOT_SUPPORTED);
+    }
+    let mut m = table().lock();
+    if m.contains_key(&ptr) {
+        return Ok(());
+    }
+    let mut used = table().global_pages.lock().unwrap_or_else(|e| e.into_inner());
+    let range = pages(ptr, size)?;
+    let mut fresh = vec![];
+    for page in range.clone() {
+        if used.contains_key(&page) {
+            continue;
+        }
+        if !map_host(page * PAGE, PAGE) {
+            for p in fresh {
+                // SAFETY: the pages mapped just above, in no table yet.
+                unsafe { libc::munmap((p * PAGE) as usize as *mut libc::c_void, PAGE as usize) };
+            }
+            tracing::warn!("a __managed__ variable at {ptr:#x}: this process has something else at that address");
+            return Err(CuError::NOT_SUPPORTED);
+        }
+        fresh.push(page);
+    }
+    let a = Managed {
+        device,
+        size,
+        mapped: 0,
+        handle: 0,
+        flags: 1,
+        owner: Owner::Device,
+        advice: AdviceMap::new(size),
+        module_global: true,
+    };
+    if let Err(e) = pull(rt, ptr, &a) {
+        for p in fresh {
+            // SAFETY: as above.
+            unsafe { libc::munmap((p * PAGE) as usize as *mut libc::c_void, PAGE as usize) };
+        }
+        return Err(e);
+    }
+    for page in range {
+        *used.entry(page).or_insert(0) += 1;
+    }
+    m.insert(ptr, Managed { owner: Owner::Host, ..a });
+    Ok(())
+}
+
+/// Forgets module variable `ptr` (its module is unloaded) and unmaps the host pages no other
+/// variable uses. Nothing happens for an address that is not one.
+pub fn release_global(ptr: u64) {
+    let mut m = table().lock();
+    if !m.get(&ptr).is_some_and(|a| a.module_global) {
+        return;
+    }
+    let Some(a) = m.remove(&ptr) else { return };
+    let mut used = table().global_pages.lock().unwrap_or_else(|e| e.into_inner());
+    let Ok(range) = pages(ptr, a.size) else { return };
+    for page in range {
+        if let Some(n) = used.get_mut(&page) {
+            *n -= 1;
+            if *n == 0 {
+                used.remove(&page);
+                // SAFETY: a page mapped by `adopt_global` that no variable uses any more.
+                unsafe { libc::munmap((page * PAGE) as usize as *mut libc::c_void, PAGE as usize) };
+            }
+        }
+    }
+}
+
+/// Whether `ptr` is a module's `__managed__` variable.
+pub fn is_global(ptr: u64) -> bool {
+    table().lock().get(&ptr).is_some_and(|a| a.module_global)
 }
 
 /// Copies the host bytes of `a` at `ptr` to its device.

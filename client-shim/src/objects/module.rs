@@ -25,6 +25,8 @@ pub struct Module {
     pub by_name: HashMap<String, u64>,
     /// name -> (client address, size)
     pub globals: HashMap<String, (u64, u64)>,
+    /// The globals that are `__managed__` variables (`objects::managed::adopt_global`).
+    pub managed: std::collections::HashSet<String>,
 }
 
 pub struct Function {
@@ -60,6 +62,20 @@ impl Module {
         }
         let name = CStr::from_ptr(name).to_str().map_err(|_| CuError::NOT_FOUND)?;
         self.globals.get(name).copied().ok_or(CuError::NOT_FOUND)
+    }
+
+    /// Global `name` as the program may use it from host code too: a `__managed__` variable
+    /// is made managed memory first (its host copy mapped and filled), others are as
+    /// [`Module::global`] answers.
+    ///
+    /// # Safety
+    /// `name` is null or a NUL-terminated string.
+    pub unsafe fn global_for_host(&self, rt: &Runtime, name: *const c_char) -> CuResult<(u64, u64)> {
+        let (ptr, size) = self.global(name)?;
+        if self.managed.contains(CStr::from_ptr(name).to_str().map_err(|_| CuError::NOT_FOUND)?) {
+            super::managed::adopt_global(rt, self.device, ptr, size)?;
+        }
+        Ok((ptr, size))
     }
 }
 
@@ -182,6 +198,7 @@ pub fn load_image(rt: &Runtime, dev: CUdevice, ctx: u64, image: &[u8]) -> CuResu
         functions: Vec::with_capacity(funcs.len()),
         by_name: HashMap::new(),
         globals: HashMap::new(),
+        managed: Default::default(),
     };
     if !launch_note.is_empty() {
         tracing::debug!("module {h:#x} on device {dev}: {launch_note}");
@@ -210,9 +227,12 @@ pub fn load_image(rt: &Runtime, dev: CUdevice, ctx: u64, image: &[u8]) -> CuResu
         module.functions.push(fh);
         module.by_name.insert(name, fh);
     }
-    for (name, remote, size) in globals {
+    for (name, remote, size, managed) in globals {
         let ptr = rt.to_client(dev, remote);
         objects().memory.record(ptr, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false, ipc: 0 });
+        if managed {
+            module.managed.insert(name.clone());
+        }
         module.globals.insert(name, (ptr, size));
     }
     // Insert under the handle the server already knows.
@@ -227,7 +247,7 @@ struct LoadedFunction {
     launch_note: String,
 }
 
-type Loaded = (Vec<LoadedFunction>, Vec<(String, u64, u64)>, String);
+type Loaded = (Vec<LoadedFunction>, Vec<(String, u64, u64, bool)>, String);
 
 fn decode_loaded(m: rgpu_protocol::data_capnp::module_loaded::Reader<'_>) -> capnp::Result<Loaded> {
     let mut funcs = Vec::new();
@@ -250,7 +270,7 @@ fn decode_loaded(m: rgpu_protocol::data_capnp::module_loaded::Reader<'_>) -> cap
     }
     let mut globals = Vec::new();
     for g in m.get_globals()?.iter() {
-        globals.push((g.get_name()?.to_string()?, g.get_ptr(), g.get_size()));
+        globals.push((g.get_name()?.to_string()?, g.get_ptr(), g.get_size(), g.get_managed()));
     }
     Ok((funcs, globals, m.get_launch_note()?.to_string()?))
 }
@@ -267,6 +287,9 @@ pub fn unload(rt: &Runtime, h: u64) -> CuResult<()> {
         for (ptr, _) in m.globals.values() {
             allocs.remove(ptr);
         }
+    }
+    for (ptr, _) in m.globals.values() {
+        super::managed::release_global(*ptr);
     }
     rt.conn(m.device)?.post(|r| r.init_module_unload().set_handle(h), &[]).map_err(cu_err)
 }

@@ -142,6 +142,8 @@ pub struct GlobalInfo {
     pub name: String,
     pub ptr: u64,
     pub size: u64,
+    /// A `__managed__` variable (`module::GlobalInfo::managed`).
+    pub managed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

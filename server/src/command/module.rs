@@ -220,6 +220,7 @@ impl EncodeReply for LoadedModule {
             gb.set_name(&g.name);
             gb.set_ptr(g.ptr);
             gb.set_size(g.size);
+            gb.set_managed(g.managed);
         }
         b.set_launch_note(&m.launch_note);
     }

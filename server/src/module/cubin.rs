@@ -32,6 +32,8 @@ const SHT_CUDA_INFO: u32 = 0x7000_0000;
 const STT_OBJECT: u8 = 1;
 const STT_FUNC: u8 = 2;
 const STO_CUDA_ENTRY: u8 = 0x10;
+/// `st_other` of a `__managed__` variable's symbol.
+const STO_CUDA_MANAGED: u8 = 0x04;
 const EM_CUDA: u16 = 190;
 
 const EIATTR_MAX_THREADS: u8 = 0x05;
@@ -504,6 +506,7 @@ pub fn parse_cubin(bytes: &[u8]) -> Result<Cubin, ImageError> {
             align: align as u32,
             space,
             init,
+            managed: sym.other & STO_CUDA_MANAGED != 0,
         });
     }
     Ok(Cubin {

@@ -90,6 +90,10 @@ pub struct GlobalInfo {
     /// Initial bytes (little-endian): the first `init.len()` of `size`, the
     /// rest zero; `None` when all zero.
     pub init: Option<Vec<u8>>,
+    /// A `__managed__` variable (PTX `.attribute(.managed)`, a cubin symbol
+    /// with `STO_CUDA_MANAGED`): ordinary module storage here, which the client
+    /// keeps coherent with a host copy at the same address.
+    pub managed: bool,
 }
 
 /// Why an image could not be read.

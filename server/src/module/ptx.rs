@@ -420,6 +420,7 @@ pub fn parse_ptx(text: &str) -> Result<PtxModule, ImageError> {
                         align: v.align,
                         space,
                         init: v.init,
+                        managed: v.managed,
                     });
                 }
             }
@@ -469,6 +470,7 @@ struct Var {
     size: u64,
     align: u32,
     init: Option<Vec<u8>>,
+    managed: bool,
 }
 
 /// Parses `[.align N] [.vN] .type name[dims] [= init] {, name...} ;` after the state space.
@@ -477,6 +479,7 @@ fn parse_variables(p: &mut Parser<'_>, allow_init: bool) -> Result<Vec<Var>, Ima
     let mut align: Option<u64> = None;
     let mut vec_n = 1u64;
     let mut ty: Option<(u32, Kind)> = None;
+    let mut managed = false;
     loop {
         let line = p.line();
         match p.peek() {
@@ -496,8 +499,10 @@ fn parse_variables(p: &mut Parser<'_>, allow_init: bool) -> Result<Vec<Var>, Ima
                 p.pos += 1;
                 p.expect_punct('(')?;
                 while !p.eat_punct(')') {
-                    if p.next().is_none() {
-                        return Err(err(line, "unterminated .attribute(...)"));
+                    match p.next() {
+                        None => return Err(err(line, "unterminated .attribute(...)")),
+                        Some(Tok::Word(".managed")) => managed = true,
+                        Some(_) => {}
                     }
                 }
             }
@@ -601,6 +606,7 @@ fn parse_variables(p: &mut Parser<'_>, allow_init: bool) -> Result<Vec<Var>, Ima
             size,
             align: u32::try_from(align).map_err(|_| err(line, "alignment too large"))?,
             init,
+            managed,
         });
         if !p.eat_punct(',') {
             break;
@@ -1135,6 +1141,9 @@ mod tests {
         let mut v = 1.0f32.to_le_bytes().to_vec();
         v.extend_from_slice(&2.0f32.to_le_bytes());
         assert_eq!(g[11], ("v", 8, 8, Global, Some(v)));
+        // Only the variable declared with `.attribute(.managed)` is a `__managed__` one.
+        let managed: Vec<&str> = m.globals.iter().filter(|g| g.managed).map(|g| g.name.as_str()).collect();
+        assert_eq!(managed, ["managed"]);
     }
 
     #[test]

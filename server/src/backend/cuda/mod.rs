@@ -1148,7 +1148,7 @@ impl CudaSession {
             if again {
                 self.init_global(device, p, size as u64, g.init.as_deref())?;
             }
-            globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: size as u64 });
+            globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: size as u64, managed: g.managed });
         }
         Ok((functions, LoadedModule { functions: infos, globals, launch_note: String::new() }))
     }

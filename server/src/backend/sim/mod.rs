@@ -495,7 +495,7 @@ impl SimSession {
                     let m = self.shared.device(device)?;
                     m.with_slice_mut(p, n, |s| s.copy_from_slice(&init[..n as usize]))?;
                 }
-                globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: g.size });
+                globals.push(GlobalInfo { name: g.name.clone(), ptr: p, size: g.size, managed: g.managed });
             }
             Ok(())
         })();
