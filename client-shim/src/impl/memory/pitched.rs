@@ -251,6 +251,36 @@ fn check_device(p: u64, len: u64) -> CuResult<()> {
     objects().memory.check_range(p, len).map(|_| ())
 }
 
+/// The two sides of a CUDA_MEMCPY3D or a CUDA_MEMCPY3D_PEER, which name them alike.
+macro_rules! sides_3d {
+    ($c:expr) => {
+        (
+            SideParams {
+                ty: $c.srcMemoryType,
+                host: $c.srcHost as usize,
+                dev: $c.srcDevice,
+                x: $c.srcXInBytes,
+                y: $c.srcY,
+                z: $c.srcZ,
+                lod: $c.srcLOD,
+                pitch: $c.srcPitch,
+                slice_rows: $c.srcHeight,
+            },
+            SideParams {
+                ty: $c.dstMemoryType,
+                host: $c.dstHost as usize,
+                dev: $c.dstDevice,
+                x: $c.dstXInBytes,
+                y: $c.dstY,
+                z: $c.dstZ,
+                lod: $c.dstLOD,
+                pitch: $c.dstPitch,
+                slice_rows: $c.dstHeight,
+            },
+        )
+    };
+}
+
 impl Copy3 {
     /// A CUDA_MEMCPY2D's copy, checked; None: nothing to copy.
     pub(crate) fn from_2d(c: &CUDA_MEMCPY2D) -> CuResult<Option<Copy3>> {
@@ -265,56 +295,14 @@ impl Copy3 {
         if !c.reserved0.is_null() || !c.reserved1.is_null() {
             return Err(CuError::INVALID_VALUE);
         }
-        let src = SideParams {
-            ty: c.srcMemoryType,
-            host: c.srcHost as usize,
-            dev: c.srcDevice,
-            x: c.srcXInBytes,
-            y: c.srcY,
-            z: c.srcZ,
-            lod: c.srcLOD,
-            pitch: c.srcPitch,
-            slice_rows: c.srcHeight,
-        };
-        let dst = SideParams {
-            ty: c.dstMemoryType,
-            host: c.dstHost as usize,
-            dev: c.dstDevice,
-            x: c.dstXInBytes,
-            y: c.dstY,
-            z: c.dstZ,
-            lod: c.dstLOD,
-            pitch: c.dstPitch,
-            slice_rows: c.dstHeight,
-        };
+        let (src, dst) = sides_3d!(c);
         Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)
     }
 
     /// A CUDA_MEMCPY3D_PEER's copy, checked; None: nothing to copy. The contexts are not
     /// needed: unified addresses say each side's device.
     pub(crate) fn from_3d_peer(c: &CUDA_MEMCPY3D_PEER) -> CuResult<Option<Copy3>> {
-        let src = SideParams {
-            ty: c.srcMemoryType,
-            host: c.srcHost as usize,
-            dev: c.srcDevice,
-            x: c.srcXInBytes,
-            y: c.srcY,
-            z: c.srcZ,
-            lod: c.srcLOD,
-            pitch: c.srcPitch,
-            slice_rows: c.srcHeight,
-        };
-        let dst = SideParams {
-            ty: c.dstMemoryType,
-            host: c.dstHost as usize,
-            dev: c.dstDevice,
-            x: c.dstXInBytes,
-            y: c.dstY,
-            z: c.dstZ,
-            lod: c.dstLOD,
-            pitch: c.dstPitch,
-            slice_rows: c.dstHeight,
-        };
+        let (src, dst) = sides_3d!(c);
         Copy3::new(src, dst, (c.WidthInBytes, c.Height, c.Depth), &is_device, &check_device)
     }
 
