@@ -108,13 +108,13 @@ fn replicated(
     let resign = replica.start(move |role| {
         let Some(svc) = weak.upgrade() else { return };
         match role {
-            store::Leadership::Leader { term, loaded } => {
+            store::Leadership::Leader { term, loaded, tenure } => {
                 let mut state = fresh();
                 // Generations grow across leaders: above every stored one and above the term.
                 let generation = loaded.generation.max(term);
                 state.restore(loaded.servers, loaded.leases, generation, service::now_ms());
                 svc.restore_records(loaded.usage);
-                svc.lead(state, term, loaded.revoked);
+                svc.lead(state, term, loaded.revoked, tenure);
             }
             store::Leadership::Follower { leader } => svc.follow(leader),
         }

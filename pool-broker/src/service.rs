@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rgpu_protocol::auth::Role;
 use rgpu_protocol::token::{self, Claims};
@@ -20,7 +20,7 @@ use crate::inventory::{Millis, ServerSpec};
 use crate::metrics::BrokerMetrics;
 use crate::rate::RateLimits;
 use crate::state::{BrokerError, Change, Event, Lease, LeaseRequest, Outcome, State};
-use crate::store::{Job, StoreError, Term};
+use crate::store::{Job, StoreError, Tenure, Term};
 use crate::usage;
 
 pub fn now_ms() -> Millis {
@@ -31,12 +31,20 @@ pub fn now_ms() -> Millis {
 /// twice that) before it is refused without a look.
 pub const FAILURES_PER_S: u32 = 5;
 
+/// How often the broker advances its clock ([`Service::tick`]).
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// A gap between ticks past this is the broker's own stall: it is
+/// credited (less one period) to every server. Crediting a tick that was
+/// only late costs nothing but that lateness in noticing a silent server.
+const STALLED: Duration = Duration::from_millis(250);
+
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Lease, BrokerError>>>>>;
 
 /// Whether this broker serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Serving {
-    Leader,
+    Leader(Tenure),
     /// Another broker leads (at this address, when known).
     Follower(Option<String>),
 }
@@ -44,7 +52,10 @@ pub enum Serving {
 impl Serving {
     fn refusal(&self) -> Option<BrokerError> {
         match self {
-            Serving::Leader => None,
+            Serving::Leader(t) if t.holds() => None,
+            Serving::Leader(_) => Some(BrokerError::NotLeader(
+                "this broker's leadership lapsed (the store confirmed no renewal in time); try again".into(),
+            )),
             Serving::Follower(Some(addr)) => {
                 Some(BrokerError::NotLeader(format!("this broker follows; the leader is at {addr}")))
             }
@@ -82,6 +93,9 @@ pub struct Service {
     /// Ended leases' accounting records, oldest first (the last
     /// [`RECORDS_KEPT`] in memory; the store keeps all).
     records: Mutex<VecDeque<usage::Record>>,
+    /// When [`Service::tick`] last ran, or the state was made or restored
+    /// (whose servers count as heard then).
+    last_tick: Mutex<Option<Instant>>,
 }
 
 /// Accounting records answered from memory.
@@ -107,7 +121,7 @@ impl Service {
             rates: Mutex::default(),
             failures: Mutex::default(),
             waiters: Arc::default(),
-            serving: RwLock::new(Serving::Leader),
+            serving: RwLock::new(Serving::Leader(Tenure::unbounded())),
             term: AtomicU64::new(0),
             started: now_ms(),
             data_dir,
@@ -115,6 +129,7 @@ impl Service {
             metrics: Arc::default(),
             usage: Mutex::default(),
             records: Mutex::default(),
+            last_tick: Mutex::new(Some(Instant::now())),
         })
     }
 
@@ -145,13 +160,14 @@ impl Service {
 
     /// This broker leads from `term` on, with `state` (restored from the
     /// store after the election) and the store's revocations.
-    pub fn lead(&self, state: State, term: Term, revoked: HashMap<String, u64>) {
+    pub fn lead(&self, state: State, term: Term, revoked: HashMap<String, u64>, tenure: Tenure) {
         let mut st = self.lock();
         *st = state;
         self.term.store(term, Ordering::SeqCst);
         self.credentials.replace(revoked);
         self.fail_waiters();
-        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Leader;
+        *self.last_tick.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        *self.serving.write().unwrap_or_else(|p| p.into_inner()) = Serving::Leader(tenure);
     }
 
     /// Another broker leads (or none yet): refuse from now on. What this
@@ -600,12 +616,28 @@ impl Service {
     }
 
     /// Advances time: expiry, heartbeats missed, drain deadlines, queue.
+    /// Called every [`TICK`]; a longer gap is time this broker did not run
+    /// (paused, starved), in which it heard no server: no server's silence
+    /// counts it.
     pub fn tick(&self) {
+        self.tick_at(Instant::now());
+    }
+
+    fn tick_at(&self, mono: Instant) {
+        // Checked under the lock: a broker paused between the check and
+        // the tick must not judge the servers by its own silence.
+        let mut st = self.lock();
         if !self.leads() {
             return;
         }
-        let mut st = self.lock();
-        st.tick(now_ms());
+        let now = now_ms();
+        let last = self.last_tick.lock().unwrap_or_else(|p| p.into_inner()).replace(mono);
+        if let Some(gap) = last.map(|l| mono.saturating_duration_since(l)).filter(|g| *g > STALLED) {
+            let missed = (gap - TICK).as_millis() as Millis;
+            tracing::warn!(ms = missed, "this broker did not run for {missed} ms: no server is blamed for that silence");
+            st.stalled(missed, now);
+        }
+        st.tick(now);
         let _ = self.commit(&mut st);
     }
 
@@ -717,7 +749,7 @@ mod tests {
         // Elected at revision 42, with the store's revocations.
         let mut revoked = HashMap::new();
         revoked.insert("alice".to_string(), 5);
-        s.lead(state(), 42, revoked);
+        s.lead(state(), 42, revoked, Tenure::unbounded());
         assert!(s.authorize(&alice, Role::User).is_err(), "alice's serial 1 is revoked in the store");
         assert!(s.authorize(&who("bob", Role::User), Role::User).is_ok());
         let spec = crate::inventory::ServerSpec {
@@ -736,6 +768,64 @@ mod tests {
         s.follow(None);
         s.tick();
         assert!(jobs.try_recv().is_err(), "a follower does not tick");
+    }
+
+    /// Finding: a leader frozen (SIGSTOP) past its etcd lease woke with its
+    /// stale view, ticked, and refused a grant as "no capacity" (a refusal
+    /// writes nothing, so fencing did not stop it).
+    #[test]
+    fn a_leader_past_its_tenure_refuses_and_does_not_tick() {
+        let state = || State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        let (writer, jobs) = mpsc::channel();
+        let creds = Credentials::new(b"credential key".to_vec(), HashMap::new());
+        let s = Service::new(state(), writer, vec![1; 32], creds, Audit::in_memory(), String::new());
+        let alice = who("alice", Role::User);
+        let tenure = Tenure::until(Instant::now() + Duration::from_millis(200));
+        s.lead(state(), 7, HashMap::new(), tenure.clone());
+        assert!(s.authorize(&alice, Role::User).is_ok());
+        s.tick();
+        assert!(jobs.try_recv().is_ok(), "a leader ticks");
+        std::thread::sleep(Duration::from_millis(250));
+        let e = s.authorize(&alice, Role::User).unwrap_err();
+        assert!(matches!(e, BrokerError::NotLeader(_)), "{e}");
+        assert!(e.to_string().contains("lapsed"), "{e}");
+        assert!(s.heartbeat("x").is_none());
+        s.tick();
+        assert!(jobs.try_recv().is_err(), "nor does it tick");
+        // The store confirms a renewal: it serves again.
+        tenure.extend(Instant::now() + Duration::from_secs(60));
+        assert!(s.authorize(&alice, Role::User).is_ok());
+    }
+
+    /// The same stall, as the service's clock sees it: the tick after a
+    /// gap credits it, so a server heard just before keeps its leases.
+    #[test]
+    fn a_tick_after_a_stall_blames_no_server() {
+        let spec = |id: &str| crate::inventory::ServerSpec {
+            id: id.into(),
+            node: id.into(),
+            leaf: "l".into(),
+            spine: "s".into(),
+            partitions: vec![],
+            gpus: vec![],
+            transports: vec![],
+        };
+        let (writer, _jobs) = mpsc::channel();
+        let mut st = State::new(Limits::default(), HashMap::new(), Box::new(FragmentationAware));
+        st.register(spec("gpu1:7767"), now_ms());
+        let creds = Credentials::new(b"credential key".to_vec(), HashMap::new());
+        let s = Service::new(st, writer, vec![1; 32], creds, Audit::in_memory(), String::new());
+        let t0 = Instant::now();
+        s.tick_at(t0);
+        // The wall clock moves 4 s (past 3 heartbeats) while the broker
+        // did not run: simulated by heartbeating in the past.
+        s.lock().heartbeat("gpu1:7767", now_ms() - 4_000);
+        s.tick_at(t0 + Duration::from_secs(4));
+        assert!(s.read(|st| st.server("gpu1:7767").unwrap().reachable), "the broker's stall is not the server's silence");
+        // Without the gap, the same silence is the server's.
+        s.lock().heartbeat("gpu1:7767", now_ms() - 4_000);
+        s.tick_at(t0 + Duration::from_millis(4_100));
+        assert!(!s.read(|st| st.server("gpu1:7767").unwrap().reachable));
     }
 
     fn active_lease(tenant: &str, gpus: Vec<crate::state::LeasedGpu>) -> Lease {

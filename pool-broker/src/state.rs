@@ -1209,6 +1209,16 @@ impl State {
         had
     }
 
+    /// The broker itself did not run for `missed` ms up to `now` (paused,
+    /// starved): it heard no server in that time, so none is blamed for
+    /// it; each server's silence resumes where it stood. Lease deadlines
+    /// are not moved: they are written in the tokens the servers enforce.
+    pub fn stalled(&mut self, missed: Millis, now: Millis) {
+        for s in &mut self.servers {
+            s.last_heartbeat = s.last_heartbeat.saturating_add(missed).min(now);
+        }
+    }
+
     /// Time passes: servers that missed heartbeats lose their leases,
     /// leases past their deadline expire, drain deadlines revoke, queued
     /// requests time out or are granted.
@@ -1658,6 +1668,43 @@ mod tests {
         assert_eq!(t.server("x").unwrap().free_whole, 1);
         assert!(s.heartbeat("nope", 0).is_none());
         let _ = Scope::Any;
+    }
+
+    /// Finding: a broker paused for longer than the heartbeat silence (a
+    /// leader frozen with SIGSTOP in the replica test) woke, ticked, and
+    /// declared every server unreachable and every lease lost: its own
+    /// silence, blamed on the servers.
+    #[test]
+    fn a_stall_of_the_broker_is_not_the_servers_silence() {
+        let run = |stall: bool| {
+            let mut s = state();
+            let mut r = req("bob", 1);
+            r.ttl_ms = 60_000;
+            let a = granted(s.request(r, 1, 0));
+            assert_eq!(a.gpus[0].server, "x", "bob's partition is x's");
+            s.heartbeat("x", 400);
+            s.tick(500);
+            // Nothing ran from 500 to 5,500.
+            if stall {
+                s.stalled(5_000, 5_500);
+            }
+            s.tick(5_500);
+            let held = s.lease(a.id).is_some_and(|l| l.state == LeaseState::Active);
+            let grants = s.request(req("bob", 1), 2, 5_500).is_ok();
+            (s, a, held, grants)
+        };
+        let (_, _, held, grants) = run(false);
+        assert!(!held && !grants, "without the stall credited, the servers' silence counts it");
+        let (mut s, a, held, grants) = run(true);
+        assert!(held, "the lease outlives the broker's own stall");
+        assert!(grants, "and x takes grants");
+        // x's silence resumes where it stood (100 ms at the stall): 3 s
+        // more of it, and x is unreachable after all.
+        s.tick(8_350);
+        assert!(s.lease(a.id).is_some_and(|l| l.state == LeaseState::Active), "2.95 s of silence is not 3");
+        s.tick(8_450);
+        assert!(s.server("x").is_some_and(|x| !x.reachable));
+        assert!(matches!(s.renew(a.id, 0, 8_450), Err(BrokerError::Lost { .. })));
     }
 
     #[test]

@@ -164,6 +164,40 @@ fn sigterm_drains_the_server_first() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Finding: a broker paused past its servers' heartbeat silence (SIGSTOP,
+/// a stalled VM) woke, ticked before it read the heartbeats waiting for
+/// it, and declared every server unreachable and every lease lost: its own
+/// silence, blamed on the servers.
+#[test]
+fn a_paused_broker_blames_no_server_for_its_own_silence() {
+    let dir = std::env::temp_dir().join(format!("rgpu-pool-pause-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let baddr = free_port();
+    let b = broker(&dir, &baddr); // heartbeats every 200 ms: silent past 600 ms
+    let _s = server(&dir, &baddr, "2", "leaf-a", "default");
+    let c = login(&baddr, &dir, "bob", Role::User);
+    wait_for("server registered", || c.servers().is_ok_and(|s| s.len() == 1 && s[0].state == "up"));
+    let l = c.lease(&spec("bob", 1)).unwrap();
+    for round in 0..3 {
+        unsafe { signal(b.child.id() as i32, 19) }; // SIGSTOP
+        std::thread::sleep(Duration::from_millis(1_500));
+        unsafe { signal(b.child.id() as i32, 18) }; // SIGCONT
+        let r = c.renew(l.id_u64(), 0);
+        assert!(r.is_ok(), "round {round}: the lease did not outlive the broker's pause: {:?}", r.err());
+        let s = c.servers().unwrap();
+        assert_eq!(s[0].state, "up", "round {round}: the server is blamed for the broker's pause");
+        let other = c.lease(&spec("bob", 1)).unwrap_or_else(|e| panic!("round {round}: no grant after the pause: {e}"));
+        c.release(other.id_u64()).unwrap();
+    }
+    // The server's own silence still counts: stopped, it is unreachable
+    // and its lease lost, as before.
+    drop(_s);
+    wait_for("the silent server to be unreachable", || c.renew(l.id_u64(), 0).is_err_and(|e| e.kind() == Some("lost")));
+    drop((c, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }

@@ -5,10 +5,12 @@
 //! restarted as a follower each time). Checked: every lease a client
 //! was told it holds is still held by the new leader (none lost), no GPU
 //! is ever in two leases the clients hold at once (none granted twice),
-//! and grants resume within 3 s of each kill; a leader stopped with
-//! SIGTERM resigns, and grants resume within 1 s; a leader frozen (SIGSTOP)
-//! past its lease and thawed is deposed: its writes are refused and its
-//! clients go on to the new leader, losing nothing.
+//! and grants resume within 3 s of each kill; no lease is left that no
+//! client holds; a leader stopped with SIGTERM resigns, and grants resume
+//! within 1 s; a leader frozen (SIGSTOP) past its lease and thawed is
+//! deposed: it answers nothing from its stale view (its writes are
+//! refused, and past its lease it refuses the rest) and its clients go on
+//! to the new leader, losing nothing.
 //!
 //! Needs `etcd` and `etcdctl` (Debian: etcd-server, etcd-client) and the
 //! binaries built with the etcd store:
@@ -302,6 +304,10 @@ fn leader_sigkill_during_grants_loses_nothing_and_grants_resume_within_3s() {
             .map(|l| (rgpu_broker_client::parse_lease_id(&l.id).unwrap(), l.gpus.iter().map(|g| g.uuid.clone()).collect()))
             .collect();
         let l = ledger.lock().unwrap();
+        // A grant no client was told of would hold its GPU for nobody (a
+        // retried request must find the lease its first attempt made).
+        let leaked: Vec<&u64> = live.keys().filter(|id| !l.held.contains_key(id)).collect();
+        assert!(leaked.is_empty(), "round {round}: leases no client holds: {leaked:x?}");
         let lost: Vec<&u64> = l.held.keys().filter(|id| !live.contains_key(id)).collect();
         assert!(lost.is_empty(), "round {round}: acknowledged leases lost after the failover: {lost:x?}");
         let mut seen = HashSet::new();

@@ -27,7 +27,7 @@ use tracing::debug;
 
 use crate::audit::Record;
 use crate::inventory::{GpuSpec, ServerSpec};
-use crate::service::{now_ms, Service};
+use crate::service::{now_ms, Service, TICK};
 use crate::state::BrokerError;
 
 pub(crate) fn text(t: capnp::Result<capnp::text::Reader<'_>>) -> String {
@@ -223,7 +223,7 @@ pub fn serve(
     let (svc, stop) = (service.clone(), shutdown.clone());
     handles.push(std::thread::Builder::new().name("rgpu-broker-tick".into()).spawn(move || {
         while !stop.is_cancelled() {
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(TICK);
             svc.tick();
         }
     })?);

@@ -44,7 +44,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use super::{Leadership, Loaded, Store, StoreError, Term, NOT_LEADING};
+use super::{Leadership, Loaded, Store, StoreError, Tenure, Term, NOT_LEADING};
 use crate::inventory::{Drain, ServerSpec};
 use crate::state::Change;
 
@@ -352,6 +352,8 @@ impl Replica {
             return Ok(());
         }
         let mut leases = s.client.lease_client();
+        // The lease's TTL runs from when etcd granted it, after this.
+        let asked = Instant::now();
         let lease = leases.grant(self.config.ttl_s as i64, None).await.map_err(e)?.id();
         let put = TxnOp::put(leader_key.as_str(), self.config.advertise.as_str(), Some(PutOptions::new().with_lease(lease)));
         let txn = Txn::new().when([Compare::create_revision(leader_key.as_str(), CompareOp::Equal, 0)]).and_then([put]);
@@ -373,9 +375,10 @@ impl Replica {
             }
         };
         info!(term, servers = loaded.servers.len(), leases = loaded.leases.len(), "elected: leading");
-        on_role(Leadership::Leader { term, loaded });
+        let tenure = Tenure::until(asked + Duration::from_secs(self.config.ttl_s));
+        on_role(Leadership::Leader { term, loaded, tenure: tenure.clone() });
         *leading = true;
-        let why = self.hold(lease, term).await;
+        let why = self.hold(lease, term, &tenure).await;
         on_role(Leadership::Follower { leader: None });
         *leading = false;
         warn!(term, "stopped leading: {why}");
@@ -416,7 +419,7 @@ impl Replica {
     }
 
     /// Keeps the lease alive while this broker leads; returns why it stopped.
-    async fn hold(&self, lease: i64, term: Term) -> String {
+    async fn hold(&self, lease: i64, term: Term, tenure: &Tenure) -> String {
         let s = &self.shared;
         let ttl = Duration::from_secs(self.config.ttl_s);
         let mut leases = s.client.lease_client();
@@ -449,7 +452,10 @@ impl Replica {
                     }
                 }
                 m = replies.message() => match m {
-                    Ok(Some(r)) if r.ttl() > 0 => confirmed = sent,
+                    Ok(Some(r)) if r.ttl() > 0 => {
+                        confirmed = sent;
+                        tenure.extend(sent + ttl);
+                    }
                     Ok(Some(_)) => return "the leader lease expired".into(),
                     Ok(None) => return "the lease renewal stream ended".into(),
                     Err(e) => return format!("renewing the leader lease: {e}"),

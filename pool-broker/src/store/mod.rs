@@ -27,7 +27,8 @@ pub mod redb;
 pub mod etcd;
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
 
 use thiserror::Error;
 
@@ -75,11 +76,46 @@ pub trait Store: Send + 'static {
     fn apply(&self, changes: &[Change], term: Term) -> Result<(), StoreError>;
 }
 
+/// Until when this broker may act as the leader without word from the
+/// store: a leader's etcd lease lives at least its TTL past the renewal
+/// etcd last confirmed. Fencing stops a deposed leader's writes, but not
+/// its answers that write nothing: a leader paused (SIGSTOP, a stalled VM)
+/// past its lease wakes with a view another broker has replaced, and would
+/// refuse a grant as "no capacity" from it. Past its tenure it refuses
+/// everything as not leading until the store says where it stands.
+#[derive(Debug, Clone)]
+pub struct Tenure(Arc<Mutex<Option<Instant>>>);
+
+impl Tenure {
+    /// A store with no other writer (redb): leads as long as it runs.
+    pub fn unbounded() -> Self {
+        Tenure(Arc::new(Mutex::new(None)))
+    }
+
+    /// Valid until `t` (a monotonic clock: a paused process sees the pause).
+    pub fn until(t: Instant) -> Self {
+        Tenure(Arc::new(Mutex::new(Some(t))))
+    }
+
+    /// The store confirmed leadership until `t` (never moved back).
+    pub fn extend(&self, t: Instant) {
+        let mut g = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(u) = g.as_mut() {
+            *u = (*u).max(t);
+        }
+    }
+
+    pub fn holds(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_none_or(|u| Instant::now() < u)
+    }
+}
+
 /// What a replicated store tells the service about who serves.
 pub enum Leadership {
     /// This broker leads from `term` on, from the state `loaded` (read after
-    /// its election, so it holds every write an earlier leader acknowledged).
-    Leader { term: Term, loaded: Loaded },
+    /// its election, so it holds every write an earlier leader acknowledged),
+    /// for as long as `tenure` holds.
+    Leader { term: Term, loaded: Loaded, tenure: Tenure },
     /// Another broker leads (at this address, when known), or none does yet.
     Follower { leader: Option<String> },
 }
