@@ -6,10 +6,11 @@
 //! Replicated brokers: the address may list several (`a:7770,b:7770`).
 //! The client logs in at the one that leads: a follower refuses with
 //! `[not-leader]` and the leader's address, which the client tries next.
-//! When the connection drops or the broker stops leading, a call logs in
+//! When the connection drops, the broker answers nothing for
+//! [`ANSWER_WAIT`] (frozen, cut off), or it stops leading, a call logs in
 //! again wherever the leader now is and is sent again, for up to
 //! [`FAILOVER_WAIT`]; every call is safe to send twice (a lease request
-//! without an idempotency key is given one).
+//! without an idempotency key is given one). No call waits for ever.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -48,6 +49,35 @@ pub enum ClientError {
 /// How long a call keeps looking for a leader when brokers fail over
 /// (an election takes the leader's etcd lease TTL, 2 s by default).
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(10);
+
+/// How long a call or a login waits for the broker's answer before its
+/// connection counts as lost: a broker frozen (SIGSTOP, a stalled VM) or
+/// cut off without its TCP connection breaking answers nothing, and a
+/// client must not wait on it for ever. A lease request that may queue
+/// waits its `wait_ms` more.
+pub const ANSWER_WAIT: Duration = Duration::from_secs(10);
+
+/// A client's bounds on waiting; see [`FAILOVER_WAIT`] and [`ANSWER_WAIT`].
+#[derive(Debug, Clone, Copy)]
+pub struct Waits {
+    /// For one answer (a call, a login).
+    pub answer: Duration,
+    /// For a leader, from a call's first failure.
+    pub failover: Duration,
+}
+
+impl Default for Waits {
+    fn default() -> Self {
+        Waits { answer: ANSWER_WAIT, failover: FAILOVER_WAIT }
+    }
+}
+
+/// `fut`, or `Lost` once `bound` has passed without its answer.
+async fn answered<T>(addr: &str, bound: Duration, fut: impl std::future::Future<Output = Result<T, ClientError>>) -> Result<T, ClientError> {
+    tokio::time::timeout(bound, fut)
+        .await
+        .unwrap_or_else(|_| Err(ClientError::Lost(format!("the broker at {addr} did not answer within {} ms", bound.as_millis()))))
+}
 
 /// Redirects followed within one pass over the addresses.
 const MAX_HOPS: usize = 8;
@@ -118,6 +148,7 @@ pub struct BrokerClient {
     pub credential: Credential,
     /// TLS or plaintext, for reconnecting.
     security: ClientSecurity,
+    waits: Waits,
 }
 
 /// The logged-in connection to the broker that leads.
@@ -161,6 +192,7 @@ async fn find_leader(
     credential: &Credential,
     security: &ClientSecurity,
     deadline: Instant,
+    answer: Duration,
 ) -> Result<Live, ClientError> {
     loop {
         let mut queue: VecDeque<String> = addrs.iter().cloned().collect();
@@ -174,7 +206,8 @@ async fn find_leader(
                     continue;
                 }
             };
-            match credential.login(conn.client()).await.map_err(from_capnp).map_err(|e| refused_for_tls(&conn, &addr, e)) {
+            let login = async { credential.login(conn.client()).await.map_err(from_capnp).map_err(|e| refused_for_tls(&conn, &addr, e)) };
+            match answered(&addr, answer, login).await {
                 Ok(session) => return Ok(Live { session, conn, addr }),
                 Err(e) if transient(&e) => {
                     electing = true;
@@ -203,11 +236,11 @@ pub fn version(addr: &str, security: &ClientSecurity) -> Result<(String, u32), C
     let (rt, local) = runtime(&addr)?;
     let conn = local.block_on(&rt, dial(&addr, security))?;
     let req = conn.client().version_request();
-    local.block_on(&rt, async {
+    local.block_on(&rt, answered(&addr, ANSWER_WAIT, async {
         let reply = req.send().promise.await.map_err(from_capnp).map_err(|e| refused_for_tls(&conn, &addr, e))?;
         let r = reply.get().map_err(from_capnp)?;
         Ok((r.get_version().ok().and_then(|v| v.to_str().ok()).unwrap_or("").to_string(), r.get_protocol()))
-    })
+    }))
 }
 
 impl BrokerClient {
@@ -215,9 +248,14 @@ impl BrokerClient {
     /// `addr` (one address, or several comma-separated), over TLS or
     /// plaintext as `security` says.
     pub fn connect(addr: &str, credential: &Credential, security: &ClientSecurity) -> Result<BrokerClient, ClientError> {
+        Self::connect_with(addr, credential, security, Waits::default())
+    }
+
+    /// [`BrokerClient::connect`], waiting as `waits` says.
+    pub fn connect_with(addr: &str, credential: &Credential, security: &ClientSecurity, waits: Waits) -> Result<BrokerClient, ClientError> {
         let addrs = addresses(addr);
         let (rt, local) = runtime(addr)?;
-        let live = local.block_on(&rt, find_leader(&addrs, credential, security, Instant::now() + FAILOVER_WAIT))?;
+        let live = local.block_on(&rt, find_leader(&addrs, credential, security, Instant::now() + waits.failover, waits.answer))?;
         Ok(BrokerClient {
             live: RefCell::new(live),
             local,
@@ -225,6 +263,7 @@ impl BrokerClient {
             addrs,
             credential: credential.clone(),
             security: security.clone(),
+            waits,
         })
     }
 
@@ -233,19 +272,42 @@ impl BrokerClient {
         self.live.borrow().addr.clone()
     }
 
-    /// Sends the call `f` makes on the session; if the connection dropped
-    /// or the broker stopped leading, logs in at the leader and sends it
-    /// again, until [`FAILOVER_WAIT`] has passed.
+    /// Sends the call `f` makes on the session; if the connection dropped,
+    /// the broker did not answer within [`ANSWER_WAIT`] or stopped
+    /// leading, logs in at the leader and sends it again, until
+    /// [`FAILOVER_WAIT`] has passed since the first failure. So a call
+    /// ends within about twice `ANSWER_WAIT` plus `FAILOVER_WAIT`.
     fn call<T, F>(&self, f: impl Fn(&session::Client) -> F) -> Result<T, ClientError>
     where
         F: std::future::Future<Output = Result<T, ClientError>>,
     {
-        let deadline = Instant::now() + FAILOVER_WAIT;
+        self.call_waiting(Duration::ZERO, f)
+    }
+
+    /// [`BrokerClient::call`] of a call the broker may hold `extra` before
+    /// it answers (a queued lease request).
+    fn call_waiting<T, F>(&self, extra: Duration, f: impl Fn(&session::Client) -> F) -> Result<T, ClientError>
+    where
+        F: std::future::Future<Output = Result<T, ClientError>>,
+    {
+        let mut deadline: Option<Instant> = None;
         loop {
-            let fut = f(&self.live.borrow().session);
-            match self.local.block_on(&self.rt, fut) {
-                Err(e) if transient(&e) && Instant::now() < deadline => {
-                    let live = self.local.block_on(&self.rt, find_leader(&self.addrs, &self.credential, &self.security, deadline));
+            let (fut, addr) = {
+                let live = self.live.borrow();
+                (f(&live.session), live.addr.clone())
+            };
+            let bound = self.waits.answer.saturating_add(extra);
+            match self.local.block_on(&self.rt, answered(&addr, bound, fut)) {
+                Err(e) if transient(&e) => {
+                    // The search for a leader is timed from the first failure.
+                    let deadline = *deadline.get_or_insert_with(|| Instant::now() + self.waits.failover);
+                    if Instant::now() >= deadline {
+                        return Err(e);
+                    }
+                    let live = self.local.block_on(
+                        &self.rt,
+                        find_leader(&self.addrs, &self.credential, &self.security, deadline, self.waits.answer),
+                    );
                     match live {
                         Ok(l) => *self.live.borrow_mut() = l,
                         Err(e2) if transient(&e2) || matches!(e2, ClientError::Unreachable { .. }) => {
@@ -292,7 +354,7 @@ impl BrokerClient {
         } else {
             s
         };
-        self.call(|c| {
+        self.call_waiting(Duration::from_millis(s.wait_ms), |c| {
             let mut req = c.lease_request();
             s.write(req.get().init_request());
             async move {

@@ -18,7 +18,7 @@ pub mod duration;
 pub mod rpc;
 pub mod views;
 
-pub use client::{BrokerClient, ClientError};
+pub use client::{BrokerClient, ClientError, Waits};
 pub use credential::{Credential, CredentialError};
 pub use rgpu_protocol::auth::Role;
 pub use rgpu_protocol::scope::Scope;

@@ -198,6 +198,91 @@ fn a_paused_broker_blames_no_server_for_its_own_silence() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Finding: a client's call to a broker that answered nothing (frozen with
+/// SIGSTOP; the kernel still accepts its TCP connections) waited for ever,
+/// and so did a login. Now each waits a bounded time for the answer, then
+/// looks for a leader for a bounded time, and fails; the same client works
+/// again once the broker does.
+#[test]
+fn a_frozen_broker_hangs_no_client() {
+    let dir = std::env::temp_dir().join(format!("rgpu-pool-frozen-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let baddr = free_port();
+    let b = broker(&dir, &baddr);
+    let cred = common::credential(&dir, "admin.key", "bob", Role::User);
+    let waits = rgpu_broker_client::Waits { answer: Duration::from_millis(800), failover: Duration::from_millis(1_500) };
+    // Bound: one answer, the search (its last login included), and slack.
+    let bound = Duration::from_millis(800 + 1_500 + 800 + 2_000);
+    // The client lives on a thread of its own (it is not Send), so that a
+    // hang fails the test rather than stopping it.
+    let (to_client, orders) = mpsc::channel::<()>();
+    let (to_test, reports) = mpsc::channel();
+    let a = baddr.clone();
+    std::thread::spawn(move || {
+        let plain = rgpu_tls::ClientSecurity::Plaintext;
+        let c = BrokerClient::connect_with(&a, &cred, &plain, waits).unwrap();
+        assert!(c.status().is_ok());
+        let _ = to_test.send(None);
+        let _ = orders.recv(); // frozen now
+        let t = Instant::now();
+        let called = c.status().map(|_| ()).map_err(|e| e.to_string());
+        let called_in = t.elapsed();
+        let t = Instant::now();
+        let login = BrokerClient::connect_with(&a, &cred, &plain, waits).map(|_| ()).map_err(|e| e.to_string());
+        let _ = to_test.send(Some(((called_in, called), (t.elapsed(), login))));
+        let _ = orders.recv(); // thawed
+        // It answers the same client again (a new connection).
+        wait_for("the thawed broker to answer", || c.status().is_ok());
+        let _ = to_test.send(None);
+    });
+    assert!(reports.recv_timeout(Duration::from_secs(15)).unwrap().is_none());
+    unsafe { signal(b.child.id() as i32, 19) }; // SIGSTOP
+    to_client.send(()).unwrap();
+    let got = reports.recv_timeout(bound * 2);
+    unsafe { signal(b.child.id() as i32, 18) }; // SIGCONT
+    let ((called_in, called), (login_in, login)) = got.expect("a client call to a frozen broker hung").unwrap();
+    eprintln!("frozen broker: a call failed after {called_in:?} ({called:?}); a login after {login_in:?} ({login:?})");
+    assert!(called.as_ref().is_err_and(|e| e.contains("did not answer within 800 ms")), "{called:?}");
+    assert!(called_in >= Duration::from_millis(800) && called_in < bound, "{called_in:?}");
+    assert!(login.as_ref().is_err_and(|e| e.contains("did not answer")), "{login:?}");
+    assert!(login_in < bound, "{login_in:?}");
+    to_client.send(()).unwrap();
+    assert!(reports.recv_timeout(Duration::from_secs(20)).expect("the thawed broker answers").is_none());
+    drop(b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Finding: a GPU server given several brokers registered with the first
+/// and, when that one answered nothing (frozen; the kernel still accepts
+/// its connections), waited on it for ever instead of trying the next.
+#[test]
+fn a_frozen_broker_keeps_no_server_from_the_next() {
+    let root = std::env::temp_dir().join(format!("rgpu-pool-frozen-server-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (da, db) = (root.join("a"), root.join("b"));
+    std::fs::create_dir_all(&da).unwrap();
+    std::fs::create_dir_all(&db).unwrap();
+    let (aa, ab) = (free_port(), free_port());
+    let a = broker(&da, &aa);
+    // Two brokers of one key (not replicas: each its own pool).
+    for f in ["key", "admin.key"] {
+        std::fs::copy(da.join(f), db.join(f)).unwrap();
+    }
+    let b = broker(&db, &ab);
+    unsafe { signal(a.child.id() as i32, 19) }; // SIGSTOP
+    let t = Instant::now();
+    let _s = server(&da, &format!("{aa},{ab}"), "1", "leaf-a", "default");
+    let c = login(&ab, &db, "ops", Role::Operator);
+    common::wait_for_within("the server to register with the second broker", Duration::from_secs(30), || {
+        c.servers().is_ok_and(|s| s.len() == 1 && s[0].state == "up")
+    });
+    eprintln!("registered with the second broker {:?} after the first froze", t.elapsed());
+    unsafe { signal(a.child.id() as i32, 18) }; // SIGCONT
+    drop((c, a, b));
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }

@@ -37,6 +37,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rgpu_broker_client::client::ANSWER_WAIT;
 use rgpu_broker_client::now_ms;
 use rgpu_broker_client::rpc::{self, CONNECT_TIMEOUT};
 use rgpu_protocol::auth::register_message;
@@ -149,7 +150,10 @@ impl Agent {
         let deadline = *self.drain_deadline.get_or_init(|| now_ms() + self.stopping.timeout.as_millis() as u64);
         let mut req = agent.drain_for_shutdown_request();
         req.get().set_deadline_ms(deadline);
-        req.send().promise.await.map_err(|e| format!("drain for shutdown: {e}"))?;
+        tokio::time::timeout(ANSWER_WAIT, req.send().promise)
+            .await
+            .map_err(|_| format!("drain for shutdown: the broker did not answer within {} s", ANSWER_WAIT.as_secs()))?
+            .map_err(|e| format!("drain for shutdown: {e}"))?;
         info!(broker = %self.broker, id = %self.server_id, deadline_ms = deadline,
             "stopping: drained at the broker (no new leases here); waiting for the leases here to end");
         Ok(())
@@ -213,7 +217,16 @@ impl Agent {
         })
     }
 
+    /// Registers, or fails once the broker has not answered for
+    /// [`ANSWER_WAIT`]: a broker frozen or cut off without its connection
+    /// breaking must not keep this server from the others.
     async fn register(&self, client: &broker::Client, service: &Service) -> Result<(server_agent::Client, u64), String> {
+        tokio::time::timeout(ANSWER_WAIT, self.register_once(client, service))
+            .await
+            .map_err(|_| format!("the broker did not answer the registration within {} s", ANSWER_WAIT.as_secs()))?
+    }
+
+    async fn register_once(&self, client: &broker::Client, service: &Service) -> Result<(server_agent::Client, u64), String> {
         let Some(key) = &self.key else {
             return Err("registering needs the broker's key (--broker-key-file)".into());
         };
