@@ -38,6 +38,7 @@ const RUNTIME_PROGRAMS: &[&str] = &[
     "rt_graph_nodes",
     "rt_per_thread",
     "rt_managed_vars",
+    "rt_managed_attach",
     "rt_busy",
     "rt_pitched",
 ];

@@ -121,4 +121,5 @@ runtime_tests! {
     graph_nodes => plain;
     per_thread => plain;
     managed_vars => plain;
+    managed_attach => plain;
 }

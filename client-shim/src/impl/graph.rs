@@ -872,7 +872,7 @@ pub(crate) unsafe fn launch(e: CUgraphExec, s: CUstream) -> CuResult<()> {
         return Ok(());
     }
     // Managed memory the host wrote reaches the device before any of the graph's work runs.
-    crate::objects::managed::to_device(rt)?;
+    crate::objects::managed::to_device(rt, sh)?;
     exec.launch(rt, s, sh)
 }
 

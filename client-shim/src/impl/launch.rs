@@ -135,7 +135,7 @@ fn send(
     params: &[u8],
     cooperative: bool,
 ) -> CuResult<()> {
-    crate::objects::managed::to_device(rt)?;
+    crate::objects::managed::to_device(rt, stream)?;
     rt.conn(f.device)?
         .post(
             |r| {

@@ -121,7 +121,7 @@ pub(crate) unsafe fn alloc_managed(dptr: &mut CUdeviceptr, bytesize: usize, flag
         undo_host();
         return Err(e);
     }
-    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host, advice: managed::AdviceMap::new(size), module_global: false });
+    managed::insert(va, Managed { device: dev, size, mapped, handle, flags, owner: Owner::Host, advice: managed::AdviceMap::new(size), module_global: false, attached: None });
     objects().memory.record(va, Alloc { size, device: dev, ctx: 0, pool: 0, mapped: false, ipc: 0 });
     *dptr = va;
     Ok(())

@@ -42,6 +42,7 @@ pub(crate) unsafe fn destroy_v2(s: CUstream) -> CuResult<()> {
     let h = s as usize as u64;
     let st = objects().streams.remove(h).ok_or(CuError::INVALID_HANDLE)?;
     capture::forget_stream(h);
+    crate::objects::managed::forget_stream(h);
     streams::release(rt, h, &st)
 }
 
@@ -83,6 +84,27 @@ pub(crate) unsafe fn wait_event(s: CUstream, e: CUevent, flags: u32) -> CuResult
             &[],
         )
         .map_err(cu_err)
+}
+
+/// cuStreamAttachMemAsync: a managed allocation's (or `__managed__` variable's) stream
+/// association; see [`managed::Attach`] for what it changes. It takes effect at once rather
+/// than after the stream's earlier work: memory already on the device stays there until the
+/// next synchronisation either way.
+pub(crate) unsafe fn attach_mem_async(s: CUstream, dptr: CUdeviceptr, length: usize, flags: u32) -> CuResult<()> {
+    use crate::objects::managed::{self, Attach};
+    runtime::get()?;
+    let (h, _) = streams::device_of(s)?;
+    let to = match CUmemAttach_flags(flags) {
+        CUmemAttach_flags::CU_MEM_ATTACH_GLOBAL => Attach::Global,
+        CUmemAttach_flags::CU_MEM_ATTACH_HOST => Attach::Host,
+        // CUDA refuses the NULL stream, a virtual global stream; the wire does not tell the
+        // per-thread default stream from it, so that is refused too.
+        CUmemAttach_flags::CU_MEM_ATTACH_SINGLE if h == 0 => return Err(CuError::INVALID_VALUE),
+        CUmemAttach_flags::CU_MEM_ATTACH_SINGLE => Attach::Single(h),
+        _ => return Err(CuError::INVALID_VALUE),
+    };
+    capture::refuse(h, CuError::STREAM_CAPTURE_UNSUPPORTED, "cuStreamAttachMemAsync")?;
+    managed::attach(dptr, length as u64, to)
 }
 
 pub(crate) unsafe fn get_flags(s: CUstream, flags: &mut u32) -> CuResult<()> {

@@ -12,7 +12,8 @@
 //!   last synchronisation); by the rule the host does not touch it.
 //!
 //! Before any device work is queued (a launch, a copy, a memset: [`to_device`]) every
-//! host-owned allocation is copied to the device and becomes device-owned. At every point
+//! host-owned allocation that work may touch (all, unless the program attached some to the
+//! host or to another stream: [`Attach`]) is copied to the device and becomes device-owned. At every point
 //! where CUDA lets the host touch managed memory again (context, stream and event
 //! synchronisation, a query that answers "done", a synchronous copy: [`sync_point`]) every
 //! device-owned allocation's device is synchronised whole and its bytes are copied back: it is
@@ -57,6 +58,25 @@ pub struct Managed {
     pub advice: AdviceMap,
     /// A module's `__managed__` variable: freed with its module, never by cuMemFree.
     pub module_global: bool,
+    /// Its stream association, once the program set one (cuStreamAttachMemAsync).
+    pub attached: Option<Attach>,
+}
+
+/// A stream association a program set with cuStreamAttachMemAsync. Setting one, the program
+/// takes on CUDA's rule for devices without concurrent managed access: memory attached to the
+/// host is touched by no device work, memory attached to one stream by that stream's work
+/// only, and the host may touch either while other work runs. So such memory goes to the
+/// device only before its own stream's work ([`to_device`]): pushed before other streams'
+/// work, it would be device-owned while the host writes it, and the host's writes would be
+/// lost to the next pull. Memory with no association set is pushed before all work (what a
+/// program written for GPUs with concurrent managed access expects, whatever flags it
+/// allocated with).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Attach {
+    Global,
+    Host,
+    /// One stream (its server handle).
+    Single(u64),
 }
 
 #[derive(Default)]
@@ -160,6 +180,7 @@ pub fn adopt_global(rt: &Runtime, device: CUdevice, ptr: u64, size: u64) -> CuRe
         owner: Owner::Device,
         advice: AdviceMap::new(size),
         module_global: true,
+        attached: None,
     };
     if let Err(e) = pull(rt, ptr, &a) {
         for p in fresh {
@@ -250,11 +271,16 @@ fn pull(rt: &Runtime, ptr: u64, a: &Managed) -> CuResult<()> {
 }
 
 /// Device work is about to be queued: every host-owned allocation goes to its device.
-pub fn to_device(rt: &Runtime) -> CuResult<()> {
+pub fn to_device(rt: &Runtime, stream: u64) -> CuResult<()> {
     let mut m = table().lock();
     let mut pushed: Vec<CUdevice> = Vec::new();
     for (&p, a) in m.iter_mut() {
-        if a.owner == Owner::Host {
+        let theirs = match a.attached {
+            None | Some(Attach::Global) => true,
+            Some(Attach::Host) => false,
+            Some(Attach::Single(h)) => h == stream,
+        };
+        if a.owner == Owner::Host && theirs {
             push(rt, p, a)?;
             a.owner = Owner::Device;
             if !pushed.contains(&a.device) {
@@ -303,6 +329,27 @@ pub fn host_wrote(ptr: u64, n: u64) {
     for (&s, a) in m.range_mut(..end) {
         if s + a.size > ptr {
             a.owner = Owner::Host;
+        }
+    }
+}
+
+/// Sets the stream association of the allocation or variable starting at `ptr`; `len` is 0
+/// or its whole size (CUDA associates no part of one).
+pub fn attach(ptr: u64, len: u64, to: Attach) -> CuResult<()> {
+    let mut m = table().lock();
+    let a = m.get_mut(&ptr).ok_or(CuError::INVALID_VALUE)?;
+    if len != 0 && len != a.size {
+        return Err(CuError::INVALID_VALUE);
+    }
+    a.attached = Some(to);
+    Ok(())
+}
+
+/// Stream `h` is gone: memory attached to it alone is attached globally, as CUDA does.
+pub fn forget_stream(h: u64) {
+    for a in table().lock().values_mut() {
+        if a.attached == Some(Attach::Single(h)) {
+            a.attached = Some(Attach::Global);
         }
     }
 }

@@ -301,7 +301,7 @@ unsafe fn htod_as(rt: &Runtime, dst: u64, src: *const c_void, n: usize, stream: 
     }
     // Managed memory as the source is read on the host: its newest bytes first.
     managed::before_host_access(rt, src as u64, n as u64)?;
-    managed::to_device(rt)?;
+    managed::to_device(rt, stream)?;
     let conn = rt.conn(dev)?;
     let borrow = asynchronous && page_locked(src as usize, n);
     let bytes = std::slice::from_raw_parts(src as *const u8, n);
@@ -337,7 +337,7 @@ unsafe fn dtoh(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream: u64) 
     // Managed memory as the destination is written on the host: brought there first, and
     // the host's (newer) copy afterwards.
     let into_managed = managed::before_host_access(rt, dst as u64, n as u64)?;
-    managed::to_device(rt)?;
+    managed::to_device(rt, stream)?;
     let conn = rt.conn(dev)?;
     let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
     for (i, chunk) in out.chunks_mut(CHUNK).enumerate() {
@@ -385,7 +385,7 @@ unsafe fn dtoh_async(rt: &Runtime, dst: *mut c_void, src: u64, n: usize, stream:
         return dtoh(rt, dst, src, n, stream);
     }
     let dev = objects().memory.check_range(src, n as u64)?;
-    managed::to_device(rt)?;
+    managed::to_device(rt, stream)?;
     let conn = rt.conn(dev)?;
     let mut off = 0usize;
     while off < n {
@@ -431,7 +431,7 @@ unsafe fn dtod(rt: &Runtime, dst: u64, src: u64, n: usize, stream: u64) -> CuRes
         dtoh(rt, buf.as_mut_ptr() as *mut c_void, src, n, 0)?;
         return htod(rt, dst, buf.as_ptr() as *const c_void, n, 0);
     }
-    managed::to_device(rt)?;
+    managed::to_device(rt, stream)?;
     rt.conn(ddev)?
         .post(
             |r| {
@@ -556,7 +556,7 @@ fn memset(dst: u64, value: u32, elem: u8, count: usize, pitch: usize, rows: usiz
     if capture::record(stream, || Ok(Node::Memset { op, device: dev }))? {
         return Ok(());
     }
-    managed::to_device(rt)?;
+    managed::to_device(rt, stream)?;
     rt.conn(dev)?
         .post(
             |r| {
