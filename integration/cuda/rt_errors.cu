@@ -108,6 +108,23 @@ int main() {
     CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferNone));
     ok("cache preferences outside the enum -> cudaErrorInvalidValue; a valid one reads back");
 
+    // Shared memory banks are four bytes and fixed, as on every GPU since
+    // Maxwell: a known size is accepted and changes nothing, another refused.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    cudaSharedMemConfig banks = cudaSharedMemBankSizeDefault;
+    CHECK(cudaDeviceGetSharedMemConfig(&banks));
+    EXPECT(banks == cudaSharedMemBankSizeFourByte, "shared memory banks read as %d", (int)banks);
+    CHECK(cudaDeviceSetSharedMemConfig(cudaSharedMemBankSizeEightByte));
+    CHECK(cudaDeviceGetSharedMemConfig(&banks));
+    EXPECT(banks == cudaSharedMemBankSizeFourByte, "after asking for eight-byte banks they read as %d", (int)banks);
+    CHECK_ERR(cudaDeviceSetSharedMemConfig((cudaSharedMemConfig)7), cudaErrorInvalidValue);
+    CHECK(cudaFuncSetSharedMemConfig(square, cudaSharedMemBankSizeEightByte));
+    CHECK_ERR(cudaFuncSetSharedMemConfig(square, (cudaSharedMemConfig)9), cudaErrorInvalidValue);
+#pragma GCC diagnostic pop
+    CHECK(cudaCtxResetPersistingL2Cache());
+    ok("shared memory bank sizes: four bytes, a known size accepted without effect, another refused; persisting L2 reset");
+
     // Invalid device ordinal.
     CHECK_ERR(cudaSetDevice(1000), cudaErrorInvalidDevice);
     still_works("cudaSetDevice(1000)", cudaErrorInvalidDevice);

@@ -85,6 +85,14 @@ int main(int argc, char **argv) {
     int can01 = -1;
     CHECK(cudaDeviceCanAccessPeer(&can01, 0, 1));
     note("cudaDeviceCanAccessPeer(0, 1) = %d", can01);
+    if (can01 == 0) {
+        // The answers a driver gives two devices without peer access.
+        CHECK(cudaSetDevice(0));
+        CHECK_ERR(cudaDeviceEnablePeerAccess(1, 0), cudaErrorPeerAccessUnsupported);
+        CHECK_ERR(cudaDeviceDisablePeerAccess(1), cudaErrorPeerAccessNotEnabled);
+        (void)cudaGetLastError();
+        ok("peer access: cudaErrorPeerAccessUnsupported, and never enabled");
+    }
     CHECK(cudaSetDevice(1));
     cudaError_t e = cudaMemcpyPeer(d[1], 1, d[0], 0, sz);
     if (e == cudaSuccess) {

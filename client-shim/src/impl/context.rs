@@ -4,6 +4,7 @@
 //! (`Objects::teardown_context`).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crate::client::connection::Sink;
 use crate::cuda::types::*;
@@ -189,5 +190,57 @@ pub(crate) unsafe fn get_stream_priority_range(least: Option<&mut i32>, greatest
 pub(crate) unsafe fn get_id(c: CUcontext, id: &mut u64) -> CuResult<()> {
     let (h, _) = ctx::resolve(c)?;
     *id = h & ((1 << 48) - 1);
+    Ok(())
+}
+
+// ---- peer access and preferences rgpu answers without a server -------------------------
+
+/// The context a peer-access call names: a real one (NULL is no context here).
+fn peer(c: CUcontext) -> CuResult<Arc<Context>> {
+    if c.is_null() {
+        return Err(CuError::INVALID_CONTEXT);
+    }
+    Ok(ctx::resolve(c)?.1)
+}
+
+/// cuCtxEnablePeerAccess: no device can access another's memory in rgpu
+/// (`cuDeviceCanAccessPeer` answers 0: it would need device memory mapped across
+/// servers), so once the arguments are checked the answer is the one a driver gives two
+/// devices without peer access, which programs test for; copies between them still work.
+pub(crate) unsafe fn enable_peer_access(peer_ctx: CUcontext, flags: u32) -> CuResult<()> {
+    ctx::current()?;
+    peer(peer_ctx)?;
+    if flags != 0 {
+        return Err(CuError::INVALID_VALUE);
+    }
+    Err(CuError::PEER_ACCESS_UNSUPPORTED)
+}
+
+/// cuCtxDisablePeerAccess: never enabled (see [`enable_peer_access`]).
+pub(crate) unsafe fn disable_peer_access(peer_ctx: CUcontext) -> CuResult<()> {
+    ctx::current()?;
+    peer(peer_ctx)?;
+    Err(CuError::PEER_ACCESS_NOT_ENABLED)
+}
+
+/// cuCtxGetSharedMemConfig: four-byte banks, what devices since Maxwell have and cannot
+/// change.
+pub(crate) unsafe fn get_shared_mem_config(config: &mut CUsharedconfig) -> CuResult<()> {
+    ctx::current()?;
+    *config = CUsharedconfig::CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE;
+    Ok(())
+}
+
+/// cuCtxSetSharedMemConfig: a known bank size is accepted and changes nothing, as on any
+/// device without configurable banks (the driver says so); another value is refused.
+pub(crate) unsafe fn set_shared_mem_config(config: CUsharedconfig) -> CuResult<()> {
+    ctx::current()?;
+    super::function::checked_shared_mem_config(config).map(|_| ())
+}
+
+/// cuCtxResetPersistingL2Cache: rgpu keeps no L2 lines persisting (an access policy window
+/// is taken as a hint and not applied), so there is nothing to reset.
+pub(crate) unsafe fn reset_persisting_l2_cache() -> CuResult<()> {
+    ctx::current()?;
     Ok(())
 }

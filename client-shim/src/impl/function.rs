@@ -26,6 +26,21 @@ pub(crate) unsafe fn set_cache_config(f: CUfunction, config: CUfunc_cache) -> Cu
     Ok(())
 }
 
+/// cuFuncSetSharedMemConfig: as `cuCtxSetSharedMemConfig`, a known bank size changes
+/// nothing (banks are four bytes and fixed).
+pub(crate) unsafe fn set_shared_mem_config(f: CUfunction, config: CUsharedconfig) -> CuResult<()> {
+    resolve_function(f)?;
+    checked_shared_mem_config(config).map(|_| ())
+}
+
+/// A bank size the driver knows (default, four or eight bytes).
+pub(crate) fn checked_shared_mem_config(config: CUsharedconfig) -> CuResult<CUsharedconfig> {
+    match config.0 {
+        0..=2 => Ok(config),
+        _ => Err(CuError::INVALID_VALUE),
+    }
+}
+
 /// A cache preference the driver knows (`CU_FUNC_CACHE_PREFER_NONE` to `_PREFER_EQUAL`):
 /// any other is `CUDA_ERROR_INVALID_VALUE`, not a value kept and read back.
 pub(crate) fn checked_cache_config(config: CUfunc_cache) -> CuResult<i32> {
