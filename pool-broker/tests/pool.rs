@@ -84,6 +84,15 @@ unsafe fn signal(pid: i32, sig: i32) {
     kill(pid, sig);
 }
 
+/// Whether process `pid` is stopped (by SIGSTOP): a signal is delivered, not acted on, when
+/// `kill` returns, and a loaded machine may let the process answer one more call first.
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('T')))
+        .unwrap_or(false)
+}
+
 /// Waits (bounded) for `p` to exit; its wait status, or None if it did not.
 fn exited_within(p: &mut Proc, limit: Duration) -> Option<std::process::ExitStatus> {
     let t = Instant::now();
@@ -181,6 +190,7 @@ fn a_paused_broker_blames_no_server_for_its_own_silence() {
     let l = c.lease(&spec("bob", 1)).unwrap();
     for round in 0..3 {
         unsafe { signal(b.child.id() as i32, 19) }; // SIGSTOP
+        wait_for("the broker to stop", || stopped(b.child.id()));
         std::thread::sleep(Duration::from_millis(1_500));
         unsafe { signal(b.child.id() as i32, 18) }; // SIGCONT
         let r = c.renew(l.id_u64(), 0);
@@ -238,6 +248,7 @@ fn a_frozen_broker_hangs_no_client() {
     });
     assert!(reports.recv_timeout(Duration::from_secs(15)).unwrap().is_none());
     unsafe { signal(b.child.id() as i32, 19) }; // SIGSTOP
+    wait_for("the broker to stop", || stopped(b.child.id()));
     to_client.send(()).unwrap();
     let got = reports.recv_timeout(bound * 2);
     unsafe { signal(b.child.id() as i32, 18) }; // SIGCONT
@@ -271,6 +282,7 @@ fn a_frozen_broker_keeps_no_server_from_the_next() {
     }
     let b = broker(&db, &ab);
     unsafe { signal(a.child.id() as i32, 19) }; // SIGSTOP
+    wait_for("the first broker to stop", || stopped(a.child.id()));
     let t = Instant::now();
     let _s = server(&da, &format!("{aa},{ab}"), "1", "leaf-a", "default");
     let c = login(&ab, &db, "ops", Role::Operator);

@@ -464,3 +464,49 @@ fn a_bound_lease_keeps_its_client_key_through_renewals_and_restarts() {
     assert_eq!(bound_to(&again), Some(key), "the binding is stored with the lease");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Finding: a peer that opened connections and sent nothing kept every one of them for as
+/// long as it liked; enough of them would hold all the broker's file descriptors, and no
+/// server could heartbeat nor tenant log in. Now one host may keep 128 connections that have
+/// not logged in or registered, each for 10 s at most; the rest are closed at once, and
+/// others log in meanwhile.
+#[test]
+fn idle_connections_that_never_log_in_are_bounded_and_closed() {
+    use rgpu_pool_broker::rpc::{LOGIN_WAIT, UNPROVEN_PER_HOST};
+    let dir = temp_dir("idle");
+    let addr = free_port();
+    let _b = broker(&dir, &addr);
+    // From another loopback address, so the per-host bound is its alone.
+    let opened: Vec<TcpStream> = local(async {
+        let mut v = Vec::new();
+        for _ in 0..UNPROVEN_PER_HOST + 36 {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+            let s = s.connect(addr.parse().unwrap()).await.unwrap().into_std().unwrap();
+            s.set_nonblocking(false).unwrap();
+            v.push(s);
+        }
+        v
+    });
+    // Closed by the broker: end of stream or a reset; open: the read times out.
+    let closed = |s: &TcpStream, within: Duration| {
+        s.set_read_timeout(Some(within)).unwrap();
+        match (&*s).read(&mut [0u8; 1]) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+        }
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let shut: Vec<bool> = opened.iter().map(|s| closed(s, Duration::from_millis(10))).collect();
+    let open = shut.iter().filter(|c| !**c).count();
+    assert_eq!(open, UNPROVEN_PER_HOST, "connections left open from one host that sent nothing: {open}");
+    // Another host logs in and works meanwhile.
+    let c = login(&addr, &dir, "alice", Role::User);
+    assert!(c.status().is_ok());
+    // Past the wait, the idle ones are closed too; the logged-in one stays.
+    std::thread::sleep(LOGIN_WAIT + Duration::from_millis(500));
+    let still: usize = opened.iter().filter(|s| !closed(s, Duration::from_millis(10))).count();
+    assert_eq!(still, 0, "idle connections still open past {LOGIN_WAIT:?}");
+    assert!(c.status().is_ok(), "a connection that logged in is not closed");
+    let _ = std::fs::remove_dir_all(&dir);
+}

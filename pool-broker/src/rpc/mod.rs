@@ -10,10 +10,10 @@ pub mod agent;
 pub mod encode;
 pub mod session;
 
-use std::cell::RefCell;
-use std::collections::VecDeque;
-use std::net::TcpListener;
-use std::sync::Arc;
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, TcpListener};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use capnp::capability::Rc;
@@ -82,6 +82,8 @@ struct Broker {
     /// The nonces `challenge` drew on this connection and no login or
     /// registration used yet, oldest first.
     nonces: RefCell<VecDeque<Vec<u8>>>,
+    /// Released once a login or registration succeeds.
+    slot: Rc<Slot>,
 }
 
 /// Unused nonces a connection may hold.
@@ -161,6 +163,7 @@ impl broker::Server for Broker {
             self.service.failed(&self.host);
         }
         let id = r.map_err(fail)?;
+        self.slot.release();
         let s = session::Session::new(self.service.clone(), id, self.peer.clone());
         results.get().set_session(capnp_rpc::new_client(s));
         Ok(())
@@ -189,6 +192,7 @@ impl broker::Server for Broker {
         };
         audit(&self.service, &format!("server:{id}"), &self.peer, "register", &id, &r, |_| format!("{gpus} GPU(s)"));
         let hb = r.map_err(fail)?;
+        self.slot.release();
         let agent = agent::Agent::new(self.service.clone(), id, self.peer.clone());
         let mut out = results.get();
         out.set_heartbeat_ms(hb.min(u64::from(u32::MAX)) as u32);
@@ -208,16 +212,17 @@ pub fn serve(
 ) -> std::io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut handles = Vec::new();
+    let unproven = Arc::new(Unproven::default());
     for i in 0..threads.max(1) {
         let l = listener.try_clone()?;
-        let (svc, stop, security) = (service.clone(), shutdown.clone(), security.clone());
+        let (svc, stop, security, unproven) = (service.clone(), shutdown.clone(), security.clone(), unproven.clone());
         handles.push(std::thread::Builder::new().name(format!("rgpu-broker-rpc-{i}")).spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(rt) => rt,
                 Err(e) => return tracing::error!("cannot start a runtime: {e}"),
             };
             let local = tokio::task::LocalSet::new();
-            local.block_on(&rt, accept_loop(l, svc, security, stop));
+            local.block_on(&rt, accept_loop(l, svc, security, stop, unproven));
         })?);
     }
     let (svc, stop) = (service.clone(), shutdown.clone());
@@ -236,11 +241,74 @@ pub fn serve(
 /// How long a new connection has for its TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a connection may stay open before it logs in or registers (`version` and
+/// `challenge` need neither): past it, the broker closes it.
+pub const LOGIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Connections that have not logged in or registered yet, from one host and in all. Past
+/// either a new connection is closed at once: without them a peer that opens connections and
+/// sends nothing would hold the broker's file descriptors until no server could heartbeat
+/// and no tenant log in.
+pub const UNPROVEN_PER_HOST: usize = 128;
+pub const UNPROVEN: usize = 1024;
+
+/// The count of connections not yet proven, per host.
+#[derive(Default)]
+struct Unproven {
+    by_host: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Unproven {
+    /// A slot for a new connection from `host`, or None when it or the broker has too many.
+    fn admit(self: &Arc<Self>, host: IpAddr) -> Option<Slot> {
+        let mut m = self.by_host.lock().unwrap_or_else(|p| p.into_inner());
+        let total: usize = m.values().sum();
+        let here = m.entry(host).or_insert(0);
+        if *here >= UNPROVEN_PER_HOST || total >= UNPROVEN {
+            return None;
+        }
+        *here += 1;
+        Some(Slot { unproven: self.clone(), host, held: Cell::new(true) })
+    }
+}
+
+/// One unproven connection's place in [`Unproven`], given back when it proves itself or ends.
+struct Slot {
+    unproven: Arc<Unproven>,
+    host: IpAddr,
+    held: Cell<bool>,
+}
+
+impl Slot {
+    fn release(&self) {
+        if self.held.replace(false) {
+            let mut m = self.unproven.by_host.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(n) = m.get_mut(&self.host) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&self.host);
+                }
+            }
+        }
+    }
+
+    fn proven(&self) -> bool {
+        !self.held.get()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
 async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
     security: rgpu_tls::ServerSecurity,
     shutdown: CancellationToken,
+    unproven: Arc<Unproven>,
 ) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
@@ -257,6 +325,11 @@ async fn accept_loop(
                     continue;
                 }
             },
+        };
+        let Some(slot) = unproven.admit(peer.ip()) else {
+            debug!(%peer, "closed at once: too many connections that have not logged in");
+            drop(sock);
+            continue;
         };
         let (svc, stop, security) = (service.clone(), shutdown.clone(), security.clone());
         tokio::task::spawn_local(async move {
@@ -281,11 +354,25 @@ async fn accept_loop(
                 rpc_twoparty_capnp::Side::Server,
                 receive_options(),
             );
-            let me = Broker { service: svc, peer: peer.to_string(), host: peer.ip().to_string(), nonces: RefCell::default() };
+            let slot = Rc::new(slot);
+            let me = Broker {
+                service: svc,
+                peer: peer.to_string(),
+                host: peer.ip().to_string(),
+                nonces: RefCell::default(),
+                slot: slot.clone(),
+            };
             let client: broker::Client = capnp_rpc::new_client(me);
             let rpc = RpcSystem::new(Box::new(network), Some(client.client));
+            let unproven_past_wait = async {
+                tokio::time::sleep(LOGIN_WAIT).await;
+                if slot.proven() {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 r = rpc => debug!(%peer, "broker connection ended: {r:?}"),
+                _ = unproven_past_wait => debug!(%peer, "no login or registration within {} s; closing", LOGIN_WAIT.as_secs()),
                 _ = stop.cancelled() => {}
             }
         });
