@@ -27,6 +27,18 @@ const PYNVML_NCCL: &[&str] = &[
     "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetEnforcedPowerLimit",
 ];
 
+/// What monitoring tools (gpustat, nvitop, nvidia-smi-like scripts) ask beyond those; what
+/// rgpu cannot know answers NOT_SUPPORTED, but a missing one stops a tool that resolves it, or
+/// kills a program linked to it at its first call.
+const MONITORS: &[&str] = &[
+    "nvmlDeviceGetMaxClockInfo", "nvmlDeviceGetClockInfo", "nvmlDeviceGetFanSpeed", "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetPowerManagementLimit", "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
+    "nvmlDeviceGetPersistenceMode", "nvmlDeviceGetEccMode", "nvmlDeviceGetBAR1MemoryInfo",
+    "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetGraphicsRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v3",
+];
+
 #[test]
 fn every_function_a_known_client_resolves_is_exported() {
     let path = binaries().libcuda.with_file_name("libnvidia_ml.so");
@@ -36,6 +48,7 @@ fn every_function_a_known_client_resolves_is_exported() {
     let missing: Vec<&str> = PYTORCH_C10
         .iter()
         .chain(PYNVML_NCCL)
+        .chain(MONITORS)
         .copied()
         .filter(|name| {
             let c = CString::new(*name).unwrap();

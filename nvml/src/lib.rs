@@ -384,6 +384,37 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeMode(dev: NvmlDevice, mode: *mut c_
     }))
 }
 
+/// `nvmlClockType_t`.
+pub const NVML_CLOCK_GRAPHICS: c_uint = 0;
+pub const NVML_CLOCK_SM: c_uint = 1;
+pub const NVML_CLOCK_MEM: c_uint = 2;
+pub const NVML_CLOCK_VIDEO: c_uint = 3;
+
+/// The device's peak clocks in MHz, from the clock rates CUDA reports of it (the server's
+/// device attributes); the current clocks are not known to rgpu (`nvmlDeviceGetClockInfo`
+/// is NOT_SUPPORTED), nor is the video clock.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetMaxClockInfo(dev: NvmlDevice, kind: c_uint, clock: *mut c_uint) -> NvmlReturn {
+    entry(|| {
+        let clock = out(clock)?;
+        *clock = with_device(dev, |_, d| {
+            max_clock_mhz(kind, attribute(d, A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE), attribute(d, A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE))
+        })?;
+        Ok(())
+    })
+}
+
+/// Clock `kind`'s peak in MHz from the SM and memory clock rates in kHz (CUDA's attributes).
+fn max_clock_mhz(kind: c_uint, sm_khz: Option<i32>, mem_khz: Option<i32>) -> Result<c_uint, NvmlReturn> {
+    let khz = match kind {
+        NVML_CLOCK_GRAPHICS | NVML_CLOCK_SM => sm_khz,
+        NVML_CLOCK_MEM => mem_khz,
+        NVML_CLOCK_VIDEO => None,
+        _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+    };
+    khz.filter(|k| *k > 0).map(|k| (k / 1000) as c_uint).ok_or(NVML_ERROR_NOT_SUPPORTED)
+}
+
 /// MIG is off: rgpu exports whole devices (fractions are leases, not MIG instances).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetMigMode(dev: NvmlDevice, current: *mut c_uint, pending: *mut c_uint) -> NvmlReturn {
@@ -701,6 +732,41 @@ pub unsafe extern "C" fn rgpuNvmlDeviceGetTelemetry(dev: NvmlDevice, telemetry: 
 
 not_supported! {
     nvmlDeviceGetSerial(serial: *mut c_char, length: c_uint);
+    // What the device is doing now, and its board's settings: the client has no view of them
+    // (a tool asks, and shows "N/A", where a missing function would stop it or, linked
+    // directly, kill the process at the call).
+    nvmlDeviceGetClockInfo(kind: c_uint, clock: *mut c_uint);
+    nvmlDeviceGetClock(kind: c_uint, id: c_uint, mhz: *mut c_uint);
+    nvmlDeviceGetApplicationsClock(kind: c_uint, mhz: *mut c_uint);
+    nvmlDeviceGetDefaultApplicationsClock(kind: c_uint, mhz: *mut c_uint);
+    nvmlDeviceGetCurrentClocksThrottleReasons(reasons: *mut u64);
+    nvmlDeviceGetCurrentClocksEventReasons(reasons: *mut u64);
+    nvmlDeviceGetFanSpeed(speed: *mut c_uint);
+    nvmlDeviceGetFanSpeed_v2(fan: c_uint, speed: *mut c_uint);
+    nvmlDeviceGetNumFans(count: *mut c_uint);
+    nvmlDeviceGetPerformanceState(state: *mut c_uint);
+    nvmlDeviceGetPowerState(state: *mut c_uint);
+    nvmlDeviceGetPowerManagementMode(mode: *mut c_uint);
+    nvmlDeviceGetPowerManagementLimit(milliwatts: *mut c_uint);
+    nvmlDeviceGetPowerManagementDefaultLimit(milliwatts: *mut c_uint);
+    nvmlDeviceGetPowerManagementLimitConstraints(min: *mut c_uint, max: *mut c_uint);
+    nvmlDeviceGetTotalEnergyConsumption(millijoules: *mut u64);
+    nvmlDeviceGetEncoderUtilization(util: *mut c_uint, period_us: *mut c_uint);
+    nvmlDeviceGetDecoderUtilization(util: *mut c_uint, period_us: *mut c_uint);
+    nvmlDeviceGetPersistenceMode(mode: *mut c_uint);
+    nvmlDeviceGetDisplayMode(mode: *mut c_uint);
+    nvmlDeviceGetDisplayActive(active: *mut c_uint);
+    nvmlDeviceGetEccMode(current: *mut c_uint, pending: *mut c_uint);
+    nvmlDeviceGetTotalEccErrors(kind: c_uint, counter: c_uint, count: *mut u64);
+    nvmlDeviceGetBAR1MemoryInfo(info: *mut u8);
+    nvmlDeviceGetPcieThroughput(counter: c_uint, value: *mut c_uint);
+    nvmlDeviceGetCurrPcieLinkGeneration(generation: *mut c_uint);
+    nvmlDeviceGetCurrPcieLinkWidth(width: *mut c_uint);
+    nvmlDeviceGetMaxPcieLinkGeneration(generation: *mut c_uint);
+    nvmlDeviceGetMaxPcieLinkWidth(width: *mut c_uint);
+    nvmlDeviceGetMinorNumber(minor: *mut c_uint);
+    nvmlDeviceGetBoardPartNumber(part: *mut c_char, length: c_uint);
+    nvmlDeviceGetVbiosVersion(version: *mut c_char, length: c_uint);
     // No NVLink or NVSwitch fabric joins the devices of a lease as the client sees them (their
     // memory is reached through rgpu, not peer to peer): what NVML says of a GPU without links.
     nvmlDeviceGetNvLinkState(link: c_uint, active: *mut c_uint);
@@ -772,6 +838,24 @@ mod tests {
         assert_eq!(utilization_of(&old), Err(NVML_ERROR_NOT_SUPPORTED), "a server reporting nothing");
         assert_eq!(reported(old.temperature), Err(NVML_ERROR_NOT_SUPPORTED));
         assert_eq!(readings_of(&sim).readings, [[1, 73], [0, 0], [2, 40], [2, 60_000], [0, 0]]);
+    }
+
+    /// Peak clocks come from CUDA's clock rates (kHz); a kind NVML has but the device does not
+    /// report is NOT_SUPPORTED, one NVML does not have an invalid argument.
+    #[test]
+    fn peak_clocks_are_cudas_clock_rates_in_mhz() {
+        let (sm, mem) = (Some(1_980_000), Some(2_619_000));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_SM, sm, mem), Ok(1980));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_GRAPHICS, sm, mem), Ok(1980));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_MEM, sm, mem), Ok(2619));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_VIDEO, sm, mem), Err(NVML_ERROR_NOT_SUPPORTED));
+        assert_eq!(max_clock_mhz(4, sm, mem), Err(NVML_ERROR_INVALID_ARGUMENT));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_SM, Some(0), mem), Err(NVML_ERROR_NOT_SUPPORTED));
+        assert_eq!(max_clock_mhz(NVML_CLOCK_MEM, sm, None), Err(NVML_ERROR_NOT_SUPPORTED));
+        let mut v: c_uint = 7;
+        assert_eq!(unsafe { nvmlDeviceGetMaxClockInfo(handle(0), NVML_CLOCK_SM, std::ptr::null_mut()) }, NVML_ERROR_INVALID_ARGUMENT);
+        assert_eq!(unsafe { nvmlDeviceGetMaxClockInfo(handle(0), NVML_CLOCK_SM, &mut v) }, NVML_ERROR_UNINITIALIZED);
+        assert_eq!(unsafe { nvmlDeviceGetClockInfo(handle(0), NVML_CLOCK_SM, &mut v) }, NVML_ERROR_UNINITIALIZED);
     }
 
     /// NVML's list protocol: ask with no room, get the count and INSUFFICIENT_SIZE; ask with

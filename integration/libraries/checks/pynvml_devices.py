@@ -48,6 +48,19 @@ procs = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProce
 assert procs.get(os.getpid(), 0) >= 32 << 20, ("this process holds 32 MiB", os.getpid(), procs)
 assert sum(procs.values()) <= m1.used, (procs, m1.used)
 assert pynvml.nvmlDeviceGetGraphicsRunningProcesses(h) == []
+# Peak clocks are CUDA's clock rates; what the device does now is not known to the client.
+for clock, attr in ((pynvml.NVML_CLOCK_SM, driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+                    (pynvml.NVML_CLOCK_MEM, driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE)):
+    err, khz = driver.cuDeviceGetAttribute(attr, 0)
+    assert err == driver.CUresult.CUDA_SUCCESS and khz > 0, (err, khz)
+    assert pynvml.nvmlDeviceGetMaxClockInfo(h, clock) == khz // 1000, (clock, khz)
+for query in (lambda: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM), lambda: pynvml.nvmlDeviceGetFanSpeed(h),
+              lambda: pynvml.nvmlDeviceGetPerformanceState(h), lambda: pynvml.nvmlDeviceGetEccMode(h)):
+    try:
+        query()
+        raise AssertionError("a query rgpu cannot answer answered")
+    except pynvml.NVMLError_NotSupported:
+        pass
 m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
 assert (m2.total, m2.reserved, m2.used) == (m1.total, 0, m1.used), (m2.total, m2.reserved, m2.used, m1.used)
 del held
